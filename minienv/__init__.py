@@ -1,0 +1,30 @@
+"""minienv: a small numpy LLM inference engine, built layer by layer in the notebooks.
+
+Public names follow vLLM where a counterpart exists. They are imported lazily, so ``import minienv`` is cheap
+and needs numpy only; the live views in ``minienv.viz`` need the ``lab`` extra.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "assets_dir": "minienv.paths",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'minienv' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return __all__
