@@ -1,0 +1,199 @@
+"""A Llama-style decoder in numpy float32: embeddings, RMSNorm, RoPE, grouped-query attention, SwiGLU, LM head.
+
+Every operation matches ``transformers``' ``LlamaForCausalLM`` (the reference tier checks logits to 1e-4), so a
+real Llama-family checkpoint gives the same logits here. The model is written against an *attention backend*
+(:mod:`minienv.model.attention`): it projects Q/K/V, rotates Q and K, and asks the backend for attention. The
+backend owns the KV storage, which is why the same model runs with no cache, a contiguous cache, or the paged
+cache later, and why it never needs to know which tokens belong to which sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from minienv.model.attention import AttentionBackend, NoCache
+from minienv.model.checkpoint import load_weights
+from minienv.model.config import LlamaConfig
+from minienv.model.kv_cache import ContiguousKVCache
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """``weight * x / sqrt(mean(x²) + eps)`` over the last axis (float32, like HF's ``LlamaRMSNorm``)."""
+    variance = np.mean(x * x, axis=-1, keepdims=True)
+    return weight * (x / np.sqrt(variance + np.float32(eps)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """``x * sigmoid(x)`` written with tanh, which never overflows."""
+    return x * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * x)))
+
+
+def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """RoPE tables ``[N, 1, head_dim]`` in HF's layout (frequencies repeated: ``cat(freqs, freqs)``)."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    freqs = np.asarray(positions, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return np.cos(emb)[:, None, :], np.sin(emb)[:, None, :]
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate ``x [N, H, D]`` by position: ``x*cos + rotate_half(x)*sin`` with ``rotate_half(x) = [-x2, x1]``."""
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass
+class LlamaLayer:
+    """One decoder layer's weights, pre-transposed (and Q|K|V, gate|up fused) so each is one ``x @ W``."""
+
+    input_norm: np.ndarray  # [H]
+    w_qkv: np.ndarray  # [H, (Hq + 2*Hkv) * D]
+    w_o: np.ndarray  # [Hq*D, H]
+    post_norm: np.ndarray  # [H]
+    w_gate_up: np.ndarray  # [H, 2*I]
+    w_down: np.ndarray  # [I, H]
+
+
+class LlamaModel:
+    """The numpy Llama. ``forward(ids)`` is the dense reference; ``forward_step`` runs through a backend.
+
+    >>> logits = model.forward([1, 2, 3])                     # [3, vocab], no cache
+    >>> cache = model.new_kv_cache(max_len=64)
+    >>> logits = model.forward_step([1, 2, 3], [0, 1, 2], cache)   # prefill: same logits, K/V kept
+    >>> logits = model.forward_step([4], [3], cache)               # decode: one token's work
+    """
+
+    def __init__(self, config: LlamaConfig, weights: dict[str, np.ndarray]):
+        self.config = config
+        self.embed_tokens = np.ascontiguousarray(weights["model.embed_tokens.weight"], dtype=np.float32)
+        self.layers: list[LlamaLayer] = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            w = lambda name: np.asarray(weights[p + name], dtype=np.float32)  # noqa: E731
+            self.layers.append(LlamaLayer(
+                input_norm=w("input_layernorm.weight"),
+                w_qkv=np.ascontiguousarray(np.concatenate(
+                    [w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")]).T),
+                w_o=np.ascontiguousarray(w("self_attn.o_proj.weight").T),
+                post_norm=w("post_attention_layernorm.weight"),
+                w_gate_up=np.ascontiguousarray(np.concatenate([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]).T),
+                w_down=np.ascontiguousarray(w("mlp.down_proj.weight").T),
+            ))
+        self.norm = np.asarray(weights["model.norm.weight"], dtype=np.float32)
+        head = self.embed_tokens if config.tie_word_embeddings else weights["lm_head.weight"]
+        self.lm_head_t = np.ascontiguousarray(np.asarray(head, dtype=np.float32).T)  # [H, vocab]
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> "LlamaModel":
+        """Load an HF Llama directory (``config.json`` + ``model.safetensors``)."""
+        config = LlamaConfig.from_json(Path(model_dir) / "config.json")
+        return cls(config, load_weights(model_dir, config))
+
+    def new_kv_cache(self, max_len: int | None = None) -> ContiguousKVCache:
+        """A contiguous cache for one sequence of this model (default ``max_position_embeddings`` tokens)."""
+        return ContiguousKVCache.from_config(self.config, max_len)
+
+    @property
+    def num_parameters(self) -> int:
+        return self.config.num_parameters()
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"LlamaModel(layers={c.num_hidden_layers}, hidden={c.hidden_size}, heads={c.num_attention_heads}, "
+                f"kv_heads={c.num_key_value_heads}, head_dim={c.head_dim}, vocab={c.vocab_size}, "
+                f"params={self.num_parameters:,})")
+
+    # ------------------------------------------------------------------ validation
+    def _check_tokens(self, token_ids: object) -> np.ndarray:
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1:
+            raise ValueError(f"token_ids must be a 1-D sequence of ints, got shape {ids.shape}")
+        if ids.size == 0:
+            raise ValueError("token_ids is empty: the model needs at least one token")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"token_ids must be integers, got dtype {ids.dtype}")
+        bad = (ids < 0) | (ids >= self.config.vocab_size)
+        if bad.any():
+            raise ValueError(
+                f"token id {int(ids[bad][0])} out of range: vocab_size is {self.config.vocab_size}"
+            )
+        return ids.astype(np.int64, copy=False)
+
+    def _check_positions(self, positions: object, n: int) -> np.ndarray:
+        pos = np.asarray(positions)
+        if pos.shape != (n,) or (n and not np.issubdtype(pos.dtype, np.integer)):
+            raise ValueError(f"positions must be {n} integers (one per token), got shape {pos.shape}")
+        if pos.min() < 0 or pos.max() >= self.config.max_position_embeddings:
+            raise ValueError(
+                f"position {int(pos.max() if pos.max() >= 0 else pos.min())} is outside the model's context: "
+                f"max_position_embeddings is {self.config.max_position_embeddings}"
+            )
+        return pos.astype(np.int64, copy=False)
+
+    # ------------------------------------------------------------------ compute
+    def forward(self, token_ids: object) -> np.ndarray:
+        """Dense reference: logits ``[len(token_ids), vocab]`` for a whole sequence, causal, no cache."""
+        ids = self._check_tokens(token_ids)
+        if len(ids) > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence of {len(ids)} tokens is longer than max_position_embeddings "
+                f"({self.config.max_position_embeddings})"
+            )
+        return self.forward_step(ids, np.arange(len(ids)), NoCache())
+
+    def forward_step(
+        self,
+        token_ids: object,
+        positions: object,
+        backend: AttentionBackend,
+        logits_indices: object | None = None,
+    ) -> np.ndarray:
+        """Run N tokens (one or many sequences, flattened) through the model with K/V kept by ``backend``.
+
+        ``positions[i]`` is token i's absolute position in its own sequence (RoPE needs it; the backend's causal
+        mask does too). Returns logits ``[N, vocab]``, or only the rows ``logits_indices`` (e.g. each sequence's
+        last token) — the LM head is the biggest matmul of a small model, so skipping unused rows matters.
+        """
+        ids = self._check_tokens(token_ids)
+        pos = self._check_positions(positions, len(ids))
+        c = self.config
+        n, hq, hkv, d = len(ids), c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        q_end, k_end = hq * d, (hq + hkv) * d
+        cos, sin = rope_cos_sin(pos, d, c.rope_theta)
+
+        x = self.embed_tokens[ids]  # [N, H]
+        backend.begin_step(pos)
+        for layer_idx, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            qkv = h @ layer.w_qkv
+            q = apply_rope(qkv[:, :q_end].reshape(n, hq, d), cos, sin)
+            k = apply_rope(qkv[:, q_end:k_end].reshape(n, hkv, d), cos, sin)
+            v = qkv[:, k_end:].reshape(n, hkv, d)
+            attn = backend.attend(layer_idx, q, k, v)  # [N, Hq, D]
+            x = x + attn.reshape(n, hq * d) @ layer.w_o
+            h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
+            gate_up = h @ layer.w_gate_up
+            inter = gate_up.shape[1] // 2
+            x = x + (silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ layer.w_down
+        backend.end_step()
+
+        if logits_indices is not None:
+            x = x[np.asarray(logits_indices, dtype=np.int64)]
+        return rms_norm(x, self.norm, c.rms_norm_eps) @ self.lm_head_t
+
+
+def load_model(path: str | Path | None = None) -> LlamaModel:
+    """Load a Llama model directory; no path loads the bundled target model (``assets/target``)."""
+    if path is None:
+        from minienv.paths import assets_dir
+
+        path = assets_dir() / "target"
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory not found: {path}")
+    return LlamaModel.from_pretrained(path)
