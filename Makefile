@@ -1,0 +1,52 @@
+# The two set-up commands of the README:
+#   make lab    create .venv on first use, install minienv + the lab extra, open the series in JupyterLab
+#   make test   create .venv on first use, install minienv + lab and test extras, run every test tier
+# MINIENV_TIERS=all make test also installs the reference (CPU torch, transformers) and browser (playwright)
+# extras and makes a missing tier a failure instead of a skip; CI (.ci/run) runs it that way.
+
+comma := ,
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LAB_ARGS ?=
+MINIENV_TIERS ?=
+
+ifeq ($(MINIENV_TIERS),all)
+EXTRAS := lab,test,reference,browser
+export MINIENV_REQUIRE_TIERS := 1
+else
+EXTRAS := lab,test
+endif
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+
+.PHONY: lab test venv notebooks check-notebooks binder-links clean
+
+$(PY):
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "minienv needs Python >= 3.10, found " + sys.version.split()[0]'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# Reinstall when pyproject.toml changes (new pins or extras).
+$(VENV)/.installed-%: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e ".[$(subst -,$(comma),$*)]"
+	@touch $@
+
+venv: $(STAMP)
+
+lab: $(VENV)/.installed-lab
+	$(PY) -m jupyterlab --ServerApp.root_dir=notebooks $(LAB_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+notebooks: $(STAMP)  ## re-execute every notebook from its .py pair
+	$(PY) tools/nb.py build --all
+
+check-notebooks: $(STAMP)
+	$(PY) tools/nb.py check
+
+binder-links:
+	@$(PYTHON) tools/binder_links.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache tests/browser/screenshots

@@ -1,0 +1,102 @@
+"""The notebook gate: every committed notebook has its jupytext pair in sync, outputs, and no widget state.
+
+The first test is the gate itself over notebooks/; the others prove it can fail on each kind of drift."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("nbtool", REPO / "tools" / "nb.py")
+nbtool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(nbtool)
+
+
+def test_committed_notebooks_pass_the_gate():
+    found = nbtool.check()
+    assert not found, "\n".join(found)
+
+
+def test_every_numbered_notebook_is_collected():
+    names = [p.stem for p in nbtool.notebook_paths()]
+    assert names, "notebooks/ holds no notebooks"
+    assert names == sorted(names) and all(n[:2].isdigit() and n[2] == "_" for n in names), names
+
+
+def _executed_pair(folder: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = nbtool.KERNELSPEC
+    nb.metadata["jupytext"] = {"formats": "ipynb,py:percent"}
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# A notebook"),
+        nbformat.v4.new_code_cell("print(2 + 2)", execution_count=1,
+                                  outputs=[nbformat.v4.new_output("stream", name="stdout", text="4\n")]),
+    ]
+    path = folder / "99_sample.ipynb"
+    nbformat.write(nb, path)
+    path.with_suffix(".py").write_text(nbtool.export_pair(nbformat.read(path, as_version=4)))
+    return path
+
+
+def test_gate_accepts_a_clean_pair(tmp_path):
+    path = _executed_pair(tmp_path)
+    assert nbtool.check(tmp_path) == []
+    assert path.with_suffix(".py").read_text().count("# %%") == 2
+
+
+def test_gate_fails_when_the_py_changes_without_the_notebook(tmp_path):
+    path = _executed_pair(tmp_path)
+    py = path.with_suffix(".py")
+    py.write_text(py.read_text().replace("print(2 + 2)", "print(2 + 3)"))
+    assert any("differs from its pair" in m for m in nbtool.check(tmp_path))
+
+
+def test_gate_fails_when_the_notebook_changes_without_the_py(tmp_path):
+    path = _executed_pair(tmp_path)
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_markdown_cell("a new paragraph"))
+    nbformat.write(nb, path)
+    assert any("differs from its pair" in m for m in nbtool.check(tmp_path))
+
+
+@pytest.mark.parametrize("missing", ["py", "ipynb"])
+def test_gate_fails_when_half_the_pair_is_missing(tmp_path, missing):
+    path = _executed_pair(tmp_path)
+    (path.with_suffix(".py") if missing == "py" else path).unlink()
+    assert nbtool.check(tmp_path), f"a notebook without its .{missing} passed the gate"
+
+
+def test_gate_fails_on_a_notebook_without_outputs(tmp_path):
+    path = _executed_pair(tmp_path)
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nbformat.write(nb, path)
+    path.with_suffix(".py").write_text(nbtool.export_pair(nb))
+    assert any("never executed" in m for m in nbtool.check(tmp_path))
+
+
+def test_gate_fails_on_widget_state(tmp_path):
+    path = _executed_pair(tmp_path)
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata["widgets"] = {nbtool.WIDGET_STATE_MIME: {"state": {}, "version_major": 2, "version_minor": 0}}
+    nbformat.write(nb, path)
+    assert any("widget-state metadata" in m for m in nbtool.check(tmp_path))
+
+
+def test_strip_widget_state_keeps_the_views(tmp_path):
+    path = _executed_pair(tmp_path)
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata["widgets"] = {"x": 1}
+    view = {"model_id": "abc", "version_major": 2, "version_minor": 0}
+    nb.cells[1].outputs.append(nbformat.v4.new_output("display_data", data={
+        "application/vnd.jupyter.widget-view+json": view, "text/plain": "IntSlider()"}))
+    nbtool.strip_widget_state(nb)
+    assert "widgets" not in nb.metadata
+    assert nb.cells[1].outputs[-1]["data"]["application/vnd.jupyter.widget-view+json"] == view
