@@ -9,6 +9,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 LAB_ARGS ?=
+# Jupyter refuses to run as root without --allow-root (containers, CI); never needed otherwise.
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 MINIENV_TIERS ?=
 
 ifeq ($(MINIENV_TIERS),all)
@@ -34,7 +36,7 @@ $(VENV)/.installed-%: pyproject.toml | $(PY)
 venv: $(STAMP)
 
 lab: $(VENV)/.installed-lab
-	$(PY) -m jupyterlab --ServerApp.root_dir=notebooks $(LAB_ARGS)
+	$(PY) -m jupyterlab --ServerApp.root_dir=notebooks --ServerApp.ip=127.0.0.1 $(ROOT_FLAG) $(LAB_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest
