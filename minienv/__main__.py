@@ -1,0 +1,5 @@
+"""``python -m minienv "prompt"``: see :mod:`minienv.cli`."""
+
+from minienv.cli import main
+
+raise SystemExit(main())
