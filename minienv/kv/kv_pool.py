@@ -1,0 +1,126 @@
+"""The KV pool: preallocated K and V arrays holding every layer's blocks.
+
+Memory is reserved once, from a token budget: ``num_blocks = kv_budget_tokens // block_size`` blocks of
+``block_size`` token slots. Physical memory never moves afterwards; sequences only change which blocks their
+block tables point at.
+
+Layout: one float32 array ``kv_cache [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`` (index 0
+is K, 1 is V — per layer this is vLLM v1's FlashAttention layout ``[2, num_blocks, block_size, H, D]``);
+``k_cache`` and ``v_cache`` are views ``[num_layers, num_blocks, block_size, H, D]``. Why this way round:
+
+* a block's slots are contiguous, so gathering a sequence's blocks is a copy of whole blocks, and one ``np.take``
+  on the block axis of ``kv_cache[layer]`` fetches K *and* V together (one call instead of two on the decode
+  hot path, where per-call overhead is a visible fraction of a small step);
+* a flat view ``[num_blocks * block_size, H, D]`` addresses single token slots, so writing N new tokens is one
+  vectorized scatter through the slot mapping;
+* a gathered ``[seqs, blocks, block_size, H, D]`` reshapes for free into per-sequence ``[seqs, tokens, H, D]``,
+  which matmul reads head by head without another copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minienv.kv.errors import KVBudgetError
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise KVBudgetError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def num_blocks_for_budget(kv_budget_tokens: int, block_size: int) -> int:
+    """``kv_budget_tokens // block_size``, refusing a budget that cannot hold even one block."""
+    block_size = _positive_int("block_size", block_size)
+    if isinstance(kv_budget_tokens, bool) or not isinstance(kv_budget_tokens, (int, np.integer)):
+        raise KVBudgetError(f"kv_budget_tokens must be an int (a number of tokens), got {kv_budget_tokens!r}")
+    if kv_budget_tokens < block_size:
+        raise KVBudgetError(
+            f"a KV budget of {kv_budget_tokens} tokens is smaller than one block of {block_size} tokens: "
+            "the pool would hold no blocks. Raise kv_budget_tokens or lower block_size."
+        )
+    return int(kv_budget_tokens) // block_size
+
+
+@dataclass(eq=False)
+class KVPool:
+    """Preallocated K/V storage for ``num_blocks`` blocks of ``block_size`` slots, for every layer.
+
+    ``k_cache[layer]`` and ``v_cache[layer]`` are ``[num_blocks, block_size, num_kv_heads, head_dim]``. Unused
+    tokens of the budget (``kv_budget_tokens % block_size``) are simply not allocated.
+    """
+
+    num_layers: int
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    kv_cache: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
+            setattr(self, name, _positive_int(name, getattr(self, name)))
+        shape = (self.num_layers, 2, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        self.kv_cache = np.zeros(shape, dtype=np.float32)
+
+    @property
+    def k_cache(self) -> np.ndarray:
+        """K of every layer, ``[num_layers, num_blocks, block_size, H, D]`` (a view into ``kv_cache``)."""
+        return self.kv_cache[:, 0]
+
+    @property
+    def v_cache(self) -> np.ndarray:
+        """V of every layer, ``[num_layers, num_blocks, block_size, H, D]`` (a view into ``kv_cache``)."""
+        return self.kv_cache[:, 1]
+
+    @classmethod
+    def from_budget(
+        cls, kv_budget_tokens: int, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int
+    ) -> "KVPool":
+        """A pool of ``kv_budget_tokens // block_size`` blocks (a budget below one block is a KVBudgetError)."""
+        return cls(num_layers, num_blocks_for_budget(kv_budget_tokens, block_size), block_size, num_kv_heads,
+                   head_dim)
+
+    @classmethod
+    def for_model(cls, config, kv_budget_tokens: int, block_size: int) -> "KVPool":
+        """A pool shaped for a :class:`~minienv.model.LlamaConfig` (layers, KV heads, head dim)."""
+        return cls.from_budget(kv_budget_tokens, block_size, config.num_hidden_layers, config.num_key_value_heads,
+                               config.head_dim)
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv_cache.nbytes
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.nbytes // self.num_blocks
+
+    def write(self, layer: int, slot_mapping: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """Store ``k, v [N, num_kv_heads, head_dim]`` of N new tokens at pool slots ``slot_mapping [N]``.
+
+        One vectorized scatter per array through a flat ``[num_slots, H, D]`` view (vLLM's
+        ``reshape_and_cache``). Slots must be distinct; the block table guarantees it for live tokens.
+        """
+        slots = np.asarray(slot_mapping)
+        n = slots.shape[0]
+        if k.shape != (n, self.num_kv_heads, self.head_dim) or v.shape != k.shape:
+            raise ValueError(
+                f"write expects k, v of shape ({n}, {self.num_kv_heads}, {self.head_dim}), got {k.shape}, {v.shape}"
+            )
+        if n and (slots.min() < 0 or slots.max() >= self.num_slots):
+            raise IndexError(f"slot out of range [0, {self.num_slots}): {slots.min()}..{slots.max()}")
+        flat = self.kv_cache[layer].reshape(2, self.num_slots, self.num_kv_heads, self.head_dim)
+        flat[0, slots] = k
+        flat[1, slots] = v
+
+    def read_slots(self, layer: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """K and V ``[len(slots), H, D]`` at the given slots (for tests and notebooks)."""
+        flat = self.kv_cache[layer].reshape(2, self.num_slots, self.num_kv_heads, self.head_dim)
+        return flat[0, slots], flat[1, slots]
