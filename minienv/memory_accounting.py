@@ -1,0 +1,480 @@
+"""Where does KV-cache memory go? An event simulation of the vLLM paper's Figure 2.
+
+Kwon et al. (SOSP 2023, Fig. 2) split the KV memory of a serving system into four parts and showed that systems
+which reserve one *contiguous* chunk per request keep real token states in only 20.4-38.2 % of it, while paging
+(vLLM) reaches 96.3 %. This module replays a workload (``minienv.workload``) through a fixed KV memory of
+``kv_slots`` token slots under each allocation scheme and measures the same four parts.
+
+The model
+---------
+Time advances in *steps* (one decode iteration). In step ``t``:
+
+1. **Decode.** Every running request, in admission order, appends one token: its length grows by one.
+   Under paging, a request whose last block is full first takes a new block; if none is free, the most
+   recently admitted running request is *preempted* (all its blocks freed, put back at the front of the waiting
+   queue; when re-admitted its prompt and the tokens it had generated are recomputed — vLLM's recompute).
+2. **Finish.** A request whose length reached ``prompt_len + output_len`` leaves and frees its memory.
+3. **Admit (FCFS).** While the oldest waiting request has arrived (``arrival_time <= t * step_duration``) and its
+   allocation fits, it is admitted and its prompt is prefilled at once (length = prompt, or prompt + generated
+   for a resumed request). Admission never skips the head of the queue, and (like vLLM's scheduler) no request
+   is admitted in a step that had to preempt. Under paging, admission also leaves ``watermark`` (default 1 %, vLLM
+   v0's default) of the blocks free, so that a just-admitted request is not preempted at once.
+4. **Account.** The memory is split into the categories below and added to the running totals.
+
+Allocation schemes (``SCHEMES``)
+--------------------------------
+* ``orca_max``    — contiguous, reserves ``max_len`` slots (the model's maximum sequence length) per request.
+* ``orca_pow2``   — contiguous, reserves ``prompt_len + next_pow2(output_len)`` (capped at ``max_len``): the
+  output space over-reserved by at most 2x, the paper's example being 32 slots for a 25-token output.
+* ``orca_oracle`` — contiguous, reserves exactly ``prompt_len + output_len`` (knows the future).
+* ``paged``       — vLLM: ``kv_slots // block_size`` blocks of ``block_size`` slots, taken one at a time as the
+  request grows; a request's blocks need not be adjacent.
+
+Contiguous chunks are placed by a **first-fit allocator over one linear address space** (``FirstFitAllocator``):
+the lowest-addressed hole that is large enough; freed chunks merge with free neighbours. Holes between live
+chunks are what make external fragmentation.
+
+The categories (exact definitions; every slot of the pool is in exactly one)
+--------------------------------------------------------------------------
+For a running request with current length ``l``, final length ``L = prompt_len + output_len`` and ``A`` allocated
+slots (contiguous: its chunk; paged: ``blocks * block_size``):
+
+* **token states**   ``l`` — slots holding K/V of tokens already computed (prompt + generated so far).
+* **reservation**    ``min(A, L) - l`` — allocated, empty now, but a future token of this request will fill them.
+* **internal frag.** ``A - min(A, L)`` — allocated to the request and never used by it (reserved beyond its real
+  final length; for paging, the part of the last block past the request's final token).
+
+and for the slots no request holds (``kv_slots - sum A``):
+
+* **external frag.** free slots at a step that ends with an arrived request still waiting — memory that exists
+  but cannot be given to the work that is queued (no hole large enough, or not enough left for the next
+  reservation). This is the paper's "external fragmentation & others". For paging it also includes the
+  ``kv_slots % block_size`` slots too few to form a block (always).
+* **free**           free slots at a step that ends with nobody waiting: idle capacity, not waste.
+
+So ``token_states + reservation + internal_frag + external_frag + free == kv_slots`` at every step.
+``SimulationResult.breakdown`` is the time average over the *loaded window* — from the first step to the step
+at which the last request was admitted (for the last time) — because the paper measured a serving system under
+sustained load; the drain after the last admission (nothing left to admit, memory emptying) is excluded.
+``measure="all"`` averages over the whole run instead.
+
+Note on the paper's vLLM bar: it shows 96.3 % token states and 3.7 % "reservation + internal fragmentation"
+without splitting them. With the definitions above, most of a paged request's empty last-block tail is
+*reservation* (its next tokens will fill it); only the tail of its final block is internal fragmentation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from minienv.workload import RequestSpec
+
+__all__ = [
+    "SCHEMES",
+    "SCHEME_LABELS",
+    "CATEGORIES",
+    "PAPER_FIGURE2",
+    "FirstFitAllocator",
+    "MemoryBreakdown",
+    "SimulationResult",
+    "next_pow2",
+    "contiguous_reservation",
+    "blocks_needed",
+    "paged_internal_fragmentation",
+    "simulate",
+    "figure2",
+    "format_figure2_table",
+]
+
+SCHEMES = ("orca_max", "orca_pow2", "orca_oracle", "paged")
+SCHEME_LABELS = {
+    "orca_max": "Orca (Max)",
+    "orca_pow2": "Orca (Pow2)",
+    "orca_oracle": "Orca (Oracle)",
+    "paged": "vLLM (paged)",
+}
+CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag", "free")
+
+#: Kwon et al. 2023, Figure 2 (percent of KV-cache memory, OPT-13B on one A100-40GB, ShareGPT, §6.2).
+#: The vLLM bar does not split reservation from internal fragmentation (3.7 % together); Oracle has no
+#: internal fragmentation; the last category is "external fragmentation & others".
+PAPER_FIGURE2: dict[str, dict[str, float | None]] = {
+    "orca_max": {"token_states": 20.4, "reservation": 13.3, "internal_frag": 57.3, "external_frag": 8.9},
+    "orca_pow2": {"token_states": 26.8, "reservation": 17.9, "internal_frag": 13.6, "external_frag": 41.6},
+    "orca_oracle": {"token_states": 38.2, "reservation": 25.2, "internal_frag": 0.0, "external_frag": 36.6},
+    "paged": {"token_states": 96.3, "reservation": None, "internal_frag": None, "external_frag": 0.0,
+              "reservation+internal": 3.7},
+}
+
+
+# --------------------------------------------------------------------------------------------- sizes
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (``n >= 1``)."""
+    if n < 1:
+        raise ValueError(f"next_pow2 needs n >= 1, got {n}")
+    return 1 << (n - 1).bit_length()
+
+
+def contiguous_reservation(scheme: str, prompt_len: int, output_len: int, max_len: int) -> int:
+    """Slots a contiguous scheme reserves for a request at admission (see the module docstring)."""
+    if scheme == "orca_max":
+        return max_len
+    if scheme == "orca_pow2":
+        return min(max_len, prompt_len + next_pow2(output_len))
+    if scheme == "orca_oracle":
+        return prompt_len + output_len
+    raise ValueError(f"{scheme!r} is not a contiguous scheme; choose one of {SCHEMES[:3]}")
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """Blocks holding ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``."""
+    return -(-num_tokens // block_size)
+
+
+def paged_internal_fragmentation(num_tokens: int, block_size: int) -> int:
+    """Empty slots in the last block of a finished request of ``num_tokens`` tokens."""
+    return blocks_needed(num_tokens, block_size) * block_size - num_tokens
+
+
+# ------------------------------------------------------------------------------------ first fit
+class FirstFitAllocator:
+    """Contiguous ranges of ``[0, size)``: first fit (lowest address), coalescing frees.
+
+    Holes are kept as a list of ``[start, length]`` sorted by ``start``; it stays short (a handful of holes for
+    a pool holding tens of requests), so linear scans are the readable choice.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size = size
+        self.holes: list[list[int]] = [[0, size]]
+        self.free_slots = size
+
+    def allocate(self, n: int) -> int | None:
+        """Start address of a new range of ``n`` slots, or ``None`` if no hole is large enough."""
+        if n < 1:
+            raise ValueError(f"allocation size must be >= 1, got {n}")
+        for i, (start, length) in enumerate(self.holes):
+            if length >= n:
+                if length == n:
+                    del self.holes[i]
+                else:
+                    self.holes[i] = [start + n, length - n]
+                self.free_slots -= n
+                return start
+        return None
+
+    def free(self, start: int, n: int) -> None:
+        """Return ``[start, start + n)``; merges with adjacent holes. Freeing free memory is an error."""
+        if n < 1 or start < 0 or start + n > self.size:
+            raise ValueError(f"range [{start}, {start + n}) is outside [0, {self.size})")
+        i = 0
+        while i < len(self.holes) and self.holes[i][0] < start:
+            i += 1
+        prev = self.holes[i - 1] if i > 0 else None
+        nxt = self.holes[i] if i < len(self.holes) else None
+        if (prev and prev[0] + prev[1] > start) or (nxt and start + n > nxt[0]):
+            raise ValueError(f"range [{start}, {start + n}) overlaps free memory (double free?)")
+        self.free_slots += n
+        if prev and prev[0] + prev[1] == start:
+            prev[1] += n
+            if nxt and start + n == nxt[0]:
+                prev[1] += nxt[1]
+                del self.holes[i]
+        elif nxt and start + n == nxt[0]:
+            nxt[0] = start
+            nxt[1] += n
+        else:
+            self.holes.insert(i, [start, n])
+
+    def largest_hole(self) -> int:
+        return max((length for _, length in self.holes), default=0)
+
+
+# ------------------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Average slots per category (see the module docstring); they sum to ``kv_slots``."""
+
+    token_states: float
+    reservation: float
+    internal_frag: float
+    external_frag: float
+    free: float
+
+    @property
+    def total(self) -> float:
+        return self.token_states + self.reservation + self.internal_frag + self.external_frag + self.free
+
+    def percent(self) -> dict[str, float]:
+        """Each category as a percentage of the whole pool."""
+        total = self.total
+        return {c: 100.0 * getattr(self, c) / total for c in CATEGORIES}
+
+
+@dataclass
+class SimulationResult:
+    scheme: str
+    kv_slots: int
+    block_size: int | None
+    max_len: int
+    breakdown: MemoryBreakdown
+    steps: int  # steps run; the last request finished in step `steps` (0-based), which is not accounted
+    window_steps: int  # steps averaged over
+    mean_running: float  # average number of running requests in the window
+    max_running: int
+    preemptions: int
+    hole_blocked_fraction: float  # of steps with a waiting request: total free memory would fit it, no hole does
+    timeline: dict[str, list[int]] | None = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        return SCHEME_LABELS[self.scheme]
+
+    def percent(self) -> dict[str, float]:
+        return self.breakdown.percent()
+
+
+@dataclass
+class _Running:
+    spec: RequestSpec
+    length: int  # tokens whose K/V are stored
+    alloc: int  # slots held (chunk size, or blocks * block_size)
+    internal: int  # alloc - min(alloc, final length)
+    start: int = -1  # chunk start address (contiguous schemes)
+
+
+# ------------------------------------------------------------------------------------ simulation
+def simulate(
+    requests: Sequence[RequestSpec],
+    scheme: str,
+    kv_slots: int,
+    *,
+    max_len: int = 2048,
+    block_size: int = 16,
+    step_duration: float = 1.0,
+    measure: str = "loaded",
+    record_timeline: bool = False,
+    watermark: float = 0.01,
+) -> SimulationResult:
+    """Serve ``requests`` in a KV memory of ``kv_slots`` token slots under ``scheme`` and account for it.
+
+    Args:
+        requests: the workload (``minienv.workload``); served FCFS by ``arrival_time`` then ``request_id``.
+        scheme: one of ``SCHEMES``.
+        kv_slots: size of the KV memory in token slots (the paper's OPT-13B/A100-40GB setup has 15.7 K).
+        max_len: the model's maximum sequence length (what ``orca_max`` reserves; caps ``orca_pow2``).
+        block_size: slots per block (``paged`` only).
+        step_duration: seconds per decode step, to turn arrival times into steps.
+        measure: ``"loaded"`` (average up to the last admission) or ``"all"`` (whole run).
+        record_timeline: keep the per-step slot counts of every category in ``result.timeline``.
+        watermark: ``paged`` only: fraction of blocks admission keeps free (vLLM v0's default 0.01).
+
+    Raises:
+        ValueError: unknown scheme or measure; bad sizes; a request longer than ``max_len`` or one that could
+            never fit in the memory under this scheme.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; choose one of {SCHEMES}")
+    if measure not in ("loaded", "all"):
+        raise ValueError(f"measure must be 'loaded' or 'all', got {measure!r}")
+    if isinstance(kv_slots, bool) or not isinstance(kv_slots, int) or kv_slots < 1:
+        raise ValueError(f"kv_slots must be an integer >= 1, got {kv_slots!r}")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
+        raise ValueError(f"max_len must be an integer >= 2, got {max_len!r}")
+    if not step_duration > 0:
+        raise ValueError(f"step_duration must be > 0, got {step_duration!r}")
+    if not requests:
+        raise ValueError("simulate needs at least one request")
+    paged = scheme == "paged"
+    if paged:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+        num_blocks = kv_slots // block_size
+        if num_blocks < 1:
+            raise ValueError(f"kv_slots={kv_slots} holds no block of {block_size} slots")
+        unusable = kv_slots - num_blocks * block_size  # too few to form a block: always external
+        if not 0 <= watermark < 1:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
+        watermark_blocks = int(watermark * num_blocks)
+    for r in requests:
+        if r.prompt_len < 1 or r.output_len < 1:
+            raise ValueError(f"request {r.request_id}: prompt_len and output_len must be >= 1")
+        if r.total_len > max_len:
+            raise ValueError(f"request {r.request_id} has {r.total_len} tokens > max_len={max_len}")
+        need = blocks_needed(r.total_len, block_size) * block_size if paged else \
+            contiguous_reservation(scheme, r.prompt_len, r.output_len, max_len)
+        if need > (num_blocks * block_size if paged else kv_slots):
+            raise ValueError(f"request {r.request_id} needs {need} slots and can never fit in {kv_slots}")
+
+    order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+    waiting: deque[tuple[RequestSpec, int]] = deque()  # (spec, generated tokens so far)
+    arrivals = deque(order)
+    running: list[_Running] = []
+    allocator = None if paged else FirstFitAllocator(kv_slots)
+    free_blocks = num_blocks if paged else 0
+
+    tokens = alloc = internal = 0  # running totals over `running`
+    sums = dict.fromkeys(CATEGORIES, 0)
+    timeline = {c: [] for c in CATEGORIES} if record_timeline else None
+    window_sums = None
+    running_sum = window_running = max_running = preemptions = 0
+    blocked_steps = hole_blocked = 0
+    last_admit_step = 0
+    step = 0
+
+    def release(r: _Running) -> None:
+        nonlocal tokens, alloc, internal, free_blocks
+        tokens -= r.length
+        alloc -= r.alloc
+        internal -= r.internal
+        if paged:
+            free_blocks += r.alloc // block_size
+        else:
+            allocator.free(r.start, r.alloc)
+
+    def preempt(r: _Running) -> None:
+        nonlocal preemptions, preempted_this_step
+        preempted_this_step = True
+        release(r)
+        preemptions += 1
+        waiting.appendleft((r.spec, r.length - r.spec.prompt_len))  # resumes first, recomputing its tokens
+
+    while arrivals or waiting or running:
+        # 1. decode: every running request appends one token
+        preempted_this_step = False
+        if paged:
+            i = 0
+            while i < len(running):
+                r = running[i]
+                if r.length == r.alloc:  # last block full: take a new one, preempting if needed
+                    while free_blocks == 0 and running[-1] is not r:
+                        preempt(running.pop())  # the most recently admitted request
+                    if free_blocks == 0:  # r is itself the most recent: it is preempted
+                        preempt(running.pop())
+                        continue
+                    free_blocks -= 1
+                    r.alloc += block_size
+                    alloc += block_size
+                    new_internal = max(0, r.alloc - r.spec.total_len)
+                    internal += new_internal - r.internal
+                    r.internal = new_internal
+                r.length += 1
+                tokens += 1
+                i += 1
+        else:
+            for r in running:
+                r.length += 1
+            tokens += len(running)
+        # 2. finish
+        if running:
+            still = []
+            for r in running:
+                if r.length >= r.spec.total_len:
+                    release(r)
+                else:
+                    still.append(r)
+            running = still
+        # 3. admit, FCFS
+        now = step * step_duration
+        while arrivals and arrivals[0].arrival_time <= now:
+            waiting.append((arrivals.popleft(), 0))
+        while waiting and not preempted_this_step:  # like vLLM: no new prefills in a step that preempted
+            spec, generated = waiting[0]
+            length = spec.prompt_len + generated
+            if paged:
+                nb = blocks_needed(length, block_size)
+                if nb + watermark_blocks > free_blocks:
+                    break
+                free_blocks -= nb
+                r = _Running(spec, length, nb * block_size, max(0, nb * block_size - spec.total_len))
+            else:
+                size = contiguous_reservation(scheme, spec.prompt_len, spec.output_len, max_len)
+                start = allocator.allocate(size)
+                if start is None:
+                    break
+                r = _Running(spec, length, size, size - spec.total_len, start)
+            waiting.popleft()
+            running.append(r)
+            tokens += r.length
+            alloc += r.alloc
+            internal += r.internal
+            last_admit_step = step
+        if not (arrivals or waiting or running):
+            break  # the last request finished in this step: nothing left to account
+        # 4. account
+        free_now = kv_slots - alloc
+        if waiting:
+            external, idle = free_now, 0
+            blocked_steps += 1
+            if not paged:
+                spec = waiting[0][0]
+                if allocator.free_slots >= contiguous_reservation(scheme, spec.prompt_len, spec.output_len,
+                                                                  max_len):
+                    hole_blocked += 1
+        else:
+            external, idle = (unusable if paged else 0), free_now - (unusable if paged else 0)
+        counts = (tokens, alloc - tokens - internal, internal, external, idle)
+        for c, v in zip(CATEGORIES, counts):
+            sums[c] += v
+            if timeline is not None:
+                timeline[c].append(v)
+        running_sum += len(running)
+        max_running = max(max_running, len(running))
+        if step == last_admit_step:  # snapshot of the sums up to the latest admission
+            window_sums = dict(sums)
+            window_running = running_sum
+        step += 1
+
+    if measure == "loaded":
+        n_steps, used, run_sum = last_admit_step + 1, window_sums, window_running
+    else:
+        n_steps, used, run_sum = step, sums, running_sum
+    breakdown = MemoryBreakdown(**{c: used[c] / n_steps for c in CATEGORIES})
+    return SimulationResult(
+        scheme=scheme,
+        kv_slots=kv_slots,
+        block_size=block_size if paged else None,
+        max_len=max_len,
+        breakdown=breakdown,
+        steps=step,
+        window_steps=n_steps,
+        mean_running=run_sum / n_steps,
+        max_running=max_running,
+        preemptions=preemptions,
+        hole_blocked_fraction=hole_blocked / blocked_steps if blocked_steps else 0.0,
+        timeline=timeline,
+    )
+
+
+def figure2(
+    requests: Sequence[RequestSpec],
+    kv_slots: int,
+    *,
+    max_len: int = 2048,
+    block_size: int = 16,
+    schemes: Iterable[str] = SCHEMES,
+    **kwargs,
+) -> dict[str, SimulationResult]:
+    """``simulate`` every scheme on the same workload and memory: the data of Figure 2."""
+    return {s: simulate(requests, s, kv_slots, max_len=max_len, block_size=block_size, **kwargs) for s in schemes}
+
+
+def format_figure2_table(results: dict[str, SimulationResult], paper: dict = PAPER_FIGURE2) -> str:
+    """A fixed-width text table: our category percentages, and token states ours vs the paper's."""
+    head = (f"{'scheme':<14}{'token':>7}{'reserv':>8}{'int.frag':>9}{'ext.frag':>9}{'free':>6}"
+            f"{'paper token':>13}{'ours/paper':>11}")
+    lines = [head, "-" * len(head)]
+    for s, res in results.items():
+        p = res.percent()
+        ref = paper.get(s, {}).get("token_states")
+        ratio = f"{p['token_states'] / ref:>11.2f}" if ref else f"{'-':>11}"
+        lines.append(
+            f"{SCHEME_LABELS[s]:<14}{p['token_states']:>7.1f}{p['reservation']:>8.1f}{p['internal_frag']:>9.1f}"
+            f"{p['external_frag']:>9.1f}{p['free']:>6.1f}{(f'{ref:.1f}' if ref else '-'):>13}{ratio}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,193 @@
+"""minienv.memory_accounting: every category checked on tiny hand-computed workloads, plus properties."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minienv.memory_accounting import (
+    CATEGORIES,
+    SCHEMES,
+    FirstFitAllocator,
+    blocks_needed,
+    contiguous_reservation,
+    figure2,
+    format_figure2_table,
+    next_pow2,
+    paged_internal_fragmentation,
+    simulate,
+)
+from minienv.workload import RequestSpec, sharegpt_like
+
+
+def req(i, p, o, t=0.0):
+    return RequestSpec(request_id=i, prompt_len=p, output_len=o, arrival_time=t)
+
+
+def rows(result):
+    """Per-step (token, reservation, internal, external, free) tuples from a recorded timeline."""
+    tl = result.timeline
+    return list(zip(*(tl[c] for c in CATEGORIES)))
+
+
+# ------------------------------------------------------------------ sizes
+def test_sizes():
+    assert [next_pow2(n) for n in (1, 2, 3, 25, 32, 33)] == [1, 2, 4, 32, 32, 64]
+    assert contiguous_reservation("orca_max", 10, 25, 2048) == 2048
+    assert contiguous_reservation("orca_pow2", 10, 25, 2048) == 10 + 32  # the paper's 25 -> 32 example
+    assert contiguous_reservation("orca_pow2", 1500, 600, 2048) == 2048  # capped at max_len
+    assert contiguous_reservation("orca_oracle", 10, 25, 2048) == 35
+    assert blocks_needed(33, 16) == 3 and paged_internal_fragmentation(33, 16) == 15
+    assert paged_internal_fragmentation(32, 16) == 0
+    with pytest.raises(ValueError):
+        contiguous_reservation("paged", 1, 1, 8)
+    with pytest.raises(ValueError):
+        next_pow2(0)
+
+
+# ------------------------------------------------------------------ first fit
+def test_first_fit_makes_holes_and_merges_them():
+    a = FirstFitAllocator(10)
+    assert [a.allocate(3) for _ in range(3)] == [0, 3, 6]
+    a.free(3, 3)
+    assert a.holes == [[3, 3], [9, 1]] and a.free_slots == 4
+    assert a.allocate(4) is None  # 4 slots free, but no hole of 4: external fragmentation
+    assert a.largest_hole() == 3
+    a.free(0, 3)
+    assert a.holes == [[0, 6], [9, 1]]
+    assert a.allocate(4) == 0  # lowest address that fits
+    a.free(6, 3)
+    assert a.holes == [[4, 6]]
+    with pytest.raises(ValueError, match="double free"):
+        a.free(5, 2)
+    with pytest.raises(ValueError):
+        a.free(9, 5)
+
+
+# ------------------------------------------------------------------ hand-computed runs
+def test_oracle_two_requests_exact():
+    # kv=10. A: prompt 2, output 3 (L=5) at [0,5); B: prompt 1, output 2 (L=3) at [5,8).
+    r = simulate([req(0, 2, 3), req(1, 1, 2)], "orca_oracle", 10, max_len=8, measure="all", record_timeline=True)
+    assert rows(r) == [
+        (3, 5, 0, 0, 2),  # step 0: admit both; tokens 2+1, reserved (5-2)+(3-1)
+        (5, 3, 0, 0, 2),  # step 1: both grow
+        (4, 1, 0, 0, 5),  # step 2: B reaches 3 and leaves; A holds 4 of its 5
+    ]
+    assert r.steps == 3  # A finished in step 3 (not accounted)
+    b = r.breakdown
+    assert (b.token_states, b.reservation, b.free) == (4.0, 3.0, 3.0)
+    # the loaded window ends at the last admission (step 0)
+    loaded = simulate([req(0, 2, 3), req(1, 1, 2)], "orca_oracle", 10, max_len=8)
+    assert loaded.window_steps == 1 and loaded.breakdown.token_states == 3 and loaded.breakdown.reservation == 5
+
+
+def test_max_reservation_internal_and_external_fragmentation_exact():
+    # kv=20, max_len=8: A (2+3) and B (1+2) each reserve 8; C (1+1) needs 8 but only 4 slots are left.
+    reqs = [req(0, 2, 3), req(1, 1, 2), req(2, 1, 1)]
+    r = simulate(reqs, "orca_max", 20, max_len=8, measure="all", record_timeline=True)
+    assert rows(r)[:3] == [
+        (3, 5, 8, 4, 0),  # internal (8-5)+(8-3)=8; C waits, so the 4 free slots are external fragmentation
+        (5, 3, 8, 4, 0),
+        # B left and C was admitted at B's old address: A 4 tokens (1 reserved, 3 internal),
+        # C 1 token (1 reserved, 8-2=6 internal); nobody waits, so the 4 slots at the end are just free
+        (4 + 1, 1 + 1, 3 + 6, 0, 4),
+    ]
+    assert r.hole_blocked_fraction == 0.0  # C was blocked by total free memory (4 < 8), not by a hole
+
+
+def test_pow2_reservation_split():
+    # prompt 3, output 5 -> reserve 3 + 8 = 11; L = 8: internal 3 for the whole life
+    r = simulate([req(0, 3, 5)], "orca_pow2", 16, max_len=16, measure="all", record_timeline=True)
+    assert rows(r)[0] == (3, 5, 3, 0, 5)
+    assert all(row[2] == 3 for row in rows(r))
+
+
+def test_external_fragmentation_from_a_hole():
+    # kv=10, oracle. Step 0: A (1+2) at [0,3), B (1+4) at [3,8), C (1+1) at [8,10). Step 1: C finishes,
+    # hole [8,10); D (2+2, arrives at t=1) needs 4 and waits (2 free: not enough in total). Step 2: A finishes,
+    # holes [0,3) and [8,10): 5 slots free >= 4, but no hole of 4 -> D still waits (a hole-blocked step).
+    reqs = [req(0, 1, 2), req(1, 1, 4), req(2, 1, 1), req(3, 2, 2, t=1.0)]
+    r = simulate(reqs, "orca_oracle", 10, max_len=10, measure="all", record_timeline=True)
+    assert rows(r)[1] == (2 + 2, 1 + 3, 0, 2, 0)  # A 2/3, B 2/5, C gone; D waits: 2 free slots external
+    assert rows(r)[2] == (3, 2, 0, 5, 0)  # only B (3/5); D waits although 5 >= 4 slots are free
+    assert r.hole_blocked_fraction > 0
+
+
+def test_paged_exact_with_internal_fragmentation_and_unusable_tail():
+    # B=4, kv=9 -> 2 blocks + 1 slot too few for a block (always external). Prompt 1, output 5 (L=6).
+    r = simulate([req(0, 1, 5)], "paged", 9, block_size=4, max_len=8, measure="all", record_timeline=True,
+                 watermark=0.0)
+    assert rows(r) == [
+        (1, 3, 0, 1, 4),
+        (2, 2, 0, 1, 4),
+        (3, 1, 0, 1, 4),
+        (4, 0, 0, 1, 4),
+        (5, 1, 2, 1, 0),  # second block: slot 6 will be used (reservation), slots 7-8 never (internal)
+    ]
+    assert r.steps == 5 and r.preemptions == 0
+
+
+def test_paged_preemption_by_recompute():
+    # B=1, 3 blocks. A and B: prompt 1, output 2. Step 1: A takes the last block, B has none and is the most
+    # recent request, so B is preempted (its block freed, no admission in that step).
+    r = simulate([req(0, 1, 2), req(1, 1, 2)], "paged", 3, block_size=1, max_len=4, measure="all",
+                 record_timeline=True, watermark=0.0)
+    assert r.preemptions == 1
+    assert rows(r)[:3] == [
+        (2, 0, 0, 0, 1),
+        (2, 0, 0, 1, 0),  # A at 2 tokens; B waits at the head of the queue: its freed block is external
+        (1, 0, 0, 0, 2),  # A finished and left; B re-admitted (recomputes its prompt)
+    ]
+
+
+# ------------------------------------------------------------------ errors
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        (([req(0, 1, 1)], "buddy", 10), {}, "unknown scheme"),
+        (([req(0, 1, 1)], "paged", 0), {}, "kv_slots"),
+        (([req(0, 1, 1)], "paged", 8), {"block_size": 16}, "no block"),
+        (([req(0, 1, 1)], "paged", 8), {"block_size": 0}, "block_size"),
+        (([req(0, 5, 5)], "orca_oracle", 100), {"max_len": 8}, "max_len"),
+        (([req(0, 1, 1)], "orca_max", 100), {"max_len": 2048}, "never fit"),
+        (([req(0, 1, 1)], "orca_oracle", 10), {"measure": "some"}, "measure"),
+        (([], "orca_oracle", 10), {}, "at least one"),
+        (([req(0, 1, 1)], "paged", 16), {"watermark": 1.5}, "watermark"),
+    ],
+)
+def test_bad_arguments_raise(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        simulate(*args, **kwargs)
+
+
+# ------------------------------------------------------------------ properties
+requests_st = st.lists(
+    st.tuples(st.integers(1, 20), st.integers(1, 20), st.integers(0, 30)), min_size=1, max_size=12
+).map(lambda xs: [req(i, p, o, float(t)) for i, (p, o, t) in enumerate(xs)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests_st, st.sampled_from(SCHEMES), st.integers(0, 60), st.sampled_from([1, 2, 4, 8, 16]))
+def test_categories_partition_the_pool_at_every_step(reqs, scheme, extra, block_size):
+    max_len = 40
+    kv = 64 + extra  # every request fits (max_len 40 + a block of 16 <= 64)
+    r = simulate(reqs, scheme, kv, max_len=max_len, block_size=block_size, measure="all", record_timeline=True)
+    for row in rows(r):
+        assert sum(row) == kv
+        assert min(row) >= 0
+    if scheme == "orca_oracle":
+        assert all(row[2] == 0 for row in rows(r))  # knowing the output length: no internal fragmentation
+    assert r.breakdown.total == pytest.approx(kv)
+    # every request was served: the run is at least as long as the longest output
+    assert r.steps >= max(x.output_len for x in reqs)
+
+
+def test_figure2_shape_on_the_sharegpt_like_workload():
+    res = figure2(sharegpt_like(300, seed=0), 15_700)
+    pct = {s: r.percent() for s, r in res.items()}
+    tok = [pct[s]["token_states"] for s in SCHEMES]
+    assert tok == sorted(tok)  # Max < Pow2 < Oracle < paged, as in the paper
+    assert pct["paged"]["token_states"] >= 96.0
+    assert pct["orca_oracle"]["internal_frag"] == 0.0 and pct["orca_oracle"]["reservation"] > 10
+    assert "Orca (Max)" in format_figure2_table(res)
