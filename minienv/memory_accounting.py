@@ -30,9 +30,14 @@ Allocation schemes (``SCHEMES``)
 * ``paged``       — vLLM: ``kv_slots // block_size`` blocks of ``block_size`` slots, taken one at a time as the
   request grows; a request's blocks need not be adjacent.
 
-Contiguous chunks are placed by a **first-fit allocator over one linear address space** (``FirstFitAllocator``):
-the lowest-addressed hole that is large enough; freed chunks merge with free neighbours. Holes between live
-chunks are what make external fragmentation.
+Contiguous chunks live in one linear address space, placed by one of two allocators:
+
+* ``allocator="buddy"`` (default) — a binary buddy allocator (``BuddyAllocator``), which the paper assumed Orca
+  uses: every chunk is rounded up to a power of two and aligned to it.
+* ``allocator="first_fit"`` — ``FirstFitAllocator``: the lowest-addressed hole that is large enough; freed
+  chunks merge with free neighbours.
+
+Either way, holes between live chunks are what make external fragmentation.
 
 The categories (exact definitions; every slot of the pool is in exactly one)
 --------------------------------------------------------------------------
@@ -49,7 +54,8 @@ and for the slots no request holds (``kv_slots - sum A``):
 * **external frag.** free slots at a step that ends with an arrived request still waiting — memory that exists
   but cannot be given to the work that is queued (no hole large enough, or not enough left for the next
   reservation). This is the paper's "external fragmentation & others". For paging it also includes the
-  ``kv_slots % block_size`` slots too few to form a block (always).
+  ``kv_slots % block_size`` slots too few to form a block (always), and for the buddy allocator the slots by
+  which it rounded live chunks up to a power of two (always: they belong to no request's reservation).
 * **free**           free slots at a step that ends with nobody waiting: idle capacity, not waste.
 
 So ``token_states + reservation + internal_frag + external_frag + free == kv_slots`` at every step.
@@ -78,6 +84,7 @@ __all__ = [
     "CATEGORIES",
     "PAPER_FIGURE2",
     "FirstFitAllocator",
+    "BuddyAllocator",
     "MemoryBreakdown",
     "SimulationResult",
     "next_pow2",
@@ -191,8 +198,85 @@ class FirstFitAllocator:
         else:
             self.holes.insert(i, [start, n])
 
+    def block_size(self, n: int) -> int:
+        """Slots a request for ``n`` slots actually occupies (exactly ``n``)."""
+        return n
+
     def largest_hole(self) -> int:
         return max((length for _, length in self.holes), default=0)
+
+
+class BuddyAllocator:
+    """A binary buddy allocator over ``[0, size)``: every range is a power of two, aligned to its size.
+
+    A request for ``n`` slots takes a block of ``next_pow2(n)`` (the rest of the block is the allocator's
+    rounding waste); a larger free block is split in halves ("buddies") as needed, and a freed block merges
+    with its buddy whenever both are free. A ``size`` that is not a power of two is covered by its binary
+    decomposition (largest region first, so each region is aligned to its own size); blocks never merge
+    across regions. The vLLM paper assumed Orca places KV caches with a buddy allocator.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size = size
+        self.free_slots = size
+        self._free: dict[int, set[int]] = {}  # order -> start addresses of free blocks of 2**order slots
+        self._region_order: list[tuple[int, int]] = []  # (start, order) of the top-level regions
+        self._allocated: dict[int, int] = {}  # start -> order
+        start = 0
+        for order in range(size.bit_length() - 1, -1, -1):
+            if size >> order & 1:
+                self._free.setdefault(order, set()).add(start)
+                self._region_order.append((start, order))
+                start += 1 << order
+
+    def _region_max_order(self, addr: int) -> int:
+        for start, order in self._region_order:
+            if start <= addr < start + (1 << order):
+                return order
+        raise ValueError(f"address {addr} outside [0, {self.size})")
+
+    def block_size(self, n: int) -> int:
+        """Slots a request for ``n`` slots actually occupies."""
+        return next_pow2(n)
+
+    def allocate(self, n: int) -> int | None:
+        """Start of a block of ``next_pow2(n)`` slots (lowest address among the smallest that fit), or ``None``."""
+        if n < 1:
+            raise ValueError(f"allocation size must be >= 1, got {n}")
+        k = (n - 1).bit_length()
+        for order in sorted(o for o, starts in self._free.items() if starts and o >= k):
+            start = min(self._free[order])
+            self._free[order].remove(start)
+            while order > k:  # split, keeping the upper half free
+                order -= 1
+                self._free.setdefault(order, set()).add(start + (1 << order))
+            self._allocated[start] = k
+            self.free_slots -= 1 << k
+            return start
+        return None
+
+    def free(self, start: int, n: int | None = None) -> None:
+        """Free the block that starts at ``start`` (``n``, if given, must match its request); merges buddies."""
+        if start not in self._allocated:
+            raise ValueError(f"no allocated block starts at {start} (double free?)")
+        order = self._allocated.pop(start)
+        if n is not None and next_pow2(n) != 1 << order:
+            raise ValueError(f"block at {start} holds {1 << order} slots, not a request of {n}")
+        self.free_slots += 1 << order
+        top = self._region_max_order(start)
+        while order < top:
+            buddy = start ^ (1 << order)
+            if buddy not in self._free.get(order, ()):
+                break
+            self._free[order].remove(buddy)
+            start = min(start, buddy)
+            order += 1
+        self._free.setdefault(order, set()).add(start)
+
+    def largest_hole(self) -> int:
+        return max((1 << o for o, starts in self._free.items() if starts), default=0)
 
 
 # ------------------------------------------------------------------------------------- results
@@ -260,6 +344,7 @@ def simulate(
     measure: str = "loaded",
     record_timeline: bool = False,
     watermark: float = 0.01,
+    allocator: str = "buddy",
 ) -> SimulationResult:
     """Serve ``requests`` in a KV memory of ``kv_slots`` token slots under ``scheme`` and account for it.
 
@@ -273,6 +358,9 @@ def simulate(
         measure: ``"loaded"`` (average up to the last admission) or ``"all"`` (whole run).
         record_timeline: keep the per-step slot counts of every category in ``result.timeline``.
         watermark: ``paged`` only: fraction of blocks admission keeps free (vLLM v0's default 0.01).
+        allocator: contiguous schemes only: ``"buddy"`` (default: what the paper assumed for Orca) or
+            ``"first_fit"``. With ``"buddy"`` the slots by which a chunk is rounded up to a power of two belong to no
+            reservation of the scheme and are counted as external fragmentation (the paper's "& others").
 
     Raises:
         ValueError: unknown scheme or measure; bad sizes; a request longer than ``max_len`` or one that could
@@ -280,6 +368,8 @@ def simulate(
     """
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; choose one of {SCHEMES}")
+    if allocator not in ("first_fit", "buddy"):
+        raise ValueError(f"allocator must be 'first_fit' or 'buddy', got {allocator!r}")
     if measure not in ("loaded", "all"):
         raise ValueError(f"measure must be 'loaded' or 'all', got {measure!r}")
     if isinstance(kv_slots, bool) or not isinstance(kv_slots, int) or kv_slots < 1:
@@ -315,10 +405,10 @@ def simulate(
     waiting: deque[tuple[RequestSpec, int]] = deque()  # (spec, generated tokens so far)
     arrivals = deque(order)
     running: list[_Running] = []
-    allocator = None if paged else FirstFitAllocator(kv_slots)
+    space = None if paged else (FirstFitAllocator if allocator == "first_fit" else BuddyAllocator)(kv_slots)
     free_blocks = num_blocks if paged else 0
 
-    tokens = alloc = internal = 0  # running totals over `running`
+    tokens = alloc = internal = slack = 0  # running totals over `running`; slack: buddy rounding
     sums = dict.fromkeys(CATEGORIES, 0)
     timeline = {c: [] for c in CATEGORIES} if record_timeline else None
     window_sums = None
@@ -328,14 +418,15 @@ def simulate(
     step = 0
 
     def release(r: _Running) -> None:
-        nonlocal tokens, alloc, internal, free_blocks
+        nonlocal tokens, alloc, internal, free_blocks, slack
         tokens -= r.length
         alloc -= r.alloc
         internal -= r.internal
         if paged:
             free_blocks += r.alloc // block_size
         else:
-            allocator.free(r.start, r.alloc)
+            space.free(r.start, r.alloc)
+            slack -= space.block_size(r.alloc) - r.alloc
 
     def preempt(r: _Running) -> None:
         nonlocal preemptions, preempted_this_step
@@ -394,9 +485,10 @@ def simulate(
                 r = _Running(spec, length, nb * block_size, max(0, nb * block_size - spec.total_len))
             else:
                 size = contiguous_reservation(scheme, spec.prompt_len, spec.output_len, max_len)
-                start = allocator.allocate(size)
+                start = space.allocate(size)
                 if start is None:
                     break
+                slack += space.block_size(size) - size
                 r = _Running(spec, length, size, size - spec.total_len, start)
             waiting.popleft()
             running.append(r)
@@ -407,17 +499,19 @@ def simulate(
         if not (arrivals or waiting or running):
             break  # the last request finished in this step: nothing left to account
         # 4. account
-        free_now = kv_slots - alloc
+        free_now = kv_slots - alloc - slack
+        always_unusable = unusable if paged else slack
         if waiting:
-            external, idle = free_now, 0
+            external, idle = free_now + slack, 0
             blocked_steps += 1
             if not paged:
                 spec = waiting[0][0]
-                if allocator.free_slots >= contiguous_reservation(scheme, spec.prompt_len, spec.output_len,
-                                                                  max_len):
+                size = contiguous_reservation(scheme, spec.prompt_len, spec.output_len, max_len)
+                if space.free_slots >= space.block_size(size):
                     hole_blocked += 1
         else:
-            external, idle = (unusable if paged else 0), free_now - (unusable if paged else 0)
+            external = always_unusable
+            idle = kv_slots - alloc - external
         counts = (tokens, alloc - tokens - internal, internal, external, idle)
         for c, v in zip(CATEGORIES, counts):
             sums[c] += v

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from minienv.memory_accounting import (
     CATEGORIES,
     SCHEMES,
+    BuddyAllocator,
     FirstFitAllocator,
     blocks_needed,
     contiguous_reservation,
@@ -65,10 +66,37 @@ def test_first_fit_makes_holes_and_merges_them():
         a.free(9, 5)
 
 
+def test_buddy_rounds_to_powers_of_two_splits_and_merges():
+    b = BuddyAllocator(12)  # regions: 8 slots at 0, 4 slots at 8
+    assert b.allocate(3) == 8  # smallest free block that fits (4 at 8), no split of the 8
+    assert b.allocate(3) == 0  # splits [0,8) into [0,4) + [4,8)
+    assert b.allocate(4) == 4
+    assert b.allocate(1) is None and b.free_slots == 0
+    b.free(0, 3)
+    b.free(4)
+    assert b.largest_hole() == 8 and b.allocate(5) == 0  # the two halves merged back into 8
+    b.free(8, 3)
+    assert b.largest_hole() == 4  # [8,12) never merges with the 8-slot region
+    with pytest.raises(ValueError, match="double free"):
+        b.free(8)
+    with pytest.raises(ValueError):
+        b.free(0, 2)  # the block at 0 holds 8 slots, not a request of 2
+
+
 # ------------------------------------------------------------------ hand-computed runs
+def test_buddy_rounding_is_external_fragmentation_exact():
+    # kv=16, oracle, buddy. A (2+3)=5 -> block of 8 at 0 (3 rounding slots); B (1+2)=3 -> block of 4 at 8
+    # (1 rounding slot); C (1+5)=6 needs 8 but only 4 slots at 12 are free -> waits.
+    reqs = [req(0, 2, 3), req(1, 1, 2), req(2, 1, 5)]
+    r = simulate(reqs, "orca_oracle", 16, max_len=8, measure="all", record_timeline=True)
+    assert rows(r)[0] == (3, 3 + 2, 0, 4 + 3 + 1, 0)
+    assert r.hole_blocked_fraction == 0.0  # 4 free < 8: not a hole problem
+
+
+
 def test_oracle_two_requests_exact():
     # kv=10. A: prompt 2, output 3 (L=5) at [0,5); B: prompt 1, output 2 (L=3) at [5,8).
-    r = simulate([req(0, 2, 3), req(1, 1, 2)], "orca_oracle", 10, max_len=8, measure="all", record_timeline=True)
+    r = simulate([req(0, 2, 3), req(1, 1, 2)], "orca_oracle", 10, allocator="first_fit", max_len=8, measure="all", record_timeline=True)
     assert rows(r) == [
         (3, 5, 0, 0, 2),  # step 0: admit both; tokens 2+1, reserved (5-2)+(3-1)
         (5, 3, 0, 0, 2),  # step 1: both grow
@@ -78,14 +106,14 @@ def test_oracle_two_requests_exact():
     b = r.breakdown
     assert (b.token_states, b.reservation, b.free) == (4.0, 3.0, 3.0)
     # the loaded window ends at the last admission (step 0)
-    loaded = simulate([req(0, 2, 3), req(1, 1, 2)], "orca_oracle", 10, max_len=8)
+    loaded = simulate([req(0, 2, 3), req(1, 1, 2)], "orca_oracle", 10, allocator="first_fit", max_len=8)
     assert loaded.window_steps == 1 and loaded.breakdown.token_states == 3 and loaded.breakdown.reservation == 5
 
 
 def test_max_reservation_internal_and_external_fragmentation_exact():
     # kv=20, max_len=8: A (2+3) and B (1+2) each reserve 8; C (1+1) needs 8 but only 4 slots are left.
     reqs = [req(0, 2, 3), req(1, 1, 2), req(2, 1, 1)]
-    r = simulate(reqs, "orca_max", 20, max_len=8, measure="all", record_timeline=True)
+    r = simulate(reqs, "orca_max", 20, allocator="first_fit", max_len=8, measure="all", record_timeline=True)
     assert rows(r)[:3] == [
         (3, 5, 8, 4, 0),  # internal (8-5)+(8-3)=8; C waits, so the 4 free slots are external fragmentation
         (5, 3, 8, 4, 0),
@@ -98,7 +126,7 @@ def test_max_reservation_internal_and_external_fragmentation_exact():
 
 def test_pow2_reservation_split():
     # prompt 3, output 5 -> reserve 3 + 8 = 11; L = 8: internal 3 for the whole life
-    r = simulate([req(0, 3, 5)], "orca_pow2", 16, max_len=16, measure="all", record_timeline=True)
+    r = simulate([req(0, 3, 5)], "orca_pow2", 16, allocator="first_fit", max_len=16, measure="all", record_timeline=True)
     assert rows(r)[0] == (3, 5, 3, 0, 5)
     assert all(row[2] == 3 for row in rows(r))
 
@@ -108,7 +136,7 @@ def test_external_fragmentation_from_a_hole():
     # hole [8,10); D (2+2, arrives at t=1) needs 4 and waits (2 free: not enough in total). Step 2: A finishes,
     # holes [0,3) and [8,10): 5 slots free >= 4, but no hole of 4 -> D still waits (a hole-blocked step).
     reqs = [req(0, 1, 2), req(1, 1, 4), req(2, 1, 1), req(3, 2, 2, t=1.0)]
-    r = simulate(reqs, "orca_oracle", 10, max_len=10, measure="all", record_timeline=True)
+    r = simulate(reqs, "orca_oracle", 10, allocator="first_fit", max_len=10, measure="all", record_timeline=True)
     assert rows(r)[1] == (2 + 2, 1 + 3, 0, 2, 0)  # A 2/3, B 2/5, C gone; D waits: 2 free slots external
     assert rows(r)[2] == (3, 2, 0, 5, 0)  # only B (3/5); D waits although 5 >= 4 slots are free
     assert r.hole_blocked_fraction > 0
@@ -153,6 +181,7 @@ def test_paged_preemption_by_recompute():
         (([req(0, 1, 1)], "orca_max", 100), {"max_len": 2048}, "never fit"),
         (([req(0, 1, 1)], "orca_oracle", 10), {"measure": "some"}, "measure"),
         (([], "orca_oracle", 10), {}, "at least one"),
+        (([req(0, 1, 1)], "orca_oracle", 10), {"allocator": "slab"}, "allocator"),
         (([req(0, 1, 1)], "paged", 16), {"watermark": 1.5}, "watermark"),
     ],
 )
@@ -168,11 +197,13 @@ requests_st = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(requests_st, st.sampled_from(SCHEMES), st.integers(0, 60), st.sampled_from([1, 2, 4, 8, 16]))
-def test_categories_partition_the_pool_at_every_step(reqs, scheme, extra, block_size):
+@given(requests_st, st.sampled_from(SCHEMES), st.integers(0, 60), st.sampled_from([1, 2, 4, 8, 16]),
+       st.sampled_from(["buddy", "first_fit"]))
+def test_categories_partition_the_pool_at_every_step(reqs, scheme, extra, block_size, allocator):
     max_len = 40
-    kv = 64 + extra  # every request fits (max_len 40 + a block of 16 <= 64)
-    r = simulate(reqs, scheme, kv, max_len=max_len, block_size=block_size, measure="all", record_timeline=True)
+    kv = 64 + extra  # every request fits (max_len 40 -> a buddy block of 64; 40 + a block of 16 <= 64)
+    r = simulate(reqs, scheme, kv, max_len=max_len, block_size=block_size, measure="all", record_timeline=True,
+                 allocator=allocator)
     for row in rows(r):
         assert sum(row) == kv
         assert min(row) >= 0
