@@ -1,0 +1,389 @@
+"""KVCacheManager: prefix sharing, copy-on-write, LRU eviction, bad input, and one regression test per trap of
+DESIGN.md §6 that applies to this layer (named after it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minienv.kv import kv_cache_manager as kcm
+from minienv.kv import prefix_cache
+from minienv.kv.errors import KVBudgetError, OutOfBlocksError
+from minienv.kv.kv_cache_manager import (
+    BlockState,
+    DuplicateRequestError,
+    KVCacheManager,
+    UnknownRequestError,
+    copy_blocks,
+)
+from minienv.kv.kv_pool import KVPool
+
+B = 4
+
+
+def run(mgr: KVCacheManager, rid, prompt, decode=()):
+    """Allocate + commit a prompt, then append + commit each decode token (what an engine step does)."""
+    alloc = mgr.allocate(rid, prompt)
+    mgr.commit(rid)
+    for t in decode:
+        mgr.append_slots(rid, [t])
+        mgr.commit(rid)
+    mgr.check_invariants()
+    return alloc
+
+
+# ---------------------------------------------------------------------- prefix sharing
+def test_shared_system_prompt_shares_full_blocks():
+    mgr = KVCacheManager(32, B)
+    system = list(range(100, 112))  # 3 full blocks
+    a = run(mgr, "a", system + [1, 2, 3])
+    b = run(mgr, "b", system + [7, 8])
+    assert a.num_cached_tokens == 0 and b.num_cached_tokens == 12
+    assert mgr.block_ids("a")[:3] == mgr.block_ids("b")[:3]
+    assert [mgr.ref_cnt(x) for x in mgr.block_ids("a")[:3]] == [2, 2, 2]
+    assert b.num_new_tokens == 2 and list(b.positions) == [12, 13]
+    s = mgr.stats()
+    assert (s.prefix_queries_tokens, s.prefix_hits_tokens) == (15 + 14, 12)
+    assert s.prefix_hit_rate == pytest.approx(12 / 29)
+
+
+def test_cached_free_block_is_hit_after_owner_finishes():
+    mgr = KVCacheManager(16, B)
+    run(mgr, "a", list(range(9)))
+    blocks = mgr.block_ids("a")
+    mgr.free("a")
+    assert [mgr.block_state(x) for x in blocks] == [BlockState.CACHED_FREE, BlockState.CACHED_FREE,
+                                                   BlockState.FREE_EMPTY]
+    b = mgr.allocate("b", list(range(9)))
+    assert b.num_cached_tokens == 8 and mgr.block_ids("b")[:2] == blocks[:2]
+    assert all(mgr.ref_cnt(x) == 1 for x in blocks[:2])
+    mgr.check_invariants()
+
+
+def test_free_releases_last_block_first():
+    mgr = KVCacheManager(16, B)
+    run(mgr, "a", list(range(10)))
+    ids = mgr.block_ids("a")
+    assert mgr.free("a") == ids[::-1]
+
+
+def test_prefix_caching_off_never_hits():
+    mgr = KVCacheManager(16, B, enable_prefix_caching=False)
+    run(mgr, "a", list(range(9)))
+    b = run(mgr, "b", list(range(9)))
+    assert b.num_cached_tokens == 0 and len(mgr.index) == 0
+    assert set(mgr.block_ids("a")).isdisjoint(mgr.block_ids("b"))
+
+
+def test_cache_salt_separates_tenants():
+    from minienv.kv.hashing import make_extra_key
+
+    alice = KVCacheManager(16, B, extra_key=make_extra_key("m", cache_salt="alice"))
+    run(alice, "a", list(range(9)))
+    assert alice.lookup(list(range(9))).num_cached_tokens == 8
+    bob_view = KVCacheManager(16, B, extra_key=make_extra_key("m", cache_salt="bob"))
+    bob_view.index = alice.index  # same index, other salt: nothing matches
+    assert bob_view.lookup(list(range(9))).num_cached_tokens == 0
+
+
+def test_chunked_prefill_continues_prompt():
+    mgr = KVCacheManager(16, B)
+    a = mgr.allocate("a", list(range(10)), num_new_tokens=3)
+    assert a.num_new_tokens == 3 and mgr.num_tokens("a") == 3
+    mgr.commit("a")
+    a2 = mgr.append_slots("a", list(range(3, 10)))
+    assert list(a2.positions) == list(range(3, 10))
+    mgr.commit("a")
+    mgr.check_invariants()
+    assert len(mgr.index) == 2
+
+
+def test_block_table_and_slot_mapping_agree():
+    mgr = KVCacheManager(16, B)
+    mgr.allocate("x", [5])
+    mgr.commit("x")
+    alloc = mgr.allocate("a", list(range(6)))
+    table = mgr.block_table("a")
+    assert table.num_tokens == 6 and table.block_ids == mgr.block_ids("a")
+    np.testing.assert_array_equal(alloc.slot_mapping, table.slot_mapping())
+
+
+def test_commit_dedupes_a_block_computed_twice():
+    """Two requests prefill the same prompt in one step: the second's block is swapped for the indexed one."""
+    mgr = KVCacheManager(16, B)
+    mgr.allocate("a", list(range(8)))
+    mgr.allocate("b", list(range(8)))  # not committed yet: no hit
+    assert set(mgr.block_ids("a")).isdisjoint(mgr.block_ids("b"))
+    mgr.commit("a")
+    mgr.commit("b")
+    assert mgr.block_ids("a") == mgr.block_ids("b")
+    mgr.check_invariants()
+
+
+# ---------------------------------------------------------------------- copy-on-write fork
+def test_fork_shares_and_reports_memory_saved():
+    mgr = KVCacheManager(32, B)
+    run(mgr, "p", list(range(10)))
+    res = mgr.fork("p", ["c1", "c2", "c3"])
+    assert res.shared_block_ids == tuple(mgr.block_ids("p"))
+    sh = mgr.sharing()
+    assert (sh.logical_blocks, sh.physical_blocks) == (12, 3)
+    assert sh.saved_fraction == pytest.approx(0.75)
+    mgr.check_invariants()
+
+
+def test_cow_copies_kv_data_in_pool():
+    pool = KVPool(num_layers=2, num_blocks=8, block_size=B, num_kv_heads=1, head_dim=2)
+    mgr = KVCacheManager(8, B, kv_pool=pool)
+    run(mgr, "p", [1, 2, 3, 4, 5, 6])
+    last = mgr.block_ids("p")[-1]
+    pool.k_cache[:, last] = 7.0
+    pool.v_cache[:, last] = -7.0
+    mgr.fork("p", ["c"])
+    alloc = mgr.append_slots("c", [9])
+    ((src, dst),) = alloc.blocks_to_copy
+    assert src == last and dst == mgr.block_ids("c")[-1] != last
+    assert (pool.k_cache[:, dst] == 7.0).all() and (pool.v_cache[:, dst] == -7.0).all()
+    assert mgr.ref_cnt(src) == 1 and mgr.ref_cnt(dst) == 1
+    # the write goes into the copy, never the shared original
+    assert alloc.slot_mapping[0] // B == dst
+
+
+def test_copy_blocks_function():
+    pool = KVPool(num_layers=1, num_blocks=4, block_size=2, num_kv_heads=1, head_dim=1)
+    pool.k_cache[0, 1] = 3.0
+    copy_blocks(pool, [(1, 2)])
+    assert (pool.k_cache[0, 2] == 3.0).all()
+    copy_blocks(pool, [])
+
+
+# ---------------------------------------------------------------------- LRU eviction
+def test_eviction_is_lru_and_leaves_index_in_same_step():
+    mgr = KVCacheManager(4, B)
+    run(mgr, "a", list(range(5)))  # 1 full block (cached) + 1 partial
+    run(mgr, "b", list(range(50, 55)))
+    a_full = mgr.block_ids("a")[0]
+    mgr.free("a")
+    mgr.free("b")  # queue: a.partial, a.full, b.partial, b.full  (a freed first = least recent)
+    events = []
+    mgr.add_listener(events.append)
+    run(mgr, "c", list(range(90, 98)))  # needs 2 blocks: a.partial (empty) then a.full (evicted)
+    evicted = [e.block_id for e in events if e.kind == "evict"]
+    assert evicted == [a_full]
+    assert mgr.lookup(list(range(5))).num_cached_tokens == 0
+    assert mgr.lookup(list(range(50, 55))).num_cached_tokens == 4
+    s = mgr.stats()
+    assert (s.evicted_blocks, s.evicted_tokens) == (1, B)
+
+
+def test_nothing_evictable_raises_typed_error_state_unchanged():
+    mgr = KVCacheManager(3, B)
+    run(mgr, "a", list(range(9)))  # all 3 blocks in use
+    snap = mgr.snapshot()
+    with pytest.raises(OutOfBlocksError):
+        mgr.allocate("b", [1, 2])
+    with pytest.raises(OutOfBlocksError):
+        mgr.append_slots("a", [1, 2, 3, 4])
+    assert mgr.snapshot() == snap
+
+
+def test_explicit_evict_and_reset():
+    mgr = KVCacheManager(8, B)
+    run(mgr, "a", list(range(12)))  # 3 full blocks, all indexed
+    chain = mgr.block_ids("a")
+    mgr.free("a")
+    assert mgr.evict(1) == [chain[2]]  # LRU head among cached blocks: the chain's tail
+    assert mgr.stats().num_cached_free == 2
+    assert mgr.reset_prefix_cache() == 2
+    assert mgr.stats().num_cached_free == 0 and len(mgr.index) == 0
+    mgr.check_invariants()
+
+
+# ---------------------------------------------------------------------- bad input: clear errors, state unchanged
+def test_free_twice():
+    mgr = KVCacheManager(8, B)
+    run(mgr, "a", [1, 2, 3])
+    mgr.free("a")
+    snap = mgr.snapshot()
+    with pytest.raises(UnknownRequestError, match="already freed"):
+        mgr.free("a")
+    assert mgr.snapshot() == snap
+
+
+def test_fork_unknown_request():
+    mgr = KVCacheManager(8, B)
+    run(mgr, "a", [1, 2, 3])
+    snap = mgr.snapshot()
+    with pytest.raises(UnknownRequestError, match="fork"):
+        mgr.fork("nope", ["c"])
+    with pytest.raises(DuplicateRequestError):
+        mgr.fork("a", ["a"])
+    with pytest.raises(ValueError):
+        mgr.fork("a", [])
+    with pytest.raises(ValueError):
+        mgr.fork("a", ["x", "x"])
+    assert mgr.snapshot() == snap
+
+
+def test_fork_of_uncommitted_request_rejected():
+    mgr = KVCacheManager(8, B)
+    mgr.allocate("a", [1, 2, 3])
+    snap = mgr.snapshot()
+    with pytest.raises(ValueError, match="commit"):
+        mgr.fork("a", ["c"])
+    assert mgr.snapshot() == snap
+
+
+@pytest.mark.parametrize("budget", [0, -4, 3, B - 1])
+def test_budget_below_one_block(budget):
+    with pytest.raises(KVBudgetError, match="smaller than one block|positive"):
+        KVCacheManager.from_budget(budget, B)
+
+
+def test_budget_rounds_down_to_blocks():
+    assert KVCacheManager.from_budget(4 * B + 3, B).num_blocks == 4
+    with pytest.raises(KVBudgetError):
+        KVCacheManager(0, B)
+    with pytest.raises(KVBudgetError):
+        KVCacheManager(4, 0)
+
+
+def test_other_bad_input_leaves_state_unchanged():
+    mgr = KVCacheManager(8, B)
+    run(mgr, "a", [1, 2, 3])
+    snap = mgr.snapshot()
+    with pytest.raises(DuplicateRequestError):
+        mgr.allocate("a", [1])
+    with pytest.raises(ValueError, match="empty"):
+        mgr.allocate("b", [])
+    with pytest.raises(ValueError):
+        mgr.allocate("b", [1, -2])
+    with pytest.raises(TypeError):
+        mgr.allocate("b", "hello")
+    with pytest.raises(ValueError):
+        mgr.allocate("b", [1, 2], num_new_tokens=3)
+    with pytest.raises(UnknownRequestError):
+        mgr.append_slots("zz", [1])
+    with pytest.raises(ValueError):
+        mgr.append_slots("a", [])
+    with pytest.raises(UnknownRequestError):
+        mgr.commit("zz")
+    with pytest.raises(ValueError):
+        mgr.evict(-1)
+    assert mgr.snapshot() == snap
+
+
+# ---------------------------------------------------------------------- DESIGN.md §6 traps, one test each
+def test_vllm_12621_forced_hash_collision_cannot_serve_wrong_blocks(monkeypatch):
+    """hash(None) was constant in 3.12 -> forced collisions. Force every hash equal: hits must still be right."""
+    const = lambda parent, tokens, extra=b"": b"\x42" * 32  # noqa: E731
+    monkeypatch.setattr(kcm, "hash_block_tokens", const)
+    monkeypatch.setattr(prefix_cache, "hash_block_tokens", const)
+    mgr = KVCacheManager(16, B)
+    run(mgr, "a", list(range(9)))
+    b = run(mgr, "b", list(range(50, 59)))
+    assert b.num_cached_tokens == 0, "a colliding hash with different tokens must be a miss"
+    assert set(mgr.block_ids("a")).isdisjoint(mgr.block_ids("b"))
+    c = run(mgr, "c", list(range(9)))
+    assert c.num_cached_tokens == 4  # the first block really matches; the colliding second is not indexed
+
+
+def test_vllm_pr4761_block_popped_for_reuse_leaves_index():
+    mgr = KVCacheManager(2, B)
+    run(mgr, "a", list(range(8)))
+    mgr.free("a")
+    assert mgr.stats().num_cached_free == 2
+    run(mgr, "b", list(range(20, 25)))  # takes both blocks: both evicted as they are handed out
+    assert len(mgr.index) == 1  # only b's own full block
+    assert mgr.lookup(list(range(8)) + [0]).num_cached_tokens == 0
+    for bid in mgr.block_ids("b"):
+        entry = mgr.index.entry_for_block(bid)
+        assert entry is None or entry.key.token_ids == tuple(range(20, 24))
+
+
+def test_vllm_pr3347_double_free_never_touches_others_refcounts():
+    mgr = KVCacheManager(8, B)
+    run(mgr, "a", list(range(8)))
+    run(mgr, "b", list(range(8)) + [1])  # shares a's two blocks
+    mgr.free("a")
+    with pytest.raises(UnknownRequestError):
+        mgr.free("a")
+    assert [mgr.ref_cnt(x) for x in mgr.block_ids("b")[:2]] == [1, 1]
+    mgr.check_invariants()
+
+
+def test_vllm_1556_fork_increments_refcount_exactly_n():
+    mgr = KVCacheManager(16, B)
+    run(mgr, "p", list(range(10)))
+    before = {x: mgr.ref_cnt(x) for x in mgr.block_ids("p")}
+    mgr.fork("p", [f"c{i}" for i in range(5)])
+    assert all(mgr.ref_cnt(x) == before[x] + 5 for x in before)
+    for rid in ["p"] + [f"c{i}" for i in range(5)]:
+        mgr.free(rid)
+    assert mgr.stats().num_in_use == 0
+    mgr.check_invariants()
+
+
+@pytest.mark.parametrize("prompt_len,shared_after_write,copies", [
+    (6, False, 1),  # shared, not full -> copy
+    (8, True, 0),   # shared, full -> no copy: the new token goes to a new block
+])
+def test_vllm_417_copy_on_write_condition(prompt_len, shared_after_write, copies):
+    mgr = KVCacheManager(16, B)
+    run(mgr, "p", list(range(prompt_len)))
+    mgr.fork("p", ["c"])
+    alloc = mgr.append_slots("c", [99])
+    assert len(alloc.blocks_to_copy) == copies
+    last_full = mgr.block_ids("p")[prompt_len // B - 1] if prompt_len % B == 0 else None
+    if shared_after_write:
+        assert last_full in mgr.block_ids("c") and mgr.ref_cnt(last_full) == 2
+    # never write into a slot another table still reads
+    written_block = alloc.slot_mapping[0] // B
+    assert mgr.ref_cnt(written_block) == 1
+    mgr.commit("c")
+    mgr.check_invariants()
+
+
+def test_vllm_417_unshared_not_full_block_is_not_copied():
+    mgr = KVCacheManager(16, B)
+    run(mgr, "p", list(range(6)))
+    mgr.fork("p", ["c"])
+    mgr.append_slots("c", [1])  # c copies
+    alloc = mgr.append_slots("p", [2])  # p is now the only holder of the original: writes in place
+    assert alloc.blocks_to_copy == ()
+
+
+def test_nanovllm_144_fully_cached_prompt_still_computes_last_token():
+    mgr = KVCacheManager(16, B)
+    for n in (8, 9):  # a multiple of the block size, and not
+        prompt = list(range(100 + n, 100 + 2 * n))
+        run(mgr, f"a{n}", prompt)
+        hit = mgr.lookup(prompt)
+        b = run(mgr, f"b{n}", prompt)
+        assert b.num_new_tokens >= 1 and b.positions[-1] == n - 1
+        assert hit.num_cached_tokens == b.num_cached_tokens < n
+    assert mgr.block_ids("a8") == mgr.block_ids("b8")  # recomputed last block deduplicated on commit
+
+
+def test_sglang_35270_shared_blocks_counted_once_as_evictable():
+    mgr = KVCacheManager(16, B)
+    run(mgr, "p", list(range(8)))
+    mgr.fork("p", ["c1", "c2"])
+    run(mgr, "q", list(range(8)) + [5])
+    for rid in ("p", "c1", "c2", "q"):
+        mgr.free(rid)
+    s = mgr.stats()
+    assert s.num_cached_free == 2 and s.num_in_use == 0
+    assert s.num_free_empty + s.num_cached_free + s.num_in_use == s.num_blocks
+
+
+def test_lmcache_443_tail_evicted_before_parent():
+    mgr = KVCacheManager(4, B)
+    run(mgr, "a", list(range(12)))  # 3 full blocks, a chain
+    chain = mgr.block_ids("a")
+    mgr.free("a")
+    assert [bid for bid, cached in mgr.free_queue() if cached] == chain[::-1]
+    run(mgr, "b", [7])  # takes the one free-empty block
+    run(mgr, "c", [8])  # must evict: the chain's tail
+    assert mgr.lookup(list(range(12)) + [0]).num_cached_tokens == 8, "prefix kept, cut from its end"
+    mgr.check_invariants()

@@ -1,0 +1,104 @@
+"""Block-hash chain and prefix index: stability across processes, chain semantics, collision safety."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from minienv.kv import prefix_cache
+from minienv.kv.hashing import ROOT_HASH, hash_block_chain, hash_block_tokens, make_extra_key
+from minienv.kv.prefix_cache import CachedBlockKey, PrefixCacheStats, PrefixIndex
+
+
+def test_hash_is_sha256_bytes_and_deterministic():
+    h = hash_block_tokens(ROOT_HASH, [1, 2, 3, 4], b"m")
+    assert isinstance(h, bytes) and len(h) == 32
+    assert h == hash_block_tokens(ROOT_HASH, (1, 2, 3, 4), b"m")
+
+
+def test_hash_stable_across_processes_with_different_hash_seeds():
+    """The persistent KV tier keys on these hashes: they must not depend on PYTHONHASHSEED (builtin hash() does)."""
+    code = ("from minienv.kv.hashing import hash_block_chain, make_extra_key;"
+            "print(b''.join(hash_block_chain(list(range(40)), 8, make_extra_key('m', cache_salt='s'))).hex())")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": seed}).stdout.strip() for seed in ("0", "1", "12345")}
+    assert len(outs) == 1
+    assert outs.pop() == b"".join(hash_block_chain(list(range(40)), 8, make_extra_key("m", cache_salt="s"))).hex()
+
+
+def test_chain_depends_on_whole_prefix_and_extra_key():
+    a = hash_block_chain([1, 2, 3, 4, 5, 6, 7, 8], 4)
+    b = hash_block_chain([9, 2, 3, 4, 5, 6, 7, 8], 4)
+    assert len(a) == 2 and a[0] != b[0]
+    assert a[1] != b[1], "same block tokens after a different prefix must hash differently"
+    assert hash_block_chain([1, 2, 3, 4], 4, make_extra_key("m1"))[0] != hash_block_chain([1, 2, 3, 4], 4,
+                                                                                          make_extra_key("m2"))[0]
+    assert hash_block_chain([1, 2, 3, 4], 4, make_extra_key("m", cache_salt="alice")) != hash_block_chain(
+        [1, 2, 3, 4], 4, make_extra_key("m", cache_salt="bob"))
+
+
+def test_only_full_blocks_are_hashed():
+    assert len(hash_block_chain(list(range(11)), 4)) == 2
+    assert hash_block_chain([1, 2, 3], 4) == []
+    assert len(hash_block_chain(list(range(100)), 4, max_blocks=3)) == 3
+
+
+def test_extra_key_fields_are_length_prefixed():
+    assert make_extra_key("ab", cache_salt="c") != make_extra_key("a", cache_salt="bc")
+    assert make_extra_key("m") != make_extra_key("m", cache_salt="")
+
+
+def test_root_is_not_hash_of_none():
+    """vLLM #12621: the chain's first parent was ``None`` and ``hash(None)`` is a constant in Python 3.12+."""
+    assert ROOT_HASH != hash(None).to_bytes(8, "little", signed=True)
+    assert len(ROOT_HASH) == 32
+    with pytest.raises(ValueError):
+        hash_block_tokens(b"short", [1], b"")
+
+
+def test_index_insert_get_remove_inverse_maps():
+    idx = PrefixIndex()
+    key = CachedBlockKey(ROOT_HASH, (1, 2), b"")
+    h = key.block_hash()
+    assert idx.insert(7, h, key)
+    assert idx.get(h, key) == 7 and h in idx and len(idx) == 1
+    assert not idx.insert(8, h, key), "one block per hash"
+    assert not idx.insert(7, b"x" * 32, key), "one hash per block"
+    assert idx.remove(7).block_id == 7
+    assert idx.get(h, key) is None and len(idx) == 0 and idx.remove(7) is None
+
+
+def test_index_key_check_turns_collision_into_miss():
+    idx = PrefixIndex()
+    key_a = CachedBlockKey(ROOT_HASH, (1, 2), b"")
+    key_b = CachedBlockKey(ROOT_HASH, (3, 4), b"")
+    forced = b"\0" * 32  # pretend both keys hash to the same value
+    idx.insert(5, forced, key_a)
+    assert idx.get(forced, key_a) == 5
+    assert idx.get(forced, key_b) is None
+
+
+def test_longest_prefix_stops_at_first_miss():
+    idx = PrefixIndex()
+    toks = list(range(12))
+    hashes = hash_block_chain(toks, 4)
+    parents = [ROOT_HASH] + hashes
+    for j in (0, 2):  # block 1 missing: block 2 is unreachable
+        idx.insert(10 + j, hashes[j], CachedBlockKey(parents[j], tuple(toks[4 * j:4 * j + 4]), b""))
+    ids, hs = idx.longest_prefix(toks, 4, b"", max_blocks=3)
+    assert ids == [10] and hs == [hashes[0]]
+
+
+def test_stats_hit_rate():
+    s = PrefixCacheStats()
+    assert s.hit_rate == 0.0
+    s.queries, s.hits = 40, 30
+    assert s.hit_rate == 0.75
+    s.reset()
+    assert (s.queries, s.hits) == (0, 0)
+
+
+def test_module_exposes_index_names():
+    assert prefix_cache.PrefixIndex is PrefixIndex
