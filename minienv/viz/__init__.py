@@ -1,0 +1,78 @@
+"""Live views for the notebooks: the block grid, the queue view and the stepper that drives them.
+
+    from minienv.viz import BlockCell, BlockGrid, QueueView, Stepper, panel
+
+- ``BlockGrid(num_blocks)``: one cell per physical block, coloured by owner, labelled "id ·rcN", the cells that
+  changed in the last update outlined. ``grid.update(cells)`` takes plain ``BlockCell`` records.
+- ``QueueView()``: an ordered queue (free queue in LRU order, waiting queue), head marked, joins / leaves /
+  evictions highlighted. ``queue.update(items, evicted=...)``.
+- ``Stepper(on_step, on_reset, n_steps=...)``: step / play / reset controls; ``stepper.step()`` from code.
+- ``panel(stepper, grid, queue)``: one live widget stacking them.
+
+Every view updates in place (one widget for its lifetime) and has ``static()``: the same picture as SVG/HTML, for
+readers without a kernel (GitHub and nbviewer drop widget state). The views take plain data, never an engine
+class, so every layer of minienv can feed them.
+
+This package (and only this package) needs the ``lab`` extra: ipywidgets, plotly and anywidget.
+"""
+
+from __future__ import annotations
+
+from . import _style
+
+# Fail at import, with the fix, rather than deep inside a constructor.
+_style.require("ipywidgets")
+_style.require("anywidget")
+_style.require("plotly.graph_objects")
+
+from .block_grid import BlockCell, BlockGrid, block_cells  # noqa: E402
+from .queue_view import QueueChange, QueueView  # noqa: E402
+from .stepper import Stepper  # noqa: E402
+
+__all__ = ["BlockCell", "BlockGrid", "Panel", "QueueChange", "QueueView", "Stepper", "block_cells", "panel"]
+
+
+class Panel:
+    """Several views stacked in one live widget (a ``VBox``), e.g. ``panel(stepper, grid, queue)``.
+
+    ``static()`` renders every view's static picture one under the other (HTML).
+    """
+
+    def __init__(self, *views, horizontal: bool = False) -> None:
+        import ipywidgets as w
+
+        if not views:
+            raise ValueError("panel() needs at least one view")
+        for v in views:
+            if not hasattr(v, "widget"):
+                raise ValueError(f"not a minienv.viz view (no .widget): {v!r}")
+        self.views = views
+        box = w.HBox if horizontal else w.VBox
+        self.widget = box([v.widget for v in views])
+
+    def to_html(self) -> str:
+        parts = []
+        for v in self.views:
+            if hasattr(v, "to_html"):
+                parts.append(v.to_html())
+            else:
+                parts.append(v.static().data)
+        return "<div>" + "".join(f"<div>{p}</div>" for p in parts) + "</div>"
+
+    def static(self):
+        from IPython.display import HTML
+
+        return HTML(self.to_html())
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs) or {})
+        bundle["text/plain"] = repr(self)
+        return bundle
+
+    def __repr__(self) -> str:
+        return "Panel(" + ", ".join(repr(v) for v in self.views) + ")"
+
+
+def panel(*views, horizontal: bool = False) -> Panel:
+    """Stack views (a ``Stepper``, ``BlockGrid``s, ``QueueView``s) into one live widget."""
+    return Panel(*views, horizontal=horizontal)
