@@ -14,6 +14,7 @@ from minienv.kv.paged_attention import (
     PagedAttentionMetadata,
     Workspace,
     batched_attention,
+    causal_hidden_mask,
     gather_kv,
     paged_attention,
 )
@@ -21,6 +22,6 @@ from minienv.kv.paged_attention import (
 __all__ = [
     "BlockPool", "BlockTable", "DoubleFreeError", "FreeBlockQueue", "KVBudgetError", "KVCacheBlock", "KVCacheError",
     "KVPool", "OutOfBlocksError", "PagedAttentionBackend", "PagedAttentionMetadata", "PoolSnapshot",
-    "UnknownBlockError", "Workspace", "batch_slot_mapping", "batched_attention", "cdiv", "gather_kv",
+    "UnknownBlockError", "Workspace", "batch_slot_mapping", "batched_attention", "causal_hidden_mask", "cdiv", "gather_kv",
     "num_blocks_for_budget", "pad_block_tables", "paged_attention", "slot_mapping",
 ]

@@ -53,7 +53,11 @@ class PagedAttentionMetadata:
     seq_lens: np.ndarray = field(init=False)
     query_start_loc: np.ndarray = field(init=False)
     positions: np.ndarray = field(init=False)
+    token_seq_idx: np.ndarray = field(init=False)  # [N] which sequence each new token belongs to
+    token_row: np.ndarray = field(init=False)  # [N] its index among that sequence's new tokens
+    max_query_len: int = field(init=False)
     is_decode: bool = field(init=False)
+    _plans: dict = field(init=False, default_factory=dict, repr=False)  # tile plans, computed once per step
 
     def __post_init__(self) -> None:
         self.block_tables = np.asarray(self.block_tables, dtype=np.int64)
@@ -75,10 +79,12 @@ class PagedAttentionMetadata:
         n = int(self.query_start_loc[-1])
         if self.slot_mapping.shape != (n,):
             raise ValueError(f"slot_mapping must have one slot per new token ({n}), got {self.slot_mapping.shape}")
-        self.is_decode = bool((self.query_lens == 1).all())
+        self.max_query_len = int(self.query_lens.max())
+        self.is_decode = self.max_query_len == 1
         # position of each new token in its own sequence: context_len + 0, 1, ... (vectorized, no token loop)
-        seq_idx = np.repeat(np.arange(s), self.query_lens)
-        self.positions = self.context_lens[seq_idx] + (np.arange(n) - self.query_start_loc[seq_idx])
+        self.token_seq_idx = np.repeat(np.arange(s), self.query_lens)
+        self.token_row = np.arange(n) - self.query_start_loc[self.token_seq_idx]
+        self.positions = self.context_lens[self.token_seq_idx] + self.token_row
 
     @property
     def num_seqs(self) -> int:
@@ -111,54 +117,64 @@ class PagedAttentionMetadata:
 
 
 # ---------------------------------------------------------------------------------------------------- the math
+def causal_hidden_mask(
+    context_lens: np.ndarray, query_lens: np.ndarray, max_query_len: int, num_keys: int
+) -> np.ndarray | None:
+    """Which keys each (padded) query must *not* see: ``[S, Q, T]`` bool, or None if every query sees every key.
+
+    Query row ``r`` of sequence ``s`` sits at position ``context_lens[s] + r`` and sees keys ``0..`` that position.
+    Padded rows (``r >= query_lens[s]``) are given the last real row's position so no row is fully masked (a row of
+    all ``-inf`` would turn into NaN); their output is dropped. Computed once per step, reused by every layer.
+    """
+    last_visible = context_lens[:, None] + np.minimum(np.arange(max_query_len)[None, :], query_lens[:, None] - 1)
+    if (last_visible >= num_keys - 1).all():
+        return None  # e.g. decode of equal-length sequences: nothing to hide
+    return np.arange(num_keys)[None, None, :] > last_visible[:, :, None]
+
+
 def batched_attention(
     q: np.ndarray,
     k: np.ndarray,
     v: np.ndarray,
-    context_lens: np.ndarray,
-    query_lens: np.ndarray,
-    max_query_len: int,
+    hidden: np.ndarray | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal GQA attention for S sequences over *contiguous* per-sequence K/V, padded to a common length.
 
-    ``q [S, Q, Hq, D]`` (Q = ``max_query_len``; sequence ``s``'s queries are rows ``0..query_lens[s]-1``, at
-    positions ``context_lens[s] + row``), ``k, v [S, T, Hkv, D]`` with keys at positions ``0..T-1``. A query at
-    position p sees keys ``0..p``; padded query rows are given a valid position and their output is garbage the
-    caller drops. Returns ``[S, Q, Hq, D]``.
+    ``q [S, Q, Hq, D]``, ``k, v [S, T, Hkv, D]``, ``hidden [S, Q, T]`` from :func:`causal_hidden_mask` (None: no
+    mask). Query head ``h`` reads KV head ``h // (Hq // Hkv)``. Returns ``[S, Q, Hq, D]`` (into ``out`` if given).
 
     This is the dense baseline *and* the inner kernel of paged attention: the paged path only differs in how
-    ``k, v`` were produced (gathered from blocks), so the benchmark's ratio measures the cost of paging alone.
+    ``k, v`` were produced (gathered from blocks), so paged == dense holds by construction and the benchmark's
+    ratio measures the cost of paging alone.
     """
     s, qn, hq, d = q.shape
     t, hkv = k.shape[1], k.shape[2]
     group = hq // hkv
-    # [S, Hkv, G*Q, D]: query heads sharing a KV head are stacked as extra rows of one matmul (GQA without
-    # repeating K/V). For decode (Q = 1) this is a free reshape.
+    scale = np.float32(1.0 / np.sqrt(d))
+    # [S, Hkv, G*Q, D]: query heads sharing a KV head become extra rows of one matmul (GQA without repeating K/V);
+    # the softmax scale is folded into q, the smallest operand.
     if qn == 1:
-        qg = q.reshape(s, hkv, group, d)
+        qg = q.reshape(s, hkv, group, d) * scale
     else:
-        qg = q.reshape(s, qn, hkv, group, d).transpose(0, 2, 3, 1, 4).reshape(s, hkv, group * qn, d)
-    scores = qg @ k.transpose(0, 2, 3, 1)  # [S, Hkv, G*Q, T]: matmul reads K [T, D] per head in place
-    scores *= np.float32(1.0 / np.sqrt(d))
-    # key j is visible to query row r of sequence s iff j <= context_lens[s] + min(r, query_lens[s] - 1)
-    last_visible = context_lens[:, None] + np.minimum(np.arange(qn)[None, :], query_lens[:, None] - 1)  # [S, Q]
-    if (last_visible < t - 1).any():  # skipped when every query sees every key (decode of equal lengths)
-        hidden = np.arange(t)[None, None, :] > last_visible[:, :, None]  # [S, Q, T]
-        scores4 = scores.reshape(s, hkv, group, qn, t)
-        np.copyto(scores4, np.float32(-np.inf), where=hidden[:, None, None])
+        qg = (q * scale).reshape(s, qn, hkv, group, d).transpose(0, 2, 3, 1, 4).reshape(s, hkv, group * qn, d)
+    scores = np.matmul(qg, k.transpose(0, 2, 3, 1))  # [S, Hkv, G*Q, T]; matmul reads each head's K [T, D] in place
+    if hidden is not None:
+        np.copyto(scores.reshape(s, hkv, group, qn, t), np.float32(-np.inf), where=hidden[:, None, None])
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
-    o = scores @ v.transpose(0, 2, 1, 3)  # [S, Hkv, G*Q, D]
     if qn == 1:
-        res = o.reshape(s, 1, hq, d)
-    else:
-        res = o.reshape(s, hkv, group, qn, d).transpose(0, 3, 1, 2, 4).reshape(s, qn, hq, d)
-    if out is not None:
-        out[...] = res
+        if out is None:
+            out = np.empty((s, 1, hq, d), dtype=np.float32)
+        np.matmul(scores, v.transpose(0, 2, 1, 3), out=out.reshape(s, hkv, group, d))
         return out
-    return res
+    o = np.matmul(scores, v.transpose(0, 2, 1, 3))  # [S, Hkv, G*Q, D]
+    res = o.reshape(s, hkv, group, qn, d).transpose(0, 3, 1, 2, 4).reshape(s, qn, hq, d)
+    if out is None:
+        return res
+    out[...] = res
+    return out
 
 
 @dataclass
@@ -171,18 +187,18 @@ class Workspace:
 
     buffer: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float32))
 
-    def get(self, shape: tuple[int, ...]) -> np.ndarray:
-        size = int(np.prod(shape))
+    def get(self, size: int) -> np.ndarray:
+        """A flat float32 view of at least ``size`` elements (the start of the buffer)."""
         if self.buffer.size < size:
             self.buffer = np.empty(size, dtype=np.float32)
-        return self.buffer[:size].reshape(shape)
+        return self.buffer[:size]
 
 
 def gather_kv(kv_layer: np.ndarray, block_tables: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """K and V of whole sequences, in logical order: ``[2, S, num_blocks * B, H, D]`` from ``[2, NB, B, H, D]``.
 
     One ``np.take`` on the block axis copies whole blocks (``B*H*D`` contiguous floats each). ``mode="clip"``
-    matters: with the default ``"raise"`` numpy buffers ``out`` through an extra temporary copy.
+    matters: with the default ``"raise"`` numpy routes ``out`` through an extra temporary copy.
     """
     s, nb = block_tables.shape
     _, _, b, h, d = kv_layer.shape
@@ -190,6 +206,46 @@ def gather_kv(kv_layer: np.ndarray, block_tables: np.ndarray, out: np.ndarray | 
         out = np.empty((2, s, nb, b, h, d), dtype=kv_layer.dtype)
     np.take(kv_layer, block_tables, axis=1, out=out, mode="clip")
     return out.reshape(2, s, nb * b, h, d)
+
+
+@dataclass(frozen=True)
+class _Tile:
+    """A group of consecutive sequences attended together (their gathered K/V fit in ``tile_bytes``)."""
+
+    s0: int
+    s1: int
+    block_tables: np.ndarray  # [n, nb], trimmed to the blocks these sequences use
+    gather_buf: np.ndarray  # [2, n, nb, B, Hkv, D] view of the workspace: np.take writes here
+    kv: np.ndarray  # the same memory as [2, n, nb*B, Hkv, D]: per-sequence contiguous K and V
+    hidden: np.ndarray | None  # causal / length mask [n, Q, nb*B]
+
+
+def plan_tiles(
+    meta: PagedAttentionMetadata, num_kv_heads: int, head_dim: int, tile_bytes: int, workspace: Workspace
+) -> list[_Tile]:
+    """Split the step's sequences into tiles and precompute each tile's tables, buffers and mask.
+
+    Done once per step (cached on the metadata): every layer of the model reuses it, so per-layer work is only
+    gather + attention. Tiles hold consecutive sequences, as many as keep the gathered K+V within
+    ``tile_bytes`` (at least one sequence per tile), so the copy is still in cache when attention reads it.
+    """
+    b = meta.block_size
+    s = meta.num_seqs
+    max_q = meta.max_query_len
+    per_seq = 2 * cdiv(int(meta.seq_lens.max()), b) * b * num_kv_heads * head_dim * 4
+    step = max(1, min(s, tile_bytes // per_seq))
+    bounds = [(s0, min(s, s0 + step)) for s0 in range(0, s, step)]
+    nbs = [cdiv(int(meta.seq_lens[s0:s1].max()), b) for s0, s1 in bounds]
+    size = max(2 * (s1 - s0) * nb * b * num_kv_heads * head_dim for (s0, s1), nb in zip(bounds, nbs))
+    flat = workspace.get(size)
+    tiles = []
+    for (s0, s1), nb in zip(bounds, nbs):  # once per step, one iteration per tile
+        n = s1 - s0
+        buf = flat[: 2 * n * nb * b * num_kv_heads * head_dim].reshape(2, n, nb, b, num_kv_heads, head_dim)
+        hidden = causal_hidden_mask(meta.context_lens[s0:s1], meta.query_lens[s0:s1], max_q, nb * b)
+        tiles.append(_Tile(s0, s1, np.ascontiguousarray(meta.block_tables[s0:s1, :nb]), buf,
+                           buf.reshape(2, n, nb * b, num_kv_heads, head_dim), hidden))
+    return tiles
 
 
 def paged_attention(
@@ -206,34 +262,31 @@ def paged_attention(
     """
     workspace = workspace if workspace is not None else Workspace()
     n, hq, d = q.shape
-    _, _, block_size, hkv, _ = kv_layer.shape
-    s = meta.num_seqs
+    hkv = kv_layer.shape[3]
+    key = (hkv, d, tile_bytes, id(workspace))
+    tiles = meta._plans.get(key)
+    if tiles is None:
+        tiles = meta._plans[key] = plan_tiles(meta, hkv, d, tile_bytes, workspace)
+    take = np.take
     if meta.is_decode:
-        q_pad = q.reshape(s, 1, hq, d)  # one query per sequence, already in sequence order: no scatter
-        max_q = 1
+        q4 = q.reshape(n, 1, hq, d)  # one query per sequence, already in sequence order: no scatter
+        if len(tiles) == 1:  # the common small-batch decode: one gather, one attention, nothing else
+            tile = tiles[0]
+            take(kv_layer, tile.block_tables, axis=1, out=tile.gather_buf, mode="clip")
+            kv = tile.kv
+            return batched_attention(q4, kv[0], kv[1], tile.hidden).reshape(n, hq, d)
+        q_pad = q4
     else:
-        max_q = int(meta.query_lens.max())
-        seq_idx = np.repeat(np.arange(s), meta.query_lens)
-        row = np.arange(n) - meta.query_start_loc[seq_idx]
-        q_pad = np.zeros((s, max_q, hq, d), dtype=q.dtype)
-        q_pad[seq_idx, row] = q
-    out = np.empty((s, max_q, hq, d), dtype=np.float32)
-    seq_lens = meta.seq_lens
-    # sequences per tile: as many as keep the gathered K+V within tile_bytes (at least one)
-    widest = int(seq_lens.max())
-    per_seq = 2 * cdiv(widest, block_size) * block_size * hkv * d * 4
-    tile = max(1, min(s, tile_bytes // per_seq))
-    for s0 in range(0, s, tile):  # one iteration unless the batch's KV outgrows the cache
-        s1 = min(s, s0 + tile)
-        nb = cdiv(int(seq_lens[s0:s1].max()), block_size)  # only the blocks this tile's sequences use
-        tables = meta.block_tables[s0:s1, :nb]
-        buf = workspace.get((2, s1 - s0, nb, block_size, hkv, d))
-        kv = gather_kv(kv_layer, tables, out=buf)
-        batched_attention(q_pad[s0:s1], kv[0], kv[1], meta.context_lens[s0:s1], meta.query_lens[s0:s1], max_q,
-                          out=out[s0:s1])
+        q_pad = np.zeros((meta.num_seqs, meta.max_query_len, hq, d), dtype=q.dtype)
+        q_pad[meta.token_seq_idx, meta.token_row] = q
+    out = np.empty(q_pad.shape, dtype=np.float32)
+    for tile in tiles:  # one iteration unless the batch's K/V outgrows the cache
+        take(kv_layer, tile.block_tables, axis=1, out=tile.gather_buf, mode="clip")  # gather_kv, inlined
+        kv = tile.kv
+        batched_attention(q_pad[tile.s0:tile.s1], kv[0], kv[1], tile.hidden, out=out[tile.s0:tile.s1])
     if meta.is_decode:
         return out.reshape(n, hq, d)
-    return out[seq_idx, row]
+    return out[meta.token_seq_idx, meta.token_row]
 
 
 # ---------------------------------------------------------------------------------------------------- backend
