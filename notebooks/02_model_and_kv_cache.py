@@ -1,0 +1,419 @@
+# %% [markdown]
+# # 02 · The model and its KV cache
+#
+# **Learning goals** — after this notebook you can
+# 1. trace one token through a Llama-style decoder (embedding → *L* × [RMSNorm, attention, SwiGLU] → LM head) and
+#    point at the line of numpy that does each step;
+# 2. explain why generating *without* a cache redoes ~quadratic work, and count it;
+# 3. compute the KV-cache bytes per token of any model from four numbers in its `config.json`;
+# 4. say what a contiguous per-request cache costs when every request reserves `max_len` — the problem notebook 03
+#    measures and notebook 04 solves.
+
+# %%
+import os
+
+# This model's matrices are tiny (256 wide): handing them to several BLAS threads costs more than it saves, and on a
+# busy 2-core machine spinning BLAS threads can make every matmul 100x slower. One thread; set before numpy loads.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import time
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from IPython.display import SVG, display
+
+from minienv.generate import generate_ids
+from minienv.model import (ContiguousKVCache, LlamaConfig, LlamaModel, causal_attention, load_model,
+                           random_weights)
+from minienv.model.cost import generation_cost
+from minienv.paths import REPO_ROOT
+from minienv.sampling import SamplingParams
+
+# The bundled model (trained on Shakespeare, see README). Until it is in assets/, a random model of exactly the
+# same shape stands in: every number below depends only on the shape, so only the sample text changes.
+TARGET_SHAPE = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=640, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                           max_position_embeddings=1024, rms_norm_eps=1e-5, tie_word_embeddings=True)
+try:
+    model = load_model()  # assets/target
+    source = "bundled assets/target"
+except FileNotFoundError:
+    model = LlamaModel(TARGET_SHAPE, random_weights(TARGET_SHAPE, seed=0, scale=0.05))
+    source = "random stand-in (assets/target not there yet)"
+try:
+    from minienv.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    encode, decode = tokenizer.encode, tokenizer.decode
+except (FileNotFoundError, ImportError):
+    tokenizer = None
+    encode = lambda text: list(text.encode())  # noqa: E731  byte ids, good enough for shapes and timings
+    decode = lambda ids: bytes(i % 256 for i in ids).decode("utf-8", errors="replace")  # noqa: E731
+cfg = model.config
+pio.renderers.default = "plotly_mimetype+notebook_connected"  # JupyterLab + an HTML copy for nbviewer/GitHub
+print(source)
+print(model)
+
+# %% [markdown]
+# ## The problem, with a number
+#
+# A decoder produces one token per forward pass, and each new token must attend to **every** token before it.
+# The naive loop therefore feeds the whole sequence back in at every step. For a 19-token prompt and 256 new tokens:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+P, N = 19, 256
+naive = sum(P + s for s in range(N))
+cached = P + (N - 1)
+print(f"token rows pushed through the layers, no cache : {naive:,}")
+print(f"token rows pushed through the layers, KV cache : {cached:,}")
+print(f"ratio                                          : {naive / cached:.1f}x")
+
+# %% [markdown]
+# The cached loop computes each token's keys and values **once**, keeps them, and from then on runs only the newest
+# token through the model. The rest of this notebook builds that up and measures it.
+#
+# ## The forward pass, as a picture
+
+# %%
+def forward_pass_svg(config: LlamaConfig) -> str:
+    """A box-and-arrow diagram of one decoder forward pass, labelled with this model's shapes."""
+    c = config
+    boxes = [
+        ("token ids  [N]", "#eeeeee"),
+        (f"embedding  [N, {c.hidden_size}]", "#dbe9f6"),
+        (f"RMSNorm → q/k/v proj  q[N,{c.num_attention_heads},{c.head_dim}]  k,v[N,{c.num_key_value_heads},{c.head_dim}]", "#fde2c8"),
+        ("RoPE on q and k (position-dependent rotation)", "#fde2c8"),
+        ("attention backend: write k,v to the KV cache; softmax(q·Kᵀ/√d)·V", "#f8c9c9"),
+        ("o_proj, + residual", "#fde2c8"),
+        (f"RMSNorm → SwiGLU MLP  [N, {c.intermediate_size}] → + residual", "#d9f0d3"),
+        ("final RMSNorm → LM head", "#dbe9f6"),
+        (f"logits  [N, {c.vocab_size}] → sampler → next token", "#eeeeee"),
+    ]
+    w, h, gap = 560, 34, 14
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + 150}" height="{len(boxes) * (h + gap) + 10}" '
+           'font-family="sans-serif" font-size="13">']
+    for i, (label, color) in enumerate(boxes):
+        y = 5 + i * (h + gap)
+        out.append(f'<rect x="10" y="{y}" width="{w}" height="{h}" rx="6" fill="{color}" stroke="#555"/>')
+        out.append(f'<text x="{10 + w / 2}" y="{y + h / 2 + 4}" text-anchor="middle">{label}</text>')
+        if i < len(boxes) - 1:
+            out.append(f'<line x1="{10 + w / 2}" y1="{y + h}" x2="{10 + w / 2}" y2="{y + h + gap}" stroke="#555"/>')
+    top, bottom = 5 + 2 * (h + gap), 5 + 6 * (h + gap) + h
+    out.append(f'<path d="M{w + 20},{top} h20 V{bottom} h-20" fill="none" stroke="#c33" stroke-width="2"/>')
+    out.append(f'<text x="{w + 48}" y="{(top + bottom) / 2}" fill="#c33">× {c.num_hidden_layers} layers</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+diagram = forward_pass_svg(cfg)
+display(SVG(diagram))
+
+# %%
+assert "KV cache" in diagram and f"× {cfg.num_hidden_layers} layers" in diagram
+assert diagram.count("<rect") == 9
+
+# %% [markdown]
+# Only one box talks to the cache: attention. Everything else — projections, RoPE, the MLP, the LM head — works on
+# each token independently. That is why minienv's model hands attention to a **backend** object and never needs to
+# know whether keys live in a contiguous array (this notebook) or in scattered blocks (notebook 04).
+#
+# ## Build it small: causal attention in a few lines of numpy
+#
+# One head, five tokens. Each query may look at its own key and those before it (the causal mask).
+
+# %%
+rng = np.random.default_rng(0)
+T, D = 5, 8
+q, k, v = (rng.standard_normal((T, D)).astype(np.float32) for _ in range(3))
+
+scores = q @ k.T / np.sqrt(D)                        # [T, T]: how much token i attends to token j
+scores[np.triu_indices(T, k=1)] = -np.inf            # no peeking at the future
+weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+weights /= weights.sum(axis=1, keepdims=True)
+tiny_out = weights @ v                               # [T, D]
+print(np.round(weights, 2))
+
+# %% [markdown]
+# The upper triangle is zero: row *i* is a distribution over tokens 0..i. minienv's kernel does the same for all heads
+# at once (and for grouped-query attention, where several query heads share one K/V head):
+
+# %%
+same = causal_attention(q[:, None, :], k[:, None, :], v[:, None, :], q_positions=np.arange(T))[:, 0]
+assert np.allclose(same, tiny_out, atol=1e-6)
+assert np.allclose(np.triu(weights, 1), 0)
+
+# %% [markdown]
+# Now look at row 2 of `weights`: it only involves `k[:3]` and `v[:3]`. **Appending token 5 changes nothing about
+# tokens 0–4** — their keys and values, and even their outputs, stay the same. So they can be stored instead of
+# recomputed. That observation is the whole KV cache.
+
+# %% [markdown]
+# ## minienv's model
+#
+# `model.forward(ids)` is the dense reference: the whole sequence, causal, no cache. The reference tests check it
+# against `transformers`' `LlamaForCausalLM` to 1e-4 on random configs.
+
+# %%
+prompt = "To be, or not to be"
+ids = encode(prompt)
+logits = model.forward(ids)
+print(f"{len(ids)} prompt tokens → logits {logits.shape}; next token: {decode([int(logits[-1].argmax())])!r}")
+
+# %%
+longer = model.forward(ids + [int(logits[-1].argmax())])
+assert logits.shape == (len(ids), cfg.vocab_size)
+assert np.allclose(longer[: len(ids)], logits, atol=1e-5)  # causality: the past does not change
+
+# %% [markdown]
+# ## The contiguous KV cache
+#
+# `ContiguousKVCache` preallocates K and V as `[layers, max_len, kv_heads, head_dim]` arrays plus a length counter.
+# A *prefill* step writes the prompt's K/V into rows `0..P-1`; each *decode* step writes one row and attends over all
+# rows so far. The model calls `cache.attend(layer, q, k, v)` in every layer — the seam the paged cache reuses.
+
+# %%
+cache = model.new_kv_cache(max_len=64)
+step_logits = [model.forward_step(ids, np.arange(len(ids)), cache)]          # prefill: all prompt tokens at once
+tokens = list(ids)
+for _ in range(10):                                                          # decode: one token per step
+    nxt = int(step_logits[-1][-1].argmax())
+    tokens.append(nxt)
+    step_logits.append(model.forward_step([nxt], [len(tokens) - 1], cache))
+print(cache)
+print(repr(decode(tokens[len(ids):])))
+
+# %% [markdown]
+# **Proof:** the cached logits equal the dense model's on the same tokens.
+
+# %%
+cached_logits = np.concatenate(step_logits)
+dense_logits = model.forward(tokens)  # prefill rows + one row per decode step = one row per token
+max_diff = float(np.abs(cached_logits - dense_logits).max())
+print(f"max |cached - dense| = {max_diff:.1e}")
+assert max_diff < 1e-5
+
+# %% [markdown]
+# ## Why a KV cache: measured live
+#
+# Generate the same greedy continuation twice — recomputing everything every step, and with the cache — and time each
+# step. (Timings depend on your machine and are not checked; the shape of the curves is the lesson.)
+
+# %%
+def step_times(use_cache: bool, n: int) -> np.ndarray:
+    it = generate_ids(model, ids, SamplingParams(max_tokens=n, temperature=0), use_cache=use_cache)
+    times, last = [], time.perf_counter()
+    for _ in it:
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+    return np.array(times)
+
+
+n_steps = 96
+t_cache = step_times(True, n_steps)
+t_naive = step_times(False, n_steps)
+fig = go.Figure([
+    go.Scatter(y=np.cumsum(t_naive) * 1e3, name="no cache: recompute the whole sequence"),
+    go.Scatter(y=np.cumsum(t_cache) * 1e3, name="KV cache: one token per step"),
+])
+fig.update_layout(title=f"Cumulative time to generate n tokens ({source})", xaxis_title="tokens generated",
+                  yaxis_title="milliseconds", height=380, legend=dict(x=0.01, y=0.99))
+fig.show()
+print(f"{n_steps} tokens: no cache {t_naive.sum():.2f} s, cache {t_cache.sum():.2f} s "
+      f"→ {t_naive.sum() / t_cache.sum():.1f}x faster")
+
+# %%
+assert len(fig.data) == 2 and len(fig.data[0].y) == len(fig.data[1].y) == n_steps
+assert t_naive.sum() > t_cache.sum()  # recomputing is slower (by how much depends on the machine)
+
+# %% [markdown]
+# The no-cache curve bends upward — step *t* costs ∝ *t*, so the total is ∝ *n²* — while the cached one is nearly a
+# straight line. A timing can be noisy; a count cannot. Here is the same comparison as a deterministic cost model
+# (`minienv.model.cost`: matmul FLOPs of exactly the loop above, 2 per multiply-add):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"{'new tokens':>10} {'rows, no cache':>15} {'rows, cache':>12} {'GFLOP, no cache':>16} {'GFLOP, cache':>13} {'ratio':>7}")
+for n in (16, 64, 256, 1000):
+    a = generation_cost(cfg, 19, n, use_cache=False)
+    b = generation_cost(cfg, 19, n, use_cache=True)
+    print(f"{n:>10} {a.tokens_processed:>15,} {b.tokens_processed:>12,} {a.gflops:>16.2f} {b.gflops:>13.3f} "
+          f"{a.flops / b.flops:>6.0f}x")
+
+# %%
+costs = [generation_cost(cfg, 19, n, use_cache=False).flops / generation_cost(cfg, 19, n, use_cache=True).flops
+         for n in (64, 128, 256)]
+assert costs[0] < costs[1] < costs[2]  # the advantage grows with length: quadratic vs ~linear
+
+# %% [markdown]
+# ## What the cache costs: bytes per token
+#
+# Every token keeps a key and a value vector per KV head in every layer:
+#
+# $$\text{KV bytes per token} = 2 \times \text{layers} \times \text{kv\_heads} \times \text{head\_dim} \times \text{bytes per element}$$
+#
+# The numbers below come from each model's published `config.json` (Llama-2-13B has no GQA: 40 KV heads; Llama-3-8B
+# and Qwen2.5-7B share K/V across 4 and 7 query heads).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+MODELS = {  # name: (layers, kv_heads, head_dim, bytes per element as served)
+    "minienv target (float32)": (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 4),
+    "Llama-3-8B (fp16)": (32, 8, 128, 2),
+    "Llama-2-13B (fp16)": (40, 40, 128, 2),
+    "Qwen2.5-7B (fp16)": (28, 4, 128, 2),
+}
+kv_per_token = {name: 2 * L * H * D * B for name, (L, H, D, B) in MODELS.items()}
+print(f"{'model':<26}{'layers':>7}{'kv_heads':>9}{'head_dim':>9}{'KiB/token':>11}{'GiB @ 4k ctx':>14}")
+for name, (L, H, D, B) in MODELS.items():
+    b = kv_per_token[name]
+    print(f"{name:<26}{L:>7}{H:>9}{D:>9}{b / 1024:>11.0f}{b * 4096 / 2**30:>14.3f}")
+
+# %%
+assert kv_per_token["Llama-3-8B (fp16)"] == 128 * 1024
+assert kv_per_token["Llama-2-13B (fp16)"] == 800 * 1024
+assert kv_per_token["Qwen2.5-7B (fp16)"] == 56 * 1024
+assert kv_per_token["minienv target (float32)"] == cfg.kv_bytes_per_token(4)
+
+# %% [markdown]
+# A single 4k-token Llama-2-13B conversation holds over 3 GiB of KV state — more than a quarter of the 13 B model's
+# own fp16 weights (26 GB) for *one* request. KV memory, not compute, is what limits how many requests a GPU serves.
+#
+# ### Live: context length vs KV memory
+# Drag the slider: the bars show one request's KV cache at that context length.
+
+# %%
+import ipywidgets as widgets
+
+ctx_slider = widgets.IntSlider(value=4096, min=256, max=32768, step=256, description="context",
+                               continuous_update=True, layout=widgets.Layout(width="520px"))
+kv_fig = go.FigureWidget(go.Bar(x=list(kv_per_token), y=[b * ctx_slider.value / 2**30 for b in kv_per_token.values()],
+                                texttemplate="%{y:.2f} GiB", textposition="outside"))
+kv_fig.update_layout(title="KV cache of one request", yaxis_title="GiB", height=360, yaxis_range=[0, 28])
+
+
+def on_context_change(change) -> None:
+    with kv_fig.batch_update():
+        kv_fig.data[0].y = [b * change["new"] / 2**30 for b in kv_per_token.values()]
+        kv_fig.layout.title.text = f"KV cache of one request at {change['new']:,} tokens"
+
+
+ctx_slider.observe(on_context_change, names="value")
+display(widgets.VBox([ctx_slider, kv_fig]))
+
+# %%
+ctx_slider.value = 8192  # what dragging the slider does
+assert np.isclose(kv_fig.data[0].y[2], 800 * 1024 * 8192 / 2**30)  # Llama-2-13B: 6.25 GiB at 8k tokens
+assert "8,192" in kv_fig.layout.title.text
+
+# %% [markdown]
+# ## The contiguous per-request cache and what reserving `max_len` costs
+#
+# A contiguous cache must be allocated before the request starts — and nobody knows yet how long the answer will be.
+# So each request reserves the model's maximum length. Take eight requests with seeded random prompt and output
+# lengths on the bundled model (max 1024 tokens):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+lengths_rng = np.random.default_rng(2023)
+prompt_lens = lengths_rng.integers(10, 200, size=8)
+output_lens = lengths_rng.integers(5, 300, size=8)
+reserved = used = 0
+for p, o in zip(prompt_lens, output_lens):
+    cache_i = ContiguousKVCache.from_config(TARGET_SHAPE)  # reserves max_position_embeddings tokens
+    cache_i.length = int(p + o)                            # what the finished request actually used
+    reserved += cache_i.reserved_bytes
+    used += cache_i.used_bytes
+print(f"requests: {len(prompt_lens)}, tokens used per request: {(prompt_lens + output_lens).tolist()}")
+print(f"reserved {reserved / 2**20:.1f} MiB, holding real tokens {used / 2**20:.1f} MiB "
+      f"→ {100 * used / reserved:.1f}% utilisation")
+
+# %%
+assert 0 < used < reserved
+assert reserved == 8 * 2 * cfg.num_hidden_layers * cfg.max_position_embeddings * cfg.num_key_value_heads * cfg.head_dim * 4
+
+# %% [markdown]
+# Most of the reservation holds nothing. Worse, the unused rows are *reserved*: no other request can use them, so the
+# number of requests that fit at once — the batch size, hence throughput — is set by the worst case, not the real
+# case. The vLLM paper measured that existing systems kept only 20–38 % of KV memory for real token states.
+# **Notebook 03** measures this waste on a realistic workload; **notebook 04** fixes it by allocating the cache in
+# small blocks on demand (PagedAttention), using the same `attend` seam you saw above.
+
+# %% [markdown]
+# ## Exercise: the cached attention step
+#
+# Implement one decode step of attention for a single head: given the new token's query `q [D]` and the cache's keys
+# and values `K, V [t, D]` (the new token's own k/v already appended), return the attention output `[D]`. Then run
+# the self-check. (Hint: no mask is needed — why?)
+
+# %%
+def decode_attention(q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
+    # YOUR CODE HERE: replace the line below
+    return None
+
+
+def check_decode_attention(fn) -> bool:
+    """Compare ``fn`` to minienv's kernel on random inputs; print what is wrong, if anything."""
+    r = np.random.default_rng(42)
+    for t, d in [(1, 4), (7, 16), (33, 64)]:
+        q, K, V = r.standard_normal(d), r.standard_normal((t, d)), r.standard_normal((t, d))
+        got = fn(q, K, V)
+        if got is None:
+            print("Not implemented yet: decode_attention returned None.")
+            return False
+        want = causal_attention(q[None, None].astype(np.float32), K[:, None].astype(np.float32),
+                                V[:, None].astype(np.float32), np.array([t - 1]))[0, 0]
+        if np.shape(got) != (d,) or not np.allclose(got, want, atol=1e-4):
+            print(f"Mismatch for t={t}, d={d}: expected {np.round(want[:3], 4)}..., got {np.round(np.ravel(got)[:3], 4)}...")
+            return False
+    print("Correct: one query attending to every cached token — O(t) work per step instead of O(t²).")
+    return True
+
+
+check_decode_attention(decode_attention)
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def decode_attention(q, K, V):
+#     s = K @ q / np.sqrt(q.shape[-1])   # [t]: the newest token may see everything in the cache
+#     w = np.exp(s - s.max())
+#     return (w / w.sum()) @ V
+# ```
+# No mask is needed because the only query is the newest token, and every cached token is in its past.
+# </details>
+
+# %%
+def _reference_solution(q, K, V):
+    s = K @ q / np.sqrt(q.shape[-1])
+    w = np.exp(s - s.max())
+    return (w / w.sum()) @ V
+
+
+assert check_decode_attention(_reference_solution)
+
+# %% [markdown]
+# ## Where this lives in vLLM / SGLang
+#
+# | minienv | vLLM | SGLang |
+# |---|---|---|
+# | `minienv/model/llama.py` (`LlamaModel.forward_step`) | `vllm/model_executor/models/llama.py` (`LlamaAttention`, `LlamaDecoderLayer`) | `python/sglang/srt/models/llama.py` |
+# | the `attend(layer, q, k, v)` backend seam | `vllm/attention/layer.py` (`Attention`, which dispatches to a backend and writes the KV cache) | `python/sglang/srt/layers/radix_attention.py` (`RadixAttention`) |
+# | `rope_cos_sin` / `apply_rope` | `vllm/model_executor/layers/rotary_embedding/` | same layer via `get_rope` |
+# | `minienv/sampling.py` (`SamplingParams`, `Sampler`) | `vllm/sampling_params.py`, `vllm/v1/sample/sampler.py`, `vllm/v1/sample/ops/topk_topp_sampler.py` | `python/sglang/srt/sampling/sampling_params.py` |
+#
+# Real engines never keep a contiguous `max_len` slab per request — that is exactly what their paged KV caches replace.
+#
+# ## Summary
+# - A Llama decoder is embeddings, *L* × (RMSNorm → attention with RoPE and GQA → RMSNorm → SwiGLU MLP), and an LM
+#   head; only attention looks across tokens.
+# - Causality means a token's K and V never change once computed, so generation can **cache** them: per step, one
+#   token's work instead of the whole sequence's (FLOP ratio above: ~130× at 256 tokens for this model).
+# - The price is memory: `2 × layers × kv_heads × head_dim × bytes` per token — 128 KiB for Llama-3-8B in fp16,
+#   800 KiB for Llama-2-13B.
+# - A contiguous cache reserves `max_len` for every request and wastes most of it. Next: notebook 03 measures the
+#   waste, notebook 04 pages it away.
