@@ -1,0 +1,168 @@
+"""Paged attention == dense attention: a hypothesis property over random batches, lengths (prefill chunks that
+start mid-sequence, decodes), block sizes 1/2/16/64, GQA ratios and physical block orders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minienv.kv import (
+    BlockPool,
+    BlockTable,
+    KVPool,
+    PagedAttentionBackend,
+    PagedAttentionMetadata,
+    Workspace,
+    gather_kv,
+    paged_attention,
+)
+from minienv.model.attention import causal_attention
+
+
+def build_batch(rng, block_size, context_lens, query_lens, hkv, group, head_dim, scramble, layers=1):
+    """A pool whose blocks were handed out in a scrambled order, sequences' old K/V already written, new K/V
+    written through the step's slot mapping. Returns the pool, the metadata, the queries, and the dense K/V."""
+    s = len(context_lens)
+    need = sum(-(-(c + q) // block_size) for c, q in zip(context_lens, query_lens))
+    pool = BlockPool(need + scramble + 1)
+    # scramble the free queue: allocate some blocks and free them in a random order
+    if scramble:
+        held = pool.allocate(scramble)
+        pool.free(list(rng.permutation(held)))
+    kv = KVPool(layers, pool.num_blocks, block_size, hkv, head_dim)
+    tables = [BlockTable(block_size) for _ in range(s)]
+    dense_k, dense_v = [], []
+    # grow the sequences' contexts interleaved, chunk by chunk, so their blocks interleave in the pool
+    for i in range(s):
+        total = context_lens[i] + query_lens[i]
+        dense_k.append(rng.standard_normal((layers, total, hkv, head_dim), dtype=np.float32))
+        dense_v.append(rng.standard_normal((layers, total, hkv, head_dim), dtype=np.float32))
+    written = [0] * s
+    while any(w < c for w, c in zip(written, context_lens)):
+        for i in range(s):
+            n = min(int(rng.integers(1, 2 * block_size + 1)), context_lens[i] - written[i])
+            if n > 0:
+                tables[i].append_tokens(n, pool)
+                for layer in range(layers):
+                    slots = tables[i].slot_mapping(written[i], written[i] + n)
+                    kv.write(layer, slots, dense_k[i][layer, written[i]:written[i] + n],
+                             dense_v[i][layer, written[i]:written[i] + n])
+                written[i] += n
+    for i in range(s):
+        tables[i].append_tokens(query_lens[i], pool)
+    meta = PagedAttentionMetadata.from_block_tables(tables, query_lens)
+    new_k = [np.concatenate([dense_k[i][layer, context_lens[i]:] for i in range(s)]) for layer in range(layers)]
+    new_v = [np.concatenate([dense_v[i][layer, context_lens[i]:] for i in range(s)]) for layer in range(layers)]
+    q = rng.standard_normal((meta.num_tokens, hkv * group, head_dim), dtype=np.float32)
+    return kv, meta, q, new_k, new_v, dense_k, dense_v, tables, pool
+
+
+def dense_reference(q, meta, dense_k, dense_v, layer=0):
+    outs = []
+    for i in range(meta.num_seqs):  # the reference may loop: it is the slow obvious version
+        lo, hi = meta.query_start_loc[i], meta.query_start_loc[i + 1]
+        ctx = int(meta.context_lens[i])
+        outs.append(causal_attention(q[lo:hi], dense_k[i][layer], dense_v[i][layer], np.arange(ctx, ctx + hi - lo)))
+    return np.concatenate(outs)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    block_size=st.sampled_from([1, 2, 16, 64]),
+    num_seqs=st.integers(1, 4),
+    hkv=st.sampled_from([1, 2]),
+    group=st.sampled_from([1, 2, 4]),
+    head_dim=st.sampled_from([2, 8]),
+    decode=st.booleans(),
+    tile_bytes=st.sampled_from([1, 4096, 1 << 20]),
+    scramble=st.integers(0, 6),
+    data=st.data(),
+)
+def test_paged_attention_equals_dense(seed, block_size, num_seqs, hkv, group, head_dim, decode, tile_bytes,
+                                      scramble, data):
+    rng = np.random.default_rng(seed)
+    context_lens = data.draw(st.lists(st.integers(0, 80), min_size=num_seqs, max_size=num_seqs))
+    if decode:
+        query_lens = [1] * num_seqs
+    else:
+        query_lens = data.draw(st.lists(st.integers(1, 12), min_size=num_seqs, max_size=num_seqs))
+    kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
+        rng, block_size, context_lens, query_lens, hkv, group, head_dim, scramble)
+    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+    got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), tile_bytes)
+    want = dense_reference(q, meta, dense_k, dense_v)
+    assert got.shape == want.shape == q.shape
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_chunked_prefill_from_mid_sequence_equals_one_shot_prefill():
+    rng = np.random.default_rng(0)
+    b, hkv, group, d, total = 4, 2, 2, 8, 23
+    k = rng.standard_normal((total, hkv, d), dtype=np.float32)
+    v = rng.standard_normal((total, hkv, d), dtype=np.float32)
+    q = rng.standard_normal((total, hkv * group, d), dtype=np.float32)
+    want = causal_attention(q, k, v, np.arange(total))
+    pool, kv, table = BlockPool(16), KVPool(1, 16, b, hkv, d), BlockTable(b)
+    pool.allocate(5)
+    got = []
+    for lo, hi in [(0, 6), (6, 7), (7, 19), (19, 23)]:  # chunks straddling block boundaries, and a decode
+        table.append_tokens(hi - lo, pool)
+        meta = PagedAttentionMetadata.from_block_tables([table], [hi - lo])
+        assert meta.positions.tolist() == list(range(lo, hi))
+        kv.write(0, meta.slot_mapping, k[lo:hi], v[lo:hi])
+        got.append(paged_attention(q[lo:hi], kv.kv_cache[0], meta))
+    np.testing.assert_allclose(np.concatenate(got), want, atol=1e-5, rtol=0)
+
+
+def test_batched_decode_of_different_lengths_uses_one_gather_per_tile():
+    rng = np.random.default_rng(1)
+    kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
+        rng, 16, [3, 40, 0, 17, 100], [1] * 5, hkv=2, group=2, head_dim=8, scramble=4)
+    assert meta.is_decode
+    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+    ws = Workspace()
+    got = paged_attention(q, kv.kv_cache[0], meta, ws)
+    np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
+    (tiles,) = meta._plans.values()
+    assert len(tiles) == 1  # a small batch is one tile: one np.take, one attention call
+    buf = ws.buffer
+    paged_attention(q, kv.kv_cache[0], meta, ws)
+    assert ws.buffer is buf  # the workspace is reused, not reallocated
+
+
+def test_gather_kv_returns_blocks_in_logical_order():
+    kv = KVPool(1, 6, 2, 1, 1)
+    kv.kv_cache[0, 0, :, :, 0, 0] = np.arange(12, dtype=np.float32).reshape(6, 2)
+    out = gather_kv(kv.kv_cache[0], np.array([[4, 1], [0, 5]]))
+    assert out.shape == (2, 2, 4, 1, 1)
+    assert out[0, :, :, 0, 0].tolist() == [[8, 9, 2, 3], [0, 1, 10, 11]]
+
+
+def test_metadata_validation():
+    with pytest.raises(ValueError, match="one slot per new token"):
+        PagedAttentionMetadata(np.zeros((1, 2)), [0], [3], [0, 1], block_size=2)
+    with pytest.raises(ValueError, match=">= 1 new token"):
+        PagedAttentionMetadata(np.zeros((1, 2)), [0], [0], [], block_size=2)
+    with pytest.raises(ValueError, match="longer than its block table"):
+        PagedAttentionMetadata(np.zeros((1, 1)), [2], [1], [0], block_size=2)
+
+
+def test_backend_checks_the_step_protocol():
+    kv = KVPool(1, 4, 2, 1, 2)
+    pool, table = BlockPool(4), BlockTable(2)
+    backend = PagedAttentionBackend(kv)
+    with pytest.raises(RuntimeError, match="set_metadata"):
+        backend.begin_step(np.array([0]))
+    table.append_tokens(3, pool)
+    backend.set_metadata(PagedAttentionMetadata.from_block_tables([table], [3]))
+    with pytest.raises(ValueError, match="positions disagree"):
+        backend.begin_step(np.array([1, 2, 3]))
+    backend.begin_step(np.array([0, 1, 2]))
+    x = np.ones((3, 1, 2), dtype=np.float32)
+    out = backend.attend(0, x, x, x)
+    assert out.shape == (3, 1, 2)
+    backend.end_step()
+    assert backend.metadata is None
