@@ -274,3 +274,23 @@ def test_load_model_missing_directory(tmp_path):
     make_config().save_json(tmp_path / "m")
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load_model(tmp_path / "m")
+
+
+# ---------------------------------------------------------------------- property: any chunking == dense
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PROP_MODELS = {ratio: make_model(seed=ratio, heads=4, kv_heads=4 // ratio, tied=ratio == 2) for ratio in (1, 2, 4)}
+
+
+@settings(max_examples=40, deadline=None)
+@given(ratio=st.sampled_from([1, 2, 4]), data=st.data())
+def test_any_chunking_of_a_sequence_reproduces_dense(ratio, data):
+    model = _PROP_MODELS[ratio]
+    n = data.draw(st.integers(1, 24), label="length")
+    ids = data.draw(st.lists(st.integers(0, 52), min_size=n, max_size=n), label="ids")
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=6), label="cuts")) - {n})
+    cache = model.new_kv_cache(n)
+    bounds = [0, *cuts, n]
+    out = [model.forward_step(ids[a:b], np.arange(a, b), cache) for a, b in zip(bounds, bounds[1:]) if b > a]
+    assert np.abs(np.concatenate(out) - model.forward(ids)).max() < 1e-5
