@@ -8,6 +8,7 @@
   evictions highlighted. ``queue.update(items, evicted=...)``.
 - ``Stepper(on_step, on_reset, n_steps=...)``: step / play / reset controls; ``stepper.step()`` from code.
 - ``panel(stepper, grid, queue)``: one live widget stacking them.
+- ``flow_diagram([Stage(...), ...])``: a static box-and-arrow picture (the engine map).
 
 Every view updates in place (one widget for its lifetime) and has ``static()``: the same picture as SVG/HTML, for
 readers without a kernel (GitHub and nbviewer drop widget state). The views take plain data, never an engine
@@ -26,10 +27,23 @@ _style.require("anywidget")
 _style.require("plotly.graph_objects")
 
 from .block_grid import BlockCell, BlockGrid, block_cells  # noqa: E402
+from .diagram import Stage, flow_diagram, flow_svg  # noqa: E402
 from .queue_view import QueueChange, QueueView  # noqa: E402
 from .stepper import Stepper  # noqa: E402
 
-__all__ = ["BlockCell", "BlockGrid", "Panel", "QueueChange", "QueueView", "Stepper", "block_cells", "panel"]
+__all__ = [
+    "BlockCell",
+    "BlockGrid",
+    "Panel",
+    "QueueChange",
+    "QueueView",
+    "Stage",
+    "Stepper",
+    "block_cells",
+    "flow_diagram",
+    "flow_svg",
+    "panel",
+]
 
 
 class Panel:
