@@ -1,0 +1,235 @@
+"""Stateful property test of the KV cache manager: random allocate / append / commit / fork / free / lookup / evict
+sequences, with every invariant checked after every step against an independent shadow model.
+
+The shadow keeps what the KV pool *would* hold: every reserved slot is "written" with (token, position) as the
+model step would write K/V, copy-on-write copies are applied, and after every step each live request must read its
+own tokens back through its block table. So a block evicted while in use, a wrong prefix hit, a missed or wrong
+copy-on-write, or a double-counted refcount all show up as a failure here, whatever the manager's own checks say.
+
+``MINIENV_STATEFUL_EXAMPLES`` sets the number of sequences (default 1000; CI keeps the default).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from minienv.kv.errors import OutOfBlocksError
+from minienv.kv.kv_cache_manager import BlockState, KVCacheManager, UnknownRequestError
+
+EXAMPLES = int(os.environ.get("MINIENV_STATEFUL_EXAMPLES", "1000"))
+STEPS = int(os.environ.get("MINIENV_STATEFUL_STEPS", "20"))
+
+# A tiny alphabet makes shared prefixes (and so hits and shared blocks) frequent. A token list is drawn as two
+# integers (length, base-3 digits) rather than a list of draws: hypothesis's per-draw cost dominates this test.
+def _tokens(pair: tuple[int, int]) -> list[int]:
+    length, digits = pair
+    return [(digits // 3**i) % 3 for i in range(length)]
+
+
+tokens_st = st.tuples(st.integers(1, 10), st.integers(0, 3**10 - 1)).map(_tokens)
+pick_st = st.integers(0, 2**16)  # index into the live requests, modulo their number
+
+
+def encode(token: int, position: int) -> int:
+    return token * 4096 + position
+
+
+class KVCacheMachine(RuleBasedStateMachine):
+    @initialize(num_blocks=st.integers(1, 10), block_size=st.sampled_from([1, 2, 3, 4]), caching=st.booleans())
+    def setup(self, num_blocks, block_size, caching):
+        self.mgr = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
+        self.B = block_size
+        self.shadow = np.full(num_blocks * block_size, -1, dtype=np.int64)  # what each KV slot holds
+        self.next_id = 0
+        self.freed: list[str] = []
+        self.evicted_in_use: list[int] = []
+        self.mgr.add_listener(self.on_event)
+
+    def on_event(self, event):
+        if event.kind == "evict":
+            # At eviction the block was just taken from the free queue: no table may hold it.
+            holders = sum(event.block_id in r.block_ids for r in self.mgr._requests.values())
+            if holders:
+                self.evicted_in_use.append(event.block_id)
+
+    # ------------------------------------------------------------------ helpers
+    def live(self) -> list[str]:
+        return self.mgr.request_ids()
+
+    def pick(self, i: int) -> str:
+        live = self.live()
+        return live[i % len(live)]
+
+    def write(self, alloc) -> None:
+        """What the model step does: apply CoW copies, then write each new token's (token, position)."""
+        for src, dst in alloc.blocks_to_copy:
+            self.shadow[dst * self.B:(dst + 1) * self.B] = self.shadow[src * self.B:(src + 1) * self.B]
+        # A write must only ever go into a block this request holds alone (never a shared one).
+        for slot in alloc.slot_mapping:
+            assert self.mgr.ref_cnt(int(slot) // self.B) == 1, "write into a shared block"
+        self.shadow[alloc.slot_mapping] = [encode(t, int(p)) for t, p in zip(alloc.token_ids, alloc.positions)]
+
+    def attempt(self, fn):
+        """Run an operation; on OutOfBlocksError the manager must be exactly as before."""
+        before = self.mgr.snapshot()
+        try:
+            return fn()
+        except OutOfBlocksError:
+            assert self.mgr.snapshot() == before, "a failed allocation changed state"
+            return None
+
+    # ------------------------------------------------------------------ rules
+    @rule(prompt=tokens_st, chunk=st.integers(1, 10))
+    def allocate(self, prompt, chunk):
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        hit = self.mgr.lookup(prompt)
+        n = min(chunk, len(prompt) - hit.num_cached_tokens)
+        alloc = self.attempt(lambda: self.mgr.allocate(rid, prompt, num_new_tokens=n))
+        if alloc is not None:
+            assert alloc.num_cached_tokens == hit.num_cached_tokens < len(prompt)
+            assert alloc.num_new_tokens >= 1
+            self.write(alloc)
+
+    @precondition(lambda self: self.live())
+    @rule(pick=pick_st, tokens=tokens_st)
+    def append(self, pick, tokens):
+        rid = self.pick(pick)
+        alloc = self.attempt(lambda: self.mgr.append_slots(rid, tokens))
+        if alloc is not None:
+            self.write(alloc)
+
+    @precondition(lambda self: self.live())
+    @rule(pick=pick_st)
+    def commit(self, pick):
+        self.mgr.commit(self.pick(pick))
+
+    @precondition(lambda self: self.live())
+    @rule(pick=pick_st, n=st.integers(1, 3))
+    def fork(self, pick, n):
+        rid = self.pick(pick)
+        self.mgr.commit(rid)  # fork needs written K/V
+        before = {b: self.mgr.ref_cnt(b) for b in set(self.mgr.block_ids(rid))}
+        children = [f"{rid}.{self.next_id}.{i}" for i in range(n)]
+        self.next_id += 1
+        self.mgr.fork(rid, children)
+        for b, c in before.items():
+            assert self.mgr.ref_cnt(b) == c + n, "fork must add exactly one reference per child per block"
+
+    @precondition(lambda self: self.live())
+    @rule(pick=pick_st)
+    def free(self, pick):
+        rid = self.pick(pick)
+        self.mgr.free(rid)
+        self.freed.append(rid)
+
+    @precondition(lambda self: self.freed)
+    @rule(pick=pick_st)
+    def free_twice(self, pick):
+        rid = self.freed[pick % len(self.freed)]
+        before = self.mgr.snapshot()
+        try:
+            self.mgr.free(rid)
+        except UnknownRequestError:
+            pass
+        else:
+            raise AssertionError("double free was accepted")
+        assert self.mgr.snapshot() == before
+
+    @rule(prompt=tokens_st)
+    def lookup(self, prompt):
+        before = self.mgr.snapshot()
+        hit = self.mgr.lookup(prompt)
+        assert self.mgr.snapshot() == before, "lookup must not change state"
+        assert hit.num_cached_tokens == len(hit.block_ids) * self.B < len(prompt)
+        # The hit blocks really hold this prompt's tokens at these positions.
+        for j, bid in enumerate(hit.block_ids):
+            want = [encode(prompt[j * self.B + i], j * self.B + i) for i in range(self.B)]
+            assert self.shadow[bid * self.B:(bid + 1) * self.B].tolist() == want
+
+    @rule(n=st.integers(0, 3))
+    def evict(self, n):
+        for bid in self.mgr.evict(n):
+            assert self.mgr.ref_cnt(bid) == 0
+
+    # ------------------------------------------------------------------ invariants, after every step
+    @invariant()
+    def all_invariants(self):
+        """Checked after every step (one hypothesis invariant calling each check keeps the overhead down)."""
+        if not hasattr(self, "mgr"):
+            return
+        self.refcounts_equal_table_holders()
+        self.every_block_in_exactly_one_state()
+        self.index_names_exactly_the_cached_blocks()
+        self.every_request_reads_back_its_own_tokens()
+        self.resident_within_budget_and_no_in_use_eviction()
+
+    def refcounts_equal_table_holders(self):
+        holders = [0] * self.mgr.num_blocks
+        for rid in self.live():
+            for bid in self.mgr.block_ids(rid):
+                holders[bid] += 1
+        assert [self.mgr.ref_cnt(b) for b in range(self.mgr.num_blocks)] == holders
+
+    def every_block_in_exactly_one_state(self):
+        mgr = self.mgr
+        queue = [bid for bid, _ in mgr.free_queue()]
+        in_queue = set(queue)
+        assert len(in_queue) == len(queue), "a block is twice in the free queue"
+        indexed = {e.block_id for e in mgr.index}
+        in_use = {b for b in range(mgr.num_blocks) if mgr.ref_cnt(b) > 0}
+        cached_free = in_queue & indexed
+        free_empty = in_queue - indexed
+        assert not (in_use & in_queue), "a block both in use and free"
+        assert len(free_empty) + len(cached_free) + len(in_use) == mgr.num_blocks
+        s = mgr.stats()
+        assert (s.num_free_empty, s.num_cached_free, s.num_in_use) == (len(free_empty), len(cached_free),
+                                                                      len(in_use))
+        for b in range(mgr.num_blocks):
+            state = mgr.block_state(b)
+            expected = (BlockState.IN_USE if b in in_use else
+                        BlockState.CACHED_FREE if b in cached_free else BlockState.FREE_EMPTY)
+            assert state is expected
+
+    def index_names_exactly_the_cached_blocks(self):
+        mgr = self.mgr
+        for entry in mgr.index:
+            block = mgr.pool.blocks[entry.block_id]
+            assert block.block_hash == entry.block_hash == entry.key.block_hash()
+            # the indexed block really holds the tokens its key names (no stale entry: vLLM PR #4761)
+            got = [v // 4096 for v in self.shadow[entry.block_id * self.B:(entry.block_id + 1) * self.B]]
+            assert got == list(entry.key.token_ids), f"block {entry.block_id} indexed with tokens it does not hold"
+        hashed = {b.block_id for b in mgr.pool.blocks if b.block_hash is not None}
+        assert hashed == {e.block_id for e in mgr.index}
+        if not mgr.enable_prefix_caching:
+            assert len(mgr.index) == 0
+
+    def every_request_reads_back_its_own_tokens(self):
+        for rid in self.live():
+            alloc_table = self.mgr.block_table(rid)
+            slots = alloc_table.slot_mapping()
+            toks = self.mgr.request(rid).token_ids
+            assert self.shadow[slots].tolist() == [encode(t, p) for p, t in enumerate(toks)], f"{rid} corrupted"
+
+    def resident_within_budget_and_no_in_use_eviction(self):
+        s = self.mgr.stats()
+        assert s.resident_tokens <= s.kv_budget_tokens
+        assert s.evicted_tokens == s.evicted_blocks * self.B
+        assert not self.evicted_in_use, f"blocks evicted while in use: {self.evicted_in_use}"
+        self.mgr.check_invariants()
+
+
+KVCacheMachine.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=STEPS,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    derandomize=os.environ.get("MINIENV_STATEFUL_RANDOM") != "1",
+)
+TestKVCacheStateful = KVCacheMachine.TestCase
