@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_kv_memory.py            # the notebook-03 workload (1000 requests)
     .venv/bin/python benchmarks/bench_kv_memory.py --requests 3000 --seed 1
+    .venv/bin/python benchmarks/bench_kv_memory.py --rate 2    # plus a Poisson-arrival run (2 req/s, 40 ms steps)
 
 Runs the same simulation as notebooks/03_kv_memory (same workload, memory and block size by default) and prints
 (1) the Figure-2 table, ours beside the paper's and the ratio, (2) the contiguous schemes with a first-fit
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kv-slots", type=int, default=KV_SLOTS)
+    ap.add_argument("--rate", type=float, default=None,
+                    help="also run Poisson arrivals at this many requests/s (averaged over the whole run)")
+    ap.add_argument("--step-seconds", type=float, default=0.04, help="seconds per decode step for --rate")
     args = ap.parse_args(argv)
 
     requests = sharegpt_like(args.requests, max_len=MAX_LEN, seed=args.seed)
@@ -91,6 +95,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{b:>6}{p['token_states']:>8.2f}{p['reservation']:>8.2f}{p['internal_frag']:>9.2f}"
               f"{p['external_frag']:>6.2f}{tail:>7.2f}{predicted:>10.2f}{dt:>7.2f}")
 
+    poisson = None
+    if args.rate is not None:
+        reqs_p = sharegpt_like(args.requests, max_len=MAX_LEN, seed=args.seed, rate=args.rate)
+        resp = figure2(reqs_p, args.kv_slots, max_len=MAX_LEN, block_size=BLOCK_SIZE,
+                       step_duration=args.step_seconds, measure="all")
+        print(f"\nPoisson arrivals at {args.rate} req/s, {args.step_seconds * 1000:.0f} ms per step, whole run:")
+        print(format_figure2_table(resp))
+        print("token states excluding idle free memory: " + ", ".join(
+            f"{SCHEME_LABELS[s]} {r.percent(include_free=False)['token_states']:.1f} %" for s, r in resp.items()))
+        poisson = {s: {"token_states_pct": round(r.percent()["token_states"], 2),
+                       "free_pct": round(r.percent()["free"], 2),
+                       "token_states_pct_excl_free": round(r.percent(include_free=False)["token_states"], 2)}
+                   for s, r in resp.items()}
+
     paged_util = pct["paged"]["token_states"]
     ok = paged_util >= 96.0
     print(f"\npaged utilisation at block size {BLOCK_SIZE}: {paged_util:.2f} % "
@@ -113,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         "paged_utilisation_ge_96": ok,
         "figure2_seconds": round(t_fig2, 2),
     }
+    if poisson is not None:
+        out["poisson"] = {"rate": args.rate, "step_seconds": args.step_seconds, "results": poisson}
     print(json.dumps(out))
     return 0 if ok else 1
 

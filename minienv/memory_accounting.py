@@ -294,10 +294,16 @@ class MemoryBreakdown:
     def total(self) -> float:
         return self.token_states + self.reservation + self.internal_frag + self.external_frag + self.free
 
-    def percent(self) -> dict[str, float]:
-        """Each category as a percentage of the whole pool."""
-        total = self.total
-        return {c: 100.0 * getattr(self, c) / total for c in CATEGORIES}
+    def percent(self, include_free: bool = True) -> dict[str, float]:
+        """Each category as a percentage of the whole pool, or (``include_free=False``) of the pool minus the
+        idle free memory — the view in which a lightly loaded system is not charged for having nothing to do."""
+        total = self.total if include_free else self.total - self.free
+        if total <= 0:
+            return dict.fromkeys(CATEGORIES, 0.0)
+        out = {c: 100.0 * getattr(self, c) / total for c in CATEGORIES}
+        if not include_free:
+            out["free"] = 0.0
+        return out
 
 
 @dataclass
@@ -319,8 +325,8 @@ class SimulationResult:
     def label(self) -> str:
         return SCHEME_LABELS[self.scheme]
 
-    def percent(self) -> dict[str, float]:
-        return self.breakdown.percent()
+    def percent(self, include_free: bool = True) -> dict[str, float]:
+        return self.breakdown.percent(include_free)
 
 
 @dataclass

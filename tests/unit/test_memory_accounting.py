@@ -105,6 +105,9 @@ def test_oracle_two_requests_exact():
     assert r.steps == 3  # A finished in step 3 (not accounted)
     b = r.breakdown
     assert (b.token_states, b.reservation, b.free) == (4.0, 3.0, 3.0)
+    assert r.percent()["token_states"] == 40.0
+    assert r.percent(include_free=False) == pytest.approx(
+        {"token_states": 400 / 7, "reservation": 300 / 7, "internal_frag": 0.0, "external_frag": 0.0, "free": 0.0})
     # the loaded window ends at the last admission (step 0)
     loaded = simulate([req(0, 2, 3), req(1, 1, 2)], "orca_oracle", 10, allocator="first_fit", max_len=8)
     assert loaded.window_steps == 1 and loaded.breakdown.token_states == 3 and loaded.breakdown.reservation == 5
