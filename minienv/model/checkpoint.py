@@ -39,17 +39,18 @@ def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     """All tensors of a ``.safetensors`` file as float32 numpy arrays, keyed by name."""
     path = Path(path)
-    data = path.read_bytes()
+    # Memory-mapped: a real multi-GB checkpoint is paged in tensor by tensor, never held twice.
+    data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
     if len(data) < 8:
         raise CheckpointError(f"{path}: too short to be a safetensors file")
-    (header_len,) = struct.unpack("<Q", data[:8])
+    (header_len,) = struct.unpack("<Q", data[:8].tobytes())
     if header_len > min(_MAX_HEADER_BYTES, len(data) - 8):
         raise CheckpointError(f"{path}: header length {header_len} is larger than the file")
     try:
-        header = json.loads(data[8 : 8 + header_len].decode("utf-8"))
+        header = json.loads(data[8 : 8 + header_len].tobytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: header is not valid JSON: {exc}") from exc
-    body = memoryview(data)[8 + header_len :]
+    body = data[8 + header_len :]
     tensors: dict[str, np.ndarray] = {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -67,9 +68,10 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
             raise CheckpointError(
                 f"{path}: tensor {name!r} byte range {start}..{end} does not hold a {dtype} tensor of shape {shape}"
             )
-        raw = np.frombuffer(body[start:end], dtype=np_dtype).reshape(shape)
+        raw = np.frombuffer(body[start:end].tobytes(), dtype=np_dtype).reshape(shape)
         arr = _bf16_to_f32(raw) if dtype == "BF16" else raw.astype(np.float32)
         tensors[name] = np.ascontiguousarray(arr)
+    del body, data  # release the mapping
     return tensors
 
 

@@ -7,13 +7,22 @@ import json
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-safetensors_numpy = pytest.importorskip("safetensors.numpy")
+from minienv.model import CheckpointError, ConfigError, load_model, read_safetensors
 
-from minienv.model import CheckpointError, ConfigError, load_model, read_safetensors  # noqa: E402
+try:
+    import safetensors.numpy as safetensors_numpy
+    import torch
+    import transformers
+except ImportError:  # the autouse fixture below skips every test (per test, so MINIENV_REQUIRE_TIERS sees it)
+    torch = transformers = safetensors_numpy = None
 
 pytestmark = pytest.mark.reference
+
+
+@pytest.fixture(autouse=True)
+def _reference_dependencies():
+    for module in ("torch", "transformers", "safetensors"):
+        pytest.importorskip(module)
 
 # (num_heads, num_kv_heads, head_dim, hidden, tied, rope_theta): GQA ratios 1, 2, 4; tied and untied;
 # head_dim explicit and different from hidden // heads; several rope_theta.
@@ -86,10 +95,11 @@ def test_numpy_reader_equals_safetensors(tmp_path):
         np.testing.assert_array_equal(ours[name], ref[name])
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_checkpoints_widen_to_float32(tmp_path, dtype):
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_half_precision_checkpoints_widen_to_float32(tmp_path, dtype_name):
     from safetensors.torch import save_file
 
+    dtype = getattr(torch, dtype_name)
     t = {"a": torch.randn(5, 7, generator=torch.Generator().manual_seed(0)).to(dtype)}
     save_file(t, tmp_path / "x.safetensors")
     got = read_safetensors(tmp_path / "x.safetensors")["a"]
