@@ -316,11 +316,21 @@ class BlockGrid:
         keys = "   ".join(f"<span style='color:{c}'>■</span> {S.esc(t)}" for c, t in self._legend_items())
         return keys + "   <b>□</b> changed last step"
 
+    def _fit(self, text: str) -> str:
+        """Shorten a label to what fits in one cell (the hover text keeps it whole)."""
+        room = max(3, int((self.cell_px - 8) / 6.2))
+        return text if len(text) <= room else text[: room - 1] + "…"
+
+    def cell_text(self, cell: BlockCell) -> tuple[str, str]:
+        """The two lines drawn in a cell, shortened to fit."""
+        top, bottom = cell.text()
+        return self._fit(top), self._fit(bottom)
+
     def _style_arrays(self) -> dict[str, list]:
         fills, texts, text_colors, hovers, line_colors, line_widths = [], [], [], [], [], []
         for c in self._cells:
             fill = self.color_of(c)
-            top, bottom = c.text()
+            top, bottom = self.cell_text(c)
             fills.append(fill)
             texts.append(f"<b>{S.esc(top)}</b><br>{S.esc(bottom)}")
             text_colors.append(S.text_color(fill))
@@ -417,7 +427,7 @@ class BlockGrid:
                 S.svg_rect(x0, y0, cell - 6, cell - 6, fill, stroke=S.CHANGED if changed else "#d0d0d0",
                            width=3.5 if changed else 1)
             )
-            line1, line2 = c.text()
+            line1, line2 = self.cell_text(c)
             color = S.text_color(fill)
             body.append(S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.33, line1, size=10, color=color, bold=True))
             body.append(S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.70, line2, size=10, color=color))

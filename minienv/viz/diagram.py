@@ -29,7 +29,7 @@ def flow_svg(stages: list[Stage], *, title: str = "", start: str = "", end: str 
     """SVG of stages top to bottom, joined by arrows; a stage's ``children`` are drawn as boxes inside it."""
     if not stages:
         raise ValueError("flow_svg needs at least one stage")
-    pad, box_x, box_w, gap = 10, 120, 400, 26
+    pad, box_x, box_w, gap = 10, 110, 440, 26
     body: list[str] = []
     y = 12
     if title:

@@ -322,3 +322,11 @@ def test_panel_stacks_views_and_renders_static():
     assert "<svg" in html and "step 0 / 1" in html
     with pytest.raises(ValueError):
         panel()
+
+
+def test_grid_shortens_long_labels_but_hover_keeps_them():
+    grid = BlockGrid(2, cell_px=40)
+    grid.update([BlockCell(0, ("req-alpha", "req-beta"), 2)])
+    top, bottom = grid.cell_text(grid.cells[0])
+    assert bottom.endswith("…") and len(bottom) <= 6
+    assert "req-alpha+req-beta" in grid.fig.data[0].hovertext[0]

@@ -1,0 +1,389 @@
+# %% [markdown]
+# # 00 · A tour of minienv: the map, the series, and the live views
+#
+# minienv is a small LLM inference engine written in numpy, built one layer per notebook. Its subject is the
+# part of a real engine (vLLM, SGLang) that decides where every token's keys and values live: the **KV cache**
+# — paged into fixed-size blocks, shared between requests by refcount, evicted least recently used first, and
+# scheduled so that many requests run together.
+#
+# **Learning goals.** After this notebook you can
+# 1. name the five parts of the engine, in the order a prompt flows through them, and say what state each keeps;
+# 2. say which notebook builds which part;
+# 3. read the live views used throughout the series — the *block grid* (who owns each physical block, with
+#    which refcount, what just changed) and the *queue view* (the free queue, head first);
+# 4. drive a view with the *stepper* (step / play / reset) by hand and from code, and check what it shows with
+#    `assert`s — on a toy allocator you will write in ten lines.
+
+# %% [markdown]
+# ## The map
+#
+# This is the architecture of the seed tutorial the series grew from, with each box made correct (the
+# comments in `DESIGN.md` list what the seed got wrong). A prompt flows top to bottom; the numbers on the right
+# are the notebooks that build each box.
+
+# %%
+from minienv.viz import Stage, flow_diagram, flow_svg
+
+ENGINE_MAP = [
+    Stage("Tokenizer", ("byte-level BPE: text ⇄ token ids",), "01"),
+    Stage(
+        "Scheduler",
+        ("waiting / running queues, a token budget per step:", "admit · chunk long prefills · preempt"),
+        "07 · 08",
+    ),
+    Stage(
+        "PagedAttention manager",
+        ("fixed-size blocks of token slots in one preallocated pool",),
+        "03 · 04",
+        children=(
+            Stage("block table", "per request: logical block → physical block", "04"),
+            Stage("free list", "the free queue: allocate from the head, free to the tail", "04"),
+        ),
+    ),
+    Stage(
+        "KV cache manager",
+        ("which blocks can be shared, kept, or dropped",),
+        "05 · 06",
+        children=(
+            Stage("prefix-aware refcounter", "hash chain of full blocks → share them, refcount each", "05"),
+            Stage("token-budget LRU evictor", "cached-free blocks evicted least recently used first", "06"),
+        ),
+    ),
+    Stage("Model core", ("numpy Llama: reads and writes K/V through block tables", "→ logits → sampler"), "02"),
+]
+engine_svg = flow_svg(ENGINE_MAP, title="minienv: the engine, as a prompt flows through it", start="prompt",
+                      end="next token (streamed back; the loop repeats until the request finishes)")
+flow_diagram(ENGINE_MAP, title="minienv: the engine, as a prompt flows through it", start="prompt",
+             end="next token (streamed back; the loop repeats until the request finishes)")
+
+# %%
+for stage in ENGINE_MAP:
+    assert stage.name in engine_svg
+    for child in stage.children:
+        assert child.name in engine_svg
+assert [s.name for s in ENGINE_MAP] == [
+    "Tokenizer", "Scheduler", "PagedAttention manager", "KV cache manager", "Model core"]
+
+# %% [markdown]
+# The same map as text, with the minienv module behind each box (dependencies point one way: the model never
+# imports the scheduler, and the block pool knows nothing of requests):
+#
+# ```
+# prompt ─► Tokenizer ─► Scheduler ─────────► PagedAttention manager ─► KV cache manager ─────────► Model core ─► token
+#           (BPE)        waiting / running     block table per request   prefix-aware refcounter     numpy Llama
+#                        token budget/step     free list (LRU order)     token-budget LRU evictor    + sampler
+#           tokenizer.py scheduler             kv/block_pool.py          kv/ (hashing, cache mgr)    model/, sampling.py
+# ```
+#
+# ## How the series is organized
+#
+# Each notebook builds one box, first small and inline so you see the idea, then minienv's version, then a live
+# view and cells that *prove* what the view shows.
+#
+# | notebook | you build | you see |
+# |---|---|---|
+# | **00 tour** (this one) | a ten-line block allocator | the map; the block grid, queue view and stepper |
+# | **01 tokenizer** | byte-level BPE, trained on Shakespeare | merges forming words; encode ⇄ decode round trips |
+# | **02 model and KV cache** | a numpy Llama and a contiguous KV cache | cached decoding giving the same logits as the dense pass |
+# | **03 KV memory waste** | four ways to place KV memory | the vLLM paper's Figure 2: how little of a contiguous cache holds tokens |
+# | **04 paged attention** | the block pool, block tables, paged attention | requests growing block by block; paged == dense |
+# | **05 prefix sharing** | hash chains, refcounts, copy-on-write forks | shared blocks with refcount > 1; the moment of a copy |
+# | **06 LRU eviction** | the token-budget LRU evictor | the free queue in LRU order; hit rate vs budget |
+# | **07 scheduling** | continuous batching, chunked prefill, preemption | static vs continuous timelines; throughput and latency |
+# | **08 engine** | `InferenceEngine` | the whole engine in one dashboard, text streaming in |
+# | extensions | metrics, a gRPC API, a persistent KV tier, speculative decoding, block-size tuning | |
+#
+# ## How to use the live views
+#
+# Three kinds of widget appear from notebook 04 on, all from `minienv.viz`:
+#
+# - **Block grid** — one cell per *physical* block of the KV pool. The colour is the owner (a request); dark
+#   slate means several requests share the block; light grey is *free*; pale blue is *cached-free* (refcount 0,
+#   contents kept, can be evicted or reused). Each cell reads `id ·rcN` (N = refcount) over its owner or label.
+#   Cells that changed in the last step have a **thick dark outline**. Hover a cell for its details.
+# - **Queue view** — an ordered queue, head first, like the free queue: `▼ head` is the block the next
+#   allocation takes. Green outlines mark items that just joined, dark ones items that moved; items that just
+#   left are drawn dashed below, marked *taken* or *evicted*.
+# - **Stepper** — ▶ plays (pause with the same button, ■ goes back to the start), **Step** takes one step,
+#   **Reset** starts over; the slider shows where you are. Everything a button does, code can do too:
+#   `stepper.step()`, `stepper.run()`, `stepper.go_to(k)`, `stepper.reset()` — that is how the proof cells
+#   below drive the views before they check them.
+#
+# Live widgets need a running kernel. **Reading on GitHub or nbviewer?** Widget state is not saved in the
+# notebooks, so under each live view you will find a *static* picture of the same state (`view.static()`).
+#
+# ## Build it small: a ten-line block allocator
+#
+# Here is the whole idea of a paged KV cache in miniature. The pool has 8 physical blocks (say 4 token slots
+# each). A request holds a **block table**, the list of its blocks in logical order. Free blocks wait in a
+# **free queue**: allocation takes from the head, and a freed block goes to the tail — so the block taken next
+# is the one that has been free the longest. Blocks carry a **refcount**, so two requests can hold the same
+# block (here: C starts with the same 4-token system prompt as A, so it shares A's first block instead of
+# computing and storing it again). The free queue is an `OrderedDict`, so taking the head and appending to the
+# tail are O(1) — never `list.pop(0)`.
+
+# %%
+from collections import OrderedDict
+
+
+class ToyPool:
+    """A tiny block allocator: a free queue (head = next out), refcounts, one block table per request."""
+
+    def __init__(self, num_blocks):
+        self.num_blocks = num_blocks
+        self.free = OrderedDict.fromkeys(range(num_blocks))  # free queue, head first
+        self.refcount = [0] * num_blocks
+        self.tables = {}  # request id -> its physical blocks, in logical order
+
+    def allocate(self, req, n):
+        if n > len(self.free):
+            raise MemoryError(f"{req} needs {n} blocks, only {len(self.free)} free")
+        table = self.tables.setdefault(req, [])
+        for _ in range(n):
+            block, _ = self.free.popitem(last=False)  # the head of the free queue
+            self.refcount[block] = 1
+            table.append(block)
+
+    def share(self, req, other, n):
+        """``req`` starts with the first ``n`` blocks of ``other`` (a common prefix): refcount + 1 each."""
+        shared = self.tables[other][:n]
+        for block in shared:
+            self.refcount[block] += 1
+        self.tables.setdefault(req, []).extend(shared)
+
+    def release(self, req):
+        for block in reversed(self.tables.pop(req)):  # the tail of a table first
+            self.refcount[block] -= 1
+            if self.refcount[block] == 0:
+                self.free[block] = None  # to the tail of the free queue
+
+    def holders(self, block):
+        return tuple(r for r, table in self.tables.items() if block in table)
+
+
+# %% [markdown]
+# The demo: three requests arrive, grow, share and finish. Each action is one step.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ACTIONS = [
+    ("arrive", "A", 3),  # A's prompt needs 3 blocks
+    ("arrive", "B", 2),
+    ("share", "C", "A", 1),  # C has A's system prompt: it shares A's first block ...
+    ("grow", "C", 1),  # ... and needs one block of its own
+    ("grow", "A", 1),  # A's output fills a block: it needs one more
+    ("finish", "B"),
+    ("grow", "C", 2),  # C takes the two blocks B just freed
+    ("finish", "A"),  # A's blocks go back to the queue, except the one C still shares
+    ("finish", "C"),
+]
+
+
+def apply(pool, action):
+    kind, req, *args = action
+    if kind in ("arrive", "grow"):
+        pool.allocate(req, args[0])
+        return f"{req} takes {args[0]} block(s)"
+    if kind == "share":
+        pool.share(req, args[0], args[1])
+        return f"{req} shares the first {args[1]} block(s) of {args[0]}"
+    pool.release(req)
+    return f"{req} finishes"
+
+
+pool = ToyPool(8)
+for i, action in enumerate(ACTIONS):
+    what = apply(pool, action)
+    tables = " ".join(f"{r}:{t}" for r, t in pool.tables.items())
+    print(f"{i}: {what:<36} tables {tables:<34} free queue {list(pool.free)}")
+
+# %% [markdown]
+# Read the free queue in the last lines: blocks come back in the order their owners finished, each table
+# tail first, and block 0 — shared by A and C — comes back only when C, its last holder, finishes.
+#
+# ## The live view
+#
+# Now the same sequence, drawn. The stepper calls `on_step(i)`, which applies action `i` to a fresh pool and
+# updates the block grid and the queue view **in place** (the same widgets, new values). The labels are
+# `request[logical index]`, so `C[0]` on block 0 means "C's first block lives in physical block 0".
+
+# %%
+from IPython.display import display
+
+from minienv.viz import BlockCell, BlockGrid, QueueView, Stepper, panel
+
+
+def snapshot(pool):
+    """The pool as plain BlockCell records: what the grid draws (any allocator can produce these)."""
+    cells = []
+    for block in range(pool.num_blocks):
+        holders = pool.holders(block)
+        if not holders:
+            continue
+        label = "+".join(f"{r}[{pool.tables[r].index(block)}]" for r in holders)
+        cells.append(BlockCell(block, owner=holders, refcount=pool.refcount[block], label=label))
+    return cells
+
+
+grid = BlockGrid(8, columns=8, cell_px=66, title="KV pool (8 blocks)")
+queue = QueueView(title="free queue", head_label="head → allocated next")
+
+
+def on_reset():
+    global live_pool
+    live_pool = ToyPool(8)
+    grid.reset(caption="empty")
+    queue.reset(list(live_pool.free))
+
+
+def on_step(i):
+    caption = apply(live_pool, ACTIONS[i])
+    grid.update(snapshot(live_pool), caption=f"step {i + 1}: {caption}")
+    queue.update(list(live_pool.free), caption=f"step {i + 1}")
+    return caption
+
+
+stepper = Stepper(on_step, on_reset, n_steps=len(ACTIONS), interval_ms=900)
+stepper.reset()
+demo = panel(stepper, grid, queue)
+demo
+
+# %% [markdown]
+# Press **Step** a few times, or ▶. Then let the code take over: the next cell steps to the point where C has
+# just shared A's block, and checks the views against the allocator.
+
+# %%
+stepper.go_to(4)  # arrive A, arrive B, C shares A's block, C grows
+assert stepper.position == 4 and stepper.history == [0, 1, 2, 3]
+assert live_pool.tables == {"A": [0, 1, 2], "B": [3, 4], "C": [0, 5]}
+assert live_pool.refcount[0] == 2 and list(live_pool.free) == [6, 7]
+# the grid shows exactly the allocator's state
+assert [c.refcount for c in grid.cells] == live_pool.refcount
+assert grid.cells[0].owners == ("A", "C") and grid.cells[0].text() == ("0 ·rc2", "A[0]+C[0]")
+assert grid.changed == {5}  # the last step (C grows) touched block 5 only
+trace = grid.fig.data[0]
+assert trace.marker.color[0] != trace.marker.color[1]  # shared block: its own colour
+assert trace.marker.color[1] == trace.marker.color[2] == grid.owner_color("A")
+assert "0 ·rc2" in trace.text[0]
+# the queue view shows the free queue, head first
+assert queue.items == (6, 7) and queue.head == 6 and queue.removed == (5,)
+print("step 4 checks passed")
+
+# %% [markdown]
+# For readers without a kernel, here is the same state as a static picture:
+
+# %%
+display(grid.static(), queue.static())
+
+# %%
+assert "0 ·rc2" in grid.to_svg() and "A[0]+C[0]" in grid.to_svg()
+assert "head → allocated next" in queue.to_svg()
+
+# %% [markdown]
+# Now to the end of the sequence. Every block must be free again, the free queue must hold all eight blocks in
+# the order they were freed, and the grid must agree with the allocator block for block.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+taken = stepper.run()
+assert stepper.done and stepper.position == len(ACTIONS) and taken == len(ACTIONS) - 4
+assert live_pool.tables == {} and live_pool.refcount == [0] * 8
+assert list(live_pool.free) == [3, 6, 2, 1, 4, 7, 5, 0]
+assert all(c.state == "free" for c in grid.cells)
+assert grid.changed == {0, 4, 5, 7}  # C's four blocks came back in the last step
+assert queue.items == tuple(live_pool.free) and queue.added == (4, 7, 5, 0)
+print("free queue after the demo, head first:", list(queue.items))
+print("blocks that changed in the last step:", sorted(grid.changed))
+
+# %%
+display(grid.static(), queue.static())
+
+# %%
+assert "step 9: C finishes" in grid.to_svg()
+assert all(f">{b}<" in grid.to_svg() for b in range(8))
+
+# %% [markdown]
+# Two things to notice, both of which come back later in the series:
+#
+# - **The queue order is the eviction order.** Blocks return to the tail, so the head is the block that has
+#   been free longest. In notebook 06 freed blocks keep their contents (*cached-free*), and the head of this
+#   same queue is the block evicted next: that is LRU eviction for free.
+# - **A refcount decides when a block is free, not its first owner.** Block 0 stayed in use after A finished,
+#   because C held it too. Getting this wrong — freeing a block someone still reads — is the bug the seed
+#   tutorial shipped (notebook 05).
+#
+# ## Exercise: which blocks does the next request get?
+#
+# Write `next_blocks(pool, n)`: the block ids the next `pool.allocate(req, n)` will take, in order, **without
+# changing the pool**. Then run the check.
+
+# %%
+def next_blocks(pool, n):
+    # YOUR CODE HERE (hint: allocation takes from the head of pool.free)
+    return None
+
+
+def check_next_blocks(fn):
+    """Compare ``fn`` with what the allocator really does, on every prefix of the demo sequence."""
+    import copy
+
+    pool = ToyPool(8)
+    for i, action in enumerate([None] + ACTIONS):
+        if action is not None:
+            apply(pool, action)
+        for n in range(1, len(pool.free) + 1):
+            before = copy.deepcopy(pool.__dict__)
+            answer = fn(pool, n)
+            if pool.__dict__ != before:
+                print(f"✗ after step {i}: next_blocks changed the pool")
+                return False
+            trial = copy.deepcopy(pool)
+            trial.allocate("D", n)
+            expected = trial.tables["D"]
+            if answer is None or list(answer) != expected:
+                print(f"✗ after step {i}, n={n}: expected {expected}, got {answer}")
+                return False
+    print("✓ next_blocks matches the allocator everywhere")
+    return True
+
+
+_ = check_next_blocks(next_blocks)  # prints ✗ until you write next_blocks
+
+# %% [markdown]
+# A solution, so the notebook proves itself: the next allocation takes the first `n` blocks of the free queue.
+
+# %%
+def next_blocks_solution(pool, n):
+    return list(pool.free)[:n]
+
+
+assert check_next_blocks(next_blocks_solution)
+
+# %% [markdown]
+# ## Where this lives in vLLM / SGLang
+#
+# The toy above is the skeleton of real code. Open these files next to notebooks 04–08:
+#
+# | idea | vLLM (v1 engine) | SGLang |
+# |---|---|---|
+# | pool of blocks, free queue, allocate / free, refcounts | `vllm/v1/core/block_pool.py` (`BlockPool.get_new_blocks`, `free_blocks`, `touch`) | `python/sglang/srt/mem_cache/allocator.py` (token / page allocators) |
+# | the free queue as a doubly linked list (O(1) removal from the middle) | `vllm/v1/core/kv_cache_utils.py` (`FreeKVCacheBlockQueue`, `KVCacheBlock.ref_cnt`) | — |
+# | block tables per request, prefix-cache hits, allocation for a step | `vllm/v1/core/kv_cache_manager.py` (`KVCacheManager.allocate_slots`) | `python/sglang/srt/mem_cache/memory_pool.py` (`ReqToTokenPool`) |
+# | prefix sharing and eviction | block hashes + the free queue (`block_pool.py`, `kv_cache_utils.py`) | `python/sglang/srt/mem_cache/radix_cache.py` (`RadixCache.match_prefix`, `evict`, lock refs) |
+# | the scheduler that calls all of this every step | `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`) | `python/sglang/srt/managers/scheduler.py` |
+#
+# vLLM's queue is the same idea as `ToyPool.free`: allocate from the head, free to the tail, a refcount per
+# block. SGLang organises the shared prefixes as a radix tree of token sequences instead of a chain of block
+# hashes; both evict least recently used first, and neither evicts what a running request still uses.
+#
+# ## Summary
+#
+# - The engine is five boxes: tokenizer → scheduler → PagedAttention manager (block tables, free list) → KV
+#   cache manager (prefix-aware refcounter, token-budget LRU evictor) → model core. Notebooks 01–08 build them
+#   in that spirit, one box at a time.
+# - A paged KV cache is a pool of fixed-size blocks, a block table per request, a refcount per block and a free
+#   queue whose head is taken next. Ten lines of Python hold the whole idea; the rest of the series makes it
+#   fast, shared, evictable and scheduled — and proves it correct.
+# - The live views (`BlockGrid`, `QueueView`, `Stepper` in `minienv.viz`) draw plain snapshots of any
+#   allocator, update in place, outline what changed, and have a static picture for GitHub readers. Every view
+#   is followed by `assert`s that check it against the state it draws.
