@@ -245,8 +245,8 @@ def copy_blocks(kv_pool: KVPool, blocks_to_copy: Iterable[tuple[int, int]]) -> N
         return
     src = np.fromiter((s for s, _ in pairs), dtype=np.int64, count=len(pairs))
     dst = np.fromiter((d for _, d in pairs), dtype=np.int64, count=len(pairs))
-    kv_pool.k_cache[:, dst] = kv_pool.k_cache[:, src]
-    kv_pool.v_cache[:, dst] = kv_pool.v_cache[:, src]
+    kv = kv_pool.kv_cache  # [layers, 2 (K, V), blocks, B, H, D]: K and V of every layer in one assignment
+    kv[:, :, dst] = kv[:, :, src]
 
 
 def _check_token_ids(token_ids: object, what: str) -> list[int]:

@@ -1,0 +1,71 @@
+"""The seed's design fails in each of the four ways DESIGN.md §6 names — and the real manager does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minienv import seed_design
+from minienv.seed_design import (
+    PagedAttentionManager,
+    PrefixAwareRefcounter,
+    TokenBudgetLRUEvictor,
+    demo_evict_in_use,
+    demo_pop0_timing,
+    demo_refcount_set,
+    demo_whole_prompt_hashing,
+)
+
+BUNDLED = Path(__file__).resolve().parents[2] / "assets" / "target" / "model.safetensors"
+
+
+def test_module_is_marked_broken():
+    assert seed_design.BROKEN is True
+    assert "BROKEN" in seed_design.__doc__.splitlines()[0]
+    for cls in (PagedAttentionManager, PrefixAwareRefcounter, TokenBudgetLRUEvictor):
+        assert "SEED (BROKEN)" in cls.__doc__
+
+
+def test_seed_evictor_frees_in_use_block_and_corrupts_a_running_request():
+    d = demo_evict_in_use()
+    assert d.seed_evicted_in_use, "the seed evictor should have taken a running request's block"
+    assert d.seed_corrupted and d.seed_first_divergence is not None
+    assert d.ours_b_refused, "ours refuses B (typed error) instead of stealing A's block"
+    assert d.ours_correct
+
+
+@pytest.mark.skipif(not BUNDLED.exists(), reason="bundled model not trained yet (assets/target/model.safetensors)")
+def test_seed_evictor_corrupts_the_bundled_models_text():
+    from minienv.model import load_model
+
+    d = demo_evict_in_use(load_model())
+    assert d.seed_corrupted and d.ours_correct
+
+
+def test_seed_whole_prompt_hash_shares_nothing_between_prompts_with_a_common_system_prompt():
+    d = demo_whole_prompt_hashing()
+    assert d.seed_shared_blocks == 0
+    # ours: every full block of the 32-token system prompt is shared by the 7 later prompts
+    assert d.ours_shared_blocks == 7 * (d.system_prompt_tokens // d.block_size)
+    assert d.ours_hit_tokens == 7 * d.system_prompt_tokens
+
+
+def test_seed_refcount_set_frees_a_block_still_in_use():
+    d = demo_refcount_set()
+    assert d.seed_refcount_after_share == 1  # set, where 2 is right
+    assert d.seed_freed_while_in_use and d.seed_block_reused_by == "r3"
+    assert d.ours_refcount_after_share == 2 and d.ours_refcount_after_first_free == 1
+    assert not d.ours_block_reused
+
+
+def test_seed_pop0_is_linear_ours_is_flat():
+    d = demo_pop0_timing(sizes=(1_000, 100_000), ops=1_000, repeats=3)
+    assert d.seed_growth > 10, f"pop(0) should grow with the pool size, grew {d.seed_growth:.1f}x"
+    assert d.ours_growth < 4, f"the O(1) pool should stay flat, grew {d.ours_growth:.1f}x"
+    assert d.seed_ns_per_op[-1] > 5 * d.ours_ns_per_op[-1]
+
+
+def test_seed_free_list_really_uses_pop0():
+    mgr = PagedAttentionManager(4, 2)
+    assert mgr.allocate_block() == 0 and mgr.free_list == [1, 2, 3]
