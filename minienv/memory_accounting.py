@@ -402,10 +402,16 @@ def simulate(
             raise ValueError(f"request {r.request_id}: prompt_len and output_len must be >= 1")
         if r.total_len > max_len:
             raise ValueError(f"request {r.request_id} has {r.total_len} tokens > max_len={max_len}")
-        need = blocks_needed(r.total_len, block_size) * block_size if paged else \
-            contiguous_reservation(scheme, r.prompt_len, r.output_len, max_len)
-        if need > (num_blocks * block_size if paged else kv_slots):
-            raise ValueError(f"request {r.request_id} needs {need} slots and can never fit in {kv_slots}")
+        if paged:
+            need, room = blocks_needed(r.total_len, block_size) * block_size, num_blocks * block_size
+        else:
+            need = contiguous_reservation(scheme, r.prompt_len, r.output_len, max_len)
+            # a buddy block is a power of two inside one power-of-two region; the largest region is this big
+            room = kv_slots if allocator == "first_fit" else 1 << (kv_slots.bit_length() - 1)
+            need = need if allocator == "first_fit" else next_pow2(need)
+        if need > room:
+            raise ValueError(f"request {r.request_id} needs {need} slots and can never fit in {kv_slots} "
+                             f"({scheme}{'' if paged else ', ' + allocator} allocation)")
 
     order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
     waiting: deque[tuple[RequestSpec, int]] = deque()  # (spec, generated tokens so far)
@@ -485,8 +491,8 @@ def simulate(
             length = spec.prompt_len + generated
             if paged:
                 nb = blocks_needed(length, block_size)
-                if nb + watermark_blocks > free_blocks:
-                    break
+                if nb > free_blocks or (running and nb + watermark_blocks > free_blocks):
+                    break  # (the watermark never blocks a request that would run alone)
                 free_blocks -= nb
                 r = _Running(spec, length, nb * block_size, max(0, nb * block_size - spec.total_len))
             else:

@@ -435,9 +435,11 @@ check_internal_frag(internal_frag)
 # >   new tokens, or fails so the scheduler (`vllm/v1/core/sched/scheduler.py`) preempts.
 # >
 # > **SGLang**
-# > * `python/sglang/srt/mem_cache/memory_pool.py` — `ReqToTokenPool` (request → token slots) and the
-# >   token-to-KV pools: SGLang pages at the granularity of single tokens by default (page size 1), the left end
-# >   of our slider.
+# > * `python/sglang/srt/mem_cache/memory_pool.py` — `ReqToTokenPool` (request → its token slots, SGLang's block
+# >   table) and `MHATokenToKVPool` (the preallocated K/V buffers, one row per token slot).
+# > * `python/sglang/srt/mem_cache/allocator.py` — `TokenToKVPoolAllocator` (page size 1, SGLang's default: the
+# >   left end of our slider) and `PagedTokenToKVPoolAllocator` (page size > 1); recent versions split this
+# >   file into a `mem_cache/allocator/` package (`token.py`, `paged.py`).
 # >
 # > The paper's Orca baselines were the authors' re-implementation (Orca itself is not public); the buddy
 # > allocator was their assumption.

@@ -172,6 +172,14 @@ def test_paged_preemption_by_recompute():
     ]
 
 
+def test_first_fit_places_what_the_buddy_cannot_and_watermark_never_starves_a_lone_request():
+    r = simulate([req(0, 30, 40)], "orca_oracle", 100, max_len=80, allocator="first_fit")
+    assert r.breakdown.token_states == 30
+    # 100 blocks, 1 % watermark: a request needing all 100 blocks still runs when it is alone
+    r = simulate([req(0, 99, 1)], "paged", 100, block_size=1, max_len=100, watermark=0.01)
+    assert r.steps == 1 and r.preemptions == 0
+
+
 # ------------------------------------------------------------------ errors
 @pytest.mark.parametrize(
     "args, kwargs, match",
@@ -182,6 +190,7 @@ def test_paged_preemption_by_recompute():
         (([req(0, 1, 1)], "paged", 8), {"block_size": 0}, "block_size"),
         (([req(0, 5, 5)], "orca_oracle", 100), {"max_len": 8}, "max_len"),
         (([req(0, 1, 1)], "orca_max", 100), {"max_len": 2048}, "never fit"),
+        (([req(0, 30, 40)], "orca_oracle", 100), {"max_len": 80}, "never fit"),  # buddy: 128 > region of 64
         (([req(0, 1, 1)], "orca_oracle", 10), {"measure": "some"}, "measure"),
         (([], "orca_oracle", 10), {}, "at least one"),
         (([req(0, 1, 1)], "orca_oracle", 10), {"allocator": "slab"}, "allocator"),
@@ -225,3 +234,27 @@ def test_figure2_shape_on_the_sharegpt_like_workload():
     assert pct["paged"]["token_states"] >= 96.0
     assert pct["orca_oracle"]["internal_frag"] == 0.0 and pct["orca_oracle"]["reservation"] > 10
     assert "Orca (Max)" in format_figure2_table(res)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from([FirstFitAllocator, BuddyAllocator]), st.integers(1, 200),
+       st.lists(st.tuples(st.booleans(), st.integers(1, 64)), max_size=60))
+def test_allocators_never_overlap_and_count_free_slots(cls, size, ops):
+    a = cls(size)
+    live: dict[int, tuple[int, int]] = {}  # start -> (slots requested, slots occupied)
+    for do_alloc, n in ops:
+        if do_alloc or not live:
+            start = a.allocate(n)
+            if start is None:
+                assert a.largest_hole() < a.block_size(n)  # refused only when no hole fits
+                continue
+            occupied = a.block_size(n)
+            assert 0 <= start and start + occupied <= size
+            assert all(start + occupied <= s or s + k <= start for s, (_, k) in live.items())
+            if cls is BuddyAllocator:
+                assert start % occupied == 0  # buddy blocks are aligned to their size
+            live[start] = (n, occupied)
+        else:
+            start = sorted(live)[n % len(live)]
+            a.free(start, live.pop(start)[0])
+        assert a.free_slots == size - sum(k for _, k in live.values())
