@@ -1,0 +1,244 @@
+"""Differential proof: prefix caching changes how much is computed, never what is generated.
+
+Many requests sharing system prompts are served by a small, honest generation loop — batched steps through the
+paged attention backend, blocks from the KV cache manager, greedy sampling — with the prefix cache on and off,
+with an ample budget and with budgets small enough that cached blocks are evicted between requests. Every output
+must equal the dense reference (the whole sequence recomputed each token, no cache at all).
+
+This is also the MinivLLM #98 guard: a prefix hit must feed the *cached* K/V to attention. With the cache on,
+the hit tokens are never run through the model again, so if attention did not read their cached K/V the outputs
+would differ; and poisoning a cached block's K/V must change the output of a request that hits it.
+
+The loop below is deliberately minimal (FCFS admission while blocks last, one batched model call per step); the
+real scheduler and engine come in the next issue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minienv.kv import KVPool, OutOfBlocksError, PagedAttentionBackend, PagedAttentionMetadata
+from minienv.kv.block_table import cdiv
+from minienv.kv.kv_cache_manager import KVCacheManager
+from minienv.model import LlamaConfig, LlamaModel, random_weights
+
+BUNDLED = Path(__file__).resolve().parents[2] / "assets" / "target"
+
+
+def small_model(seed: int = 0) -> LlamaModel:
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+    return LlamaModel(cfg, random_weights(cfg, seed=seed, scale=0.3))
+
+
+def dense_greedy(model, prompt, max_new_tokens):
+    ids = list(prompt)
+    for _ in range(max_new_tokens):
+        ids.append(int(np.argmax(model.forward(ids)[-1])))
+    return ids[len(prompt):]
+
+
+@dataclass
+class ServeResult:
+    outputs: list[list[int]]
+    prefill_tokens_computed: int
+    manager: KVCacheManager
+    evictions_between_requests: int = 0
+    steps: int = 0
+    hits_per_request: list[int] = field(default_factory=list)
+
+
+def serve(model, prompts, max_new_tokens, *, block_size, num_blocks, caching, max_running=3, poison=None):
+    """Serve ``prompts`` FCFS with up to ``max_running`` at a time; greedy; one batched model call per step.
+
+    Admission reserves a request's whole life (prompt + max_new_tokens blocks, minus its prefix hit) against the
+    free blocks, so running requests never run out mid-decode (no preemption needed in this loop). ``poison``,
+    if given, is called with (manager, kv_pool, request index) just before each admission.
+    """
+    kv = KVPool.for_model(model.config, num_blocks * block_size, block_size)
+    mgr = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching, kv_pool=kv)
+    backend = PagedAttentionBackend(kv)
+    waiting = deque(range(len(prompts)))
+    running: dict[int, list[int]] = {}
+    outputs: list[list[int]] = [[] for _ in prompts]
+    hits = [0] * len(prompts)
+    computed = steps = 0
+    while waiting or running:
+        batch: list[tuple[int, object]] = []
+        for rid in running:  # decode: one token each
+            batch.append((rid, mgr.append_slots(rid, [outputs[rid][-1]])))
+        reserved = sum(cdiv(len(prompts[r]) + max_new_tokens, block_size) - len(mgr.block_ids(r)) for r in running)
+        while waiting and len(running) + sum(1 for r, _ in batch if r not in running) < max_running:
+            rid = waiting[0]
+            if poison is not None:
+                poison(mgr, kv, rid)
+            hit = mgr.lookup(prompts[rid])
+            life = cdiv(len(prompts[rid]) + max_new_tokens, block_size) - len(hit.block_ids)
+            if life + reserved > mgr.num_free_blocks:
+                break
+            try:
+                alloc = mgr.allocate(rid, prompts[rid])
+            except OutOfBlocksError:  # pragma: no cover - the reservation above prevents it
+                break
+            waiting.popleft()
+            reserved += life - (len(mgr.block_ids(rid)) - len(hit.block_ids))
+            hits[rid] = alloc.num_cached_tokens
+            computed += alloc.num_new_tokens
+            batch.append((rid, alloc))
+        assert batch, "nothing runnable: the budget cannot hold one request"
+        tables = [mgr.block_table(rid) for rid, _ in batch]
+        query_lens = [a.num_new_tokens for _, a in batch]
+        meta = PagedAttentionMetadata.from_block_tables(tables, query_lens)
+        np.testing.assert_array_equal(meta.slot_mapping, np.concatenate([a.slot_mapping for _, a in batch]))
+        backend.set_metadata(meta)
+        tokens = [t for _, a in batch for t in a.token_ids]
+        logits = model.forward_step(tokens, meta.positions, backend, logits_indices=meta.query_start_loc[1:] - 1)
+        steps += 1
+        for (rid, _), row in zip(batch, logits):
+            mgr.commit(rid)
+            outputs[rid].append(int(np.argmax(row)))
+            running.setdefault(rid, outputs[rid])
+        for rid in [r for r in running if len(outputs[r]) == max_new_tokens]:
+            mgr.free(rid)
+            del running[rid]
+        mgr.check_invariants()
+    return ServeResult(outputs, computed, mgr, mgr.stats().evicted_blocks, steps, hits)
+
+
+def shared_prefix_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
+    """Two system prompts (21 and 16 tokens), each followed by short questions; some prompts repeat exactly."""
+    rng = np.random.default_rng(seed)
+    systems = [list(map(int, rng.integers(0, vocab, 21))), list(map(int, rng.integers(0, vocab, 16)))]
+    prompts = []
+    for i in range(10):
+        question = list(map(int, rng.integers(0, vocab, int(rng.integers(1, 7)))))
+        prompts.append(systems[i % 2] + question)
+    prompts.append(list(prompts[0]))  # an exact repeat: fully cached but for its last token (nano-vllm #144)
+    prompts.append(list(systems[1]))  # exactly the system prompt: a multiple of some block sizes
+    return prompts
+
+
+MAX_NEW = 5
+
+
+@pytest.fixture(scope="module")
+def model():
+    return small_model()
+
+
+@pytest.fixture(scope="module")
+def prompts(model):
+    return shared_prefix_prompts(model.config.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def reference(model, prompts):
+    return [dense_greedy(model, p, MAX_NEW) for p in prompts]
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 8])
+@pytest.mark.parametrize("budget", ["ample", "tight"])
+def test_prefix_cache_on_off_equal_dense(model, prompts, reference, block_size, budget):
+    per_request = max(cdiv(len(p) + MAX_NEW, block_size) for p in prompts)
+    num_blocks = 64 * per_request if budget == "ample" else 2 * per_request + 1
+    off = serve(model, prompts, MAX_NEW, block_size=block_size, num_blocks=num_blocks, caching=False)
+    on = serve(model, prompts, MAX_NEW, block_size=block_size, num_blocks=num_blocks, caching=True)
+    assert off.outputs == reference
+    assert on.outputs == reference
+    s = on.manager.stats()
+    assert s.prefix_hits_tokens > 0 and on.prefill_tokens_computed < off.prefill_tokens_computed
+    assert off.prefill_tokens_computed == sum(len(p) for p in prompts)
+    assert on.prefill_tokens_computed == sum(len(p) for p in prompts) - s.prefix_hits_tokens
+    assert all(h < len(p) for h, p in zip(on.hits_per_request, prompts))  # never the whole prompt
+    if budget == "tight":
+        assert on.evictions_between_requests > 0, "the tight budget must force evictions"
+    assert s.num_in_use == 0
+
+
+def test_minivllm_98_prefix_hit_reads_the_cached_kv(model, prompts, reference):
+    """Poison the K/V of every cached-free block before a request is admitted: a hit must change the output."""
+
+    def poison(mgr, kv, rid):
+        if rid == 2:  # request 2 shares request 0's system prompt, whose blocks are cached by now
+            for bid, cached in mgr.free_queue():
+                if cached:
+                    kv.kv_cache[:, :, bid] = 3.0
+
+    res = serve(model, prompts, MAX_NEW, block_size=4, num_blocks=400, caching=True, max_running=1, poison=poison)
+    assert res.hits_per_request[2] > 0
+    assert res.outputs[2] != reference[2], "attention ignored the cached K/V of the prefix hit"
+    assert res.outputs[1] == reference[1]
+
+
+def test_fork_copy_on_write_through_the_model(model):
+    """Parallel continuations of one prompt: children fork, each appends a different token (CoW on the shared
+    partial block), and each continues exactly as the dense model does on its own sequence."""
+    block_size = 4
+    prompt = list(map(int, np.random.default_rng(5).integers(0, 97, 10)))  # 10 tokens: last block half full
+    kv = KVPool.for_model(model.config, 64 * block_size, block_size)
+    mgr = KVCacheManager(64, block_size, kv_pool=kv)
+    backend = PagedAttentionBackend(kv)
+
+    def step(rids, allocs):
+        meta = PagedAttentionMetadata.from_block_tables([mgr.block_table(r) for r in rids],
+                                                        [a.num_new_tokens for a in allocs])
+        backend.set_metadata(meta)
+        toks = [t for a in allocs for t in a.token_ids]
+        out = model.forward_step(toks, meta.positions, backend, logits_indices=meta.query_start_loc[1:] - 1)
+        for r in rids:
+            mgr.commit(r)
+        return [int(np.argmax(row)) for row in out]
+
+    step(["p"], [mgr.allocate("p", prompt)])
+    children = [f"c{i}" for i in range(3)]
+    mgr.fork("p", children)
+    forced = [11, 22, 33]
+    allocs = [mgr.append_slots(c, [t]) for c, t in zip(children, forced)]
+    # every child writes into the shared half-full block, so each copies it (the parent still holds the original)
+    assert all(len(a.blocks_to_copy) == 1 for a in allocs), "the shared half-full block is copied on write"
+    seqs = {c: prompt + [t] for c, t in zip(children, forced)}
+    nxt = step(children, allocs)
+    for _ in range(3):
+        for c, t in zip(children, nxt):
+            seqs[c].append(t)
+        nxt = step(children, [mgr.append_slots(c, [seqs[c][-1]]) for c in children])
+    for c, t in zip(children, nxt):
+        seqs[c].append(t)
+    for c, t in zip(children, forced):
+        assert seqs[c] == prompt + [t] + dense_greedy(model, prompt + [t], 4)
+    # the parent's own K/V were never overwritten: it continues as if nothing happened
+    alloc_p = mgr.append_slots("p", [44])
+    assert alloc_p.blocks_to_copy == (), "the parent is now the block's only holder: it writes in place"
+    nxt_p = step(["p"], [alloc_p])
+    assert nxt_p[0] == dense_greedy(model, prompt + [44], 1)[0]
+    mgr.check_invariants()
+
+
+@pytest.mark.skipif(not (BUNDLED / "model.safetensors").exists(), reason="bundled model not trained yet")
+@pytest.mark.parametrize("budget", ["ample", "tight"])
+def test_prefix_cache_on_off_equal_dense_on_the_bundled_model(budget):
+    from minienv.model import load_model
+
+    model = load_model()
+    try:
+        from minienv.tokenizer import load_tokenizer
+
+        tok = load_tokenizer()
+        system = "You are a helpful assistant who answers in the manner of Shakespeare. "
+        questions = ["What is love?", "Who was Hamlet?", "Tell me of the sea.", "What is love?", "Why do we sleep?",
+                     "Describe a storm.", "Who is the king?", "What is love?"]
+        prompts = [tok.encode(system + q) for q in questions]
+    except Exception:  # the tokenizer is not there yet: same structure with random ids
+        prompts = shared_prefix_prompts(model.config.vocab_size)[:8]
+    block_size = 16
+    per_request = max(cdiv(len(p) + MAX_NEW, block_size) for p in prompts)
+    num_blocks = 64 * per_request if budget == "ample" else 2 * per_request + 1
+    ref = [dense_greedy(model, p, MAX_NEW) for p in prompts]
+    for caching in (False, True):
+        res = serve(model, prompts, MAX_NEW, block_size=block_size, num_blocks=num_blocks, caching=caching)
+        assert res.outputs == ref
