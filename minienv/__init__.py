@@ -14,6 +14,18 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     "assets_dir": "minienv.paths",
+    # model core (notebook 02)
+    "load_model": "minienv.model",
+    "LlamaModel": "minienv.model",
+    "LlamaConfig": "minienv.model",
+    "ContiguousKVCache": "minienv.model",
+    "AttentionBackend": "minienv.model",
+    "CheckpointError": "minienv.model",
+    "ConfigError": "minienv.model",
+    # sampling and single-request generation
+    "SamplingParams": "minienv.sampling",
+    "Sampler": "minienv.sampling",
+    "generate": "minienv.generate",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
