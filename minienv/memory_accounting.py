@@ -351,6 +351,7 @@ def simulate(
     record_timeline: bool = False,
     watermark: float = 0.01,
     allocator: str = "buddy",
+    fast_forward: bool = True,
 ) -> SimulationResult:
     """Serve ``requests`` in a KV memory of ``kv_slots`` token slots under ``scheme`` and account for it.
 
@@ -367,6 +368,8 @@ def simulate(
         allocator: contiguous schemes only: ``"buddy"`` (default: what the paper assumed for Orca) or
             ``"first_fit"``. With ``"buddy"`` the slots by which a chunk is rounded up to a power of two belong to no
             reservation of the scheme and are counted as external fragmentation (the paper's "& others").
+        fast_forward: contiguous schemes: account the quiet steps between events in closed form (``False``
+            steps through every one; the result is identical - the tests check it).
 
     Raises:
         ValueError: unknown scheme or measure; bad sizes; a request longer than ``max_len`` or one that could
@@ -513,14 +516,15 @@ def simulate(
         # 4. account
         free_now = kv_slots - alloc - slack
         always_unusable = unusable if paged else slack
+        hole = False
         if waiting:
             external, idle = free_now + slack, 0
             blocked_steps += 1
             if not paged:
                 spec = waiting[0][0]
                 size = contiguous_reservation(scheme, spec.prompt_len, spec.output_len, max_len)
-                if space.free_slots >= space.block_size(size):
-                    hole_blocked += 1
+                hole = space.free_slots >= space.block_size(size)
+                hole_blocked += hole
         else:
             external = always_unusable
             idle = kv_slots - alloc - external
@@ -535,6 +539,33 @@ def simulate(
             window_sums = dict(sums)
             window_running = running_sum
         step += 1
+        if fast_forward and not paged:
+            # 5. Fast-forward (contiguous schemes). Until the next finish or arrival, only lengths change: no chunk
+            # is freed, so nobody can be admitted. Those steps are accounted in closed form - the result is
+            # identical to stepping through them one by one, just ~20x faster for Orca (Max).
+            n = len(running)
+            until = [step - 1 + min(r.spec.total_len - r.length for r in running)] if running else []
+            if arrivals:  # an arrival's first eligible step is >= floor(arrival / step_duration) (float-safe)
+                until.append(max(step, math.floor(arrivals[0].arrival_time / step_duration)))
+            k = min(until) - step if until else 0
+            if k > 0:
+                tri = n * k * (k + 1) // 2  # sum over the k steps of the tokens added since now
+                reserved = alloc - tokens - internal
+                for c, v in zip(CATEGORIES, (k * tokens + tri, k * reserved - tri, k * internal, k * external,
+                                             k * idle)):
+                    sums[c] += v
+                if timeline is not None:
+                    for j in range(1, k + 1):
+                        for c, v in zip(CATEGORIES, (tokens + n * j, reserved - n * j, internal, external, idle)):
+                            timeline[c].append(v)
+                for r in running:
+                    r.length += k
+                tokens += n * k
+                running_sum += n * k
+                if waiting:
+                    blocked_steps += k
+                    hole_blocked += k * hole
+                step += k
 
     if measure == "loaded":
         n_steps, used, run_sum = last_admit_step + 1, window_sums, window_running

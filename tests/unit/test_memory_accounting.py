@@ -226,6 +226,18 @@ def test_categories_partition_the_pool_at_every_step(reqs, scheme, extra, block_
     assert r.steps >= max(x.output_len for x in reqs)
 
 
+@settings(max_examples=100, deadline=None)
+@given(requests_st, st.sampled_from(SCHEMES[:3]), st.integers(0, 60), st.sampled_from(["buddy", "first_fit"]),
+       st.sampled_from([1.0, 0.3]))
+def test_fast_forward_equals_stepping_one_by_one(reqs, scheme, extra, allocator, step_duration):
+    kw = dict(max_len=40, allocator=allocator, step_duration=step_duration, record_timeline=True, measure="all")
+    fast = simulate(reqs, scheme, 64 + extra, **kw)
+    slow = simulate(reqs, scheme, 64 + extra, fast_forward=False, **kw)
+    assert fast.timeline == slow.timeline
+    assert (fast.steps, fast.window_steps, fast.breakdown, fast.hole_blocked_fraction, fast.mean_running) == (
+        slow.steps, slow.window_steps, slow.breakdown, slow.hole_blocked_fraction, slow.mean_running)
+
+
 def test_figure2_shape_on_the_sharegpt_like_workload():
     res = figure2(sharegpt_like(300, seed=0), 15_700)
     pct = {s: r.percent() for s, r in res.items()}
