@@ -313,8 +313,11 @@ class BlockGrid:
         return items
 
     def _legend_html(self) -> str:
-        keys = "   ".join(f"<span style='color:{c}'>■</span> {S.esc(t)}" for c, t in self._legend_items())
-        return keys + "   <b>□</b> changed last step"
+        keys = "   ".join(
+            f"<span style='color:{c if c != S.FREE else '#d6d6d6'};font-size:16px'>■</span> {S.esc(t)}"
+            for c, t in self._legend_items()
+        )
+        return keys + "   <span style='font-size:16px'>□</span> changed last step"
 
     def _fit(self, text: str) -> str:
         """Shorten a label to what fits in one cell (the hover text keeps it whole)."""

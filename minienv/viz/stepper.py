@@ -80,7 +80,7 @@ class Stepper:
         self.reset_button = w.Button(description="Reset", icon="undo", tooltip="back to the start",
                                      layout=w.Layout(width="90px"))
         self.slider = w.IntSlider(value=0, min=0, max=max(top if self.n_steps is not None else 1, 1),
-                                  description=description, disabled=True, readout=True,
+                                  description=description, disabled=True, readout=False,
                                   layout=w.Layout(width="320px"), style={"description_width": "initial"})
         self.counter = w.Label(value=self._counter_text())
         self.status = w.HTML(value="")
