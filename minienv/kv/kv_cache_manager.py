@@ -258,6 +258,8 @@ def _check_token_ids(token_ids: object, what: str) -> list[int]:
         raise TypeError(f"{what} must be a sequence of int token ids, got {type(token_ids).__name__}") from None
     if not ids:
         raise ValueError(f"{what} is empty: there must be at least one token to compute")
+    if all(type(t) is int for t in ids) and min(ids) >= 0:  # the common case, checked at C speed
+        return ids
     out = []
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
@@ -421,7 +423,9 @@ class KVCacheManager:
         with zero tokens to run). Block-granular: a prompt of exactly k full blocks, all cached, recomputes its
         last block.
         """
-        ids = _check_token_ids(token_ids, "token_ids")
+        return self._lookup(_check_token_ids(token_ids, "token_ids"))
+
+    def _lookup(self, ids: list[int]) -> PrefixHit:
         if not self.enable_prefix_caching:
             return PrefixHit((), (), 0)
         max_blocks = (len(ids) - 1) // self.block_size  # leave >= 1 token to compute
@@ -478,7 +482,7 @@ class KVCacheManager:
         if request_id in self._requests:
             raise DuplicateRequestError(request_id)
         prompt = _check_token_ids(prompt_token_ids, "prompt_token_ids")
-        hit = self.lookup(prompt)
+        hit = self._lookup(prompt)
         n_cached = hit.num_cached_tokens
         remaining = len(prompt) - n_cached
         if num_new_tokens is None:

@@ -129,7 +129,7 @@ class PrefixIndex:
         hashes: list[BlockHash] = []
         parent = ROOT_HASH
         for j in range(max_blocks):
-            tokens = tuple(int(t) for t in token_ids[j * block_size:(j + 1) * block_size])
+            tokens = tuple(token_ids[j * block_size:(j + 1) * block_size])
             key = CachedBlockKey(parent, tokens, extra_key)
             block_hash = hash_block_tokens(parent, tokens, extra_key)
             block_id = self.get(block_hash, key)
