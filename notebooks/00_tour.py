@@ -95,12 +95,14 @@ assert [s.name for s in ENGINE_MAP] == [
 #
 # ## How to use the live views
 #
-# Three kinds of widget appear from notebook 04 on, all from `minienv.viz`:
+# These views appear from notebook 04 on, all from `minienv.viz`:
 #
 # - **Block grid** — one cell per *physical* block of the KV pool. The colour is the owner (a request); dark
 #   slate means several requests share the block; light grey is *free*; pale blue is *cached-free* (refcount 0,
 #   contents kept, can be evicted or reused). Each cell reads `id ·rcN` (N = refcount) over its owner or label.
 #   Cells that changed in the last step have a **thick dark outline**. Hover a cell for its details.
+# - **Block tables** — one row per request: its blocks in logical order (`[0]`, `[1]`, …), each cell naming the
+#   physical block (`p5`) and its refcount; a cell outlined dark is new or changed.
 # - **Queue view** — an ordered queue, head first, like the free queue: `▼ head` is the block the next
 #   allocation takes. Green outlines mark items that just joined, dark ones items that moved; items that just
 #   left are drawn dashed below, marked *taken* or *evicted*.
@@ -194,8 +196,8 @@ def apply(pool, action):
 pool = ToyPool(8)
 for i, action in enumerate(ACTIONS):
     what = apply(pool, action)
-    tables = " ".join(f"{r}:{t}" for r, t in pool.tables.items())
-    print(f"{i}: {what:<36} tables {tables:<34} free queue {list(pool.free)}")
+    table_text = " ".join(f"{r}:{t}" for r, t in pool.tables.items())
+    print(f"{i}: {what:<36} tables {table_text:<34} free queue {list(pool.free)}")
 
 # %% [markdown]
 # Read the free queue in the last lines: blocks come back in the order their owners finished, each table
@@ -204,13 +206,14 @@ for i, action in enumerate(ACTIONS):
 # ## The live view
 #
 # Now the same sequence, drawn. The stepper calls `on_step(i)`, which applies action `i` to a fresh pool and
-# updates the block grid and the queue view **in place** (the same widgets, new values). The labels are
-# `request[logical index]`, so `C[0]` on block 0 means "C's first block lives in physical block 0".
+# updates the block grid, the block tables and the queue view **in place** (the same widgets, new values). In
+# the grid, labels are `request[logical index]`: `C[0]` on block 0 means "C's first block lives in physical
+# block 0".
 
 # %%
 from IPython.display import display
 
-from minienv.viz import BlockCell, BlockGrid, QueueView, Stepper, panel
+from minienv.viz import BlockCell, BlockGrid, BlockTableView, QueueView, Stepper, panel
 
 
 def snapshot(pool):
@@ -226,26 +229,33 @@ def snapshot(pool):
 
 
 grid = BlockGrid(8, columns=8, cell_px=66, title="KV pool (8 blocks)")
+tables = BlockTableView(title="block tables", num_blocks=8, colors_from=grid, cell_px=66)
 queue = QueueView(title="free queue", head_label="head → allocated next")
+
+
+def used_refcounts(pool):
+    return {b: rc for b, rc in enumerate(pool.refcount) if rc > 0}
 
 
 def on_reset():
     global live_pool
     live_pool = ToyPool(8)
     grid.reset(caption="empty")
+    tables.reset()
     queue.reset(list(live_pool.free))
 
 
 def on_step(i):
     caption = apply(live_pool, ACTIONS[i])
     grid.update(snapshot(live_pool), caption=f"step {i + 1}: {caption}")
+    tables.update(live_pool.tables, refcounts=used_refcounts(live_pool), caption=f"step {i + 1}")
     queue.update(list(live_pool.free), caption=f"step {i + 1}")
     return caption
 
 
 stepper = Stepper(on_step, on_reset, n_steps=len(ACTIONS), interval_ms=900)
 stepper.reset()
-demo = panel(stepper, grid, queue)
+demo = panel(stepper, grid, tables, queue)
 demo
 
 # %% [markdown]
@@ -265,6 +275,10 @@ trace = grid.fig.data[0]
 assert trace.marker.color[0] != trace.marker.color[1]  # shared block: its own colour
 assert trace.marker.color[1] == trace.marker.color[2] == grid.owner_color("A")
 assert "0 ·rc2" in trace.text[0]
+# the block tables show each request's blocks in logical order; C's new block [1] is outlined
+assert tables.tables == {"A": (0, 1, 2), "B": (3, 4), "C": (0, 5)}
+assert tables.changed == {("C", 1)}
+assert "p0 ·rc2" in tables.fig.data[0].text[0]  # A[0] is physical block 0, shared by two tables
 # the queue view shows the free queue, head first
 assert queue.items == (6, 7) and queue.head == 6 and queue.removed == (5,)
 print("step 4 checks passed")
@@ -273,7 +287,7 @@ print("step 4 checks passed")
 # For readers without a kernel, here is the same state as a static picture:
 
 # %%
-display(grid.static(), queue.static())
+display(grid.static(), tables.static(), queue.static())
 
 # %%
 assert "0 ·rc2" in grid.to_svg() and "A[0]+C[0]" in grid.to_svg()
@@ -289,7 +303,7 @@ taken = stepper.run()
 assert stepper.done and stepper.position == len(ACTIONS) and taken == len(ACTIONS) - 4
 assert live_pool.tables == {} and live_pool.refcount == [0] * 8
 assert list(live_pool.free) == [3, 6, 2, 1, 4, 7, 5, 0]
-assert all(c.state == "free" for c in grid.cells)
+assert all(c.state == "free" for c in grid.cells) and tables.tables == {}
 assert grid.changed == {0, 4, 5, 7}  # C's four blocks came back in the last step
 assert queue.items == tuple(live_pool.free) and queue.added == (4, 7, 5, 0)
 print("free queue after the demo, head first:", list(queue.items))

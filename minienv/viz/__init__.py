@@ -4,6 +4,7 @@
 
 - ``BlockGrid(num_blocks)``: one cell per physical block, coloured by owner, labelled "id ·rcN", the cells that
   changed in the last update outlined. ``grid.update(cells)`` takes plain ``BlockCell`` records.
+- ``BlockTableView(block_size=...)``: every request's block table, logical → physical, refcounts and fill.
 - ``QueueView()``: an ordered queue (free queue in LRU order, waiting queue), head marked, joins / leaves /
   evictions highlighted. ``queue.update(items, evicted=...)``.
 - ``Stepper(on_step, on_reset, n_steps=...)``: step / play / reset controls; ``stepper.step()`` from code.
@@ -27,6 +28,7 @@ _style.require("anywidget")
 _style.require("plotly.graph_objects")
 
 from .block_grid import BlockCell, BlockGrid, block_cells  # noqa: E402
+from .block_table import BlockTableView  # noqa: E402
 from .diagram import Stage, flow_diagram, flow_svg  # noqa: E402
 from .queue_view import QueueChange, QueueView  # noqa: E402
 from .stepper import Stepper  # noqa: E402
@@ -34,6 +36,7 @@ from .stepper import Stepper  # noqa: E402
 __all__ = [
     "BlockCell",
     "BlockGrid",
+    "BlockTableView",
     "Panel",
     "QueueChange",
     "QueueView",

@@ -160,7 +160,7 @@ class BlockGrid:
         *,
         columns: int | None = None,
         title: str = "",
-        cell_px: int = 54,
+        cell_px: int = 58,
         owner_colors: Mapping[Hashable, str] | None = None,
     ) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, numbers.Integral) or num_blocks < 1:
@@ -282,7 +282,38 @@ class BlockGrid:
         self.updates = 0
         self._redraw()
 
+    def resize(self, num_blocks: int, *, columns: int | None = None, caption: str = "") -> None:
+        """Change the pool size (e.g. a budget slider) in place: same widget, all blocks free again."""
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, numbers.Integral) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be an integer >= 1, got {num_blocks!r}")
+        columns = self.columns if columns is None else columns
+        if isinstance(columns, bool) or not isinstance(columns, numbers.Integral) or columns < 1:
+            raise ValueError(f"columns must be an integer >= 1, got {columns!r}")
+        self.num_blocks, self.columns = int(num_blocks), int(columns)
+        self.rows = math.ceil(self.num_blocks / self.columns)
+        self._cells = tuple(BlockCell(i) for i in range(self.num_blocks))
+        self._changed = frozenset()
+        self._caption = caption
+        self.updates = 0
+        xs, ys = self._xy()
+        with self.fig.batch_update():
+            self.fig.data[0].x, self.fig.data[0].y = xs, ys
+            self.fig.layout.update(self._geometry())
+            self._redraw()
+
     # ------------------------------------------------------------------ drawing
+    def _geometry(self) -> dict:
+        cell, margin = self.cell_px, dict(l=8, r=8, t=36, b=40)
+        width = max(self.columns * cell + margin["l"] + margin["r"], 320)
+        x_units = (width - margin["l"] - margin["r"]) / cell  # keep cells square when the figure is wider
+        return dict(
+            width=width,
+            height=self.rows * cell + margin["t"] + margin["b"],
+            margin=margin,
+            xaxis=dict(range=[-0.5, -0.5 + x_units], visible=False, fixedrange=True),
+            yaxis=dict(range=[self.rows - 0.5, -0.5], visible=False, fixedrange=True),
+        )
+
     def _xy(self) -> tuple[list[int], list[int]]:
         ids = range(self.num_blocks)
         return [i % self.columns for i in ids], [i // self.columns for i in ids]
@@ -355,8 +386,6 @@ class BlockGrid:
         S.require("anywidget")
         xs, ys = self._xy()
         st = self._style_arrays()
-        cell = self.cell_px
-        margin = dict(l=8, r=8, t=36, b=40)
         fig = go.FigureWidget(
             data=[
                 go.Scatter(
@@ -365,7 +394,7 @@ class BlockGrid:
                     mode="markers+text",
                     marker=dict(
                         symbol="square",
-                        size=cell - 6,
+                        size=self.cell_px - 6,
                         color=st["fills"],
                         line=dict(color=st["line_colors"], width=st["line_widths"]),
                     ),
@@ -379,12 +408,7 @@ class BlockGrid:
                 )
             ],
             layout=go.Layout(
-                width=max(self.columns * cell + margin["l"] + margin["r"], 320),
-                height=self.rows * cell + margin["t"] + margin["b"],
-                margin=margin,
                 title=dict(text=self._title_text(), x=0.01, xanchor="left", font=dict(size=13)),
-                xaxis=dict(range=[-0.5, self.columns - 0.5], visible=False, fixedrange=True),
-                yaxis=dict(range=[self.rows - 0.5, -0.5], visible=False, fixedrange=True),
                 plot_bgcolor="#ffffff",
                 paper_bgcolor="#ffffff",
                 annotations=[
@@ -393,11 +417,9 @@ class BlockGrid:
                         yanchor="top", yshift=-6, showarrow=False, font=dict(size=11),
                     )
                 ],
+                **self._geometry(),
             ),
         )
-        if self.columns * cell + margin["l"] + margin["r"] < 320:
-            # keep the cells square when the figure is wider than the grid
-            fig.layout.xaxis.range = [-0.5, -0.5 + (320 - margin["l"] - margin["r"]) / cell]
         return fig
 
     def _redraw(self) -> None:

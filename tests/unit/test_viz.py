@@ -330,3 +330,77 @@ def test_grid_shortens_long_labels_but_hover_keeps_them():
     top, bottom = grid.cell_text(grid.cells[0])
     assert bottom.endswith("…") and len(bottom) <= 6
     assert "req-alpha+req-beta" in grid.fig.data[0].hovertext[0]
+
+
+def test_grid_resize_keeps_the_widget():
+    grid = BlockGrid(4, columns=4)
+    fig = grid.fig
+    grid.update([BlockCell(1, "A", 1)])
+    grid.resize(10, columns=5)
+    assert grid.fig is fig and len(fig.data[0].x) == 10 and len(fig.data[0].marker.color) == 10
+    assert grid.rows == 2 and all(c.state == "free" for c in grid.cells)
+    assert fig.layout.height == 2 * grid.cell_px + 76
+    grid.update([BlockCell(9, "B", 1)])
+    assert grid.changed == {9}
+    with pytest.raises(ValueError):
+        grid.resize(0)
+    assert grid.num_blocks == 10
+
+
+# ---------------------------------------------------------------------------------------------- BlockTableView
+from minienv.viz import BlockTableView  # noqa: E402
+
+
+def test_block_tables_update_in_place_and_highlight_new_blocks():
+    grid = BlockGrid(8)
+    view = BlockTableView(block_size=4, num_blocks=8, colors_from=grid)
+    fig = view.fig
+    view.update({"A": [0, 1], "B": [3]}, tokens={"A": 5, "B": 2}, refcounts={0: 1, 1: 1, 3: 1})
+    trace = fig.data[0]
+    assert len(trace.x) == 3 and tuple(fig.layout.yaxis.ticktext) == ("A", "B")
+    assert trace.text[0] == "<b>p0 ·rc1</b><br>4/4" and trace.text[1] == "<b>p1 ·rc1</b><br>1/4"
+    assert trace.marker.color[0] == grid.owner_color("A")
+    # A grows within its last block: only that cell changes; then crosses a boundary: a new cell
+    assert view.update({"A": [0, 1], "B": [3]}, tokens={"A": 6, "B": 2}, refcounts={0: 1, 1: 1, 3: 1}) == {("A", 1)}
+    changed = view.update({"A": [0, 1, 2], "B": [3]}, tokens={"A": 9, "B": 2}, refcounts={0: 1, 1: 1, 2: 1, 3: 1})
+    assert changed == {("A", 1), ("A", 2)}  # block 1 became full, block 2 is new
+    assert view.fig is fig and len(fig.data[0].x) == 4
+    widths = list(fig.data[0].marker.line.width)
+    assert sorted(i for i, w in enumerate(widths) if w > 1) == [1, 2]
+    # a shared block is drawn in the shared colour with its refcount
+    view.update({"A": [0, 1, 2], "C": [0]}, refcounts={0: 2, 1: 1, 2: 1})
+    assert fig.data[0].marker.color[0] == S.SHARED and "p0 ·rc2" in fig.data[0].text[3]
+    svg = view.to_svg()
+    assert "p0 ·rc2" in svg and ">C<" in svg and "[2]" in svg
+
+
+@pytest.mark.parametrize(
+    "tables, kw, match",
+    [
+        ({"A": [0, 0]}, {}, "twice"),
+        ({"A": [9]}, {}, "unknown block id 9"),
+        ({"A": [-1]}, {}, "integers >= 0"),
+        ({"A": [0]}, {"refcounts": {0: -1}}, "negative refcount"),
+        ({"A": [0]}, {"tokens": {"A": 5}}, "room for 4"),
+        ({"A": [0]}, {"tokens": {"B": 1}}, "has no table"),
+        ([0, 1], {}, "mapping"),
+        ({"A": "01"}, {}, "sequence"),
+    ],
+)
+def test_block_tables_bad_input_leaves_view_unchanged(tables, kw, match):
+    view = BlockTableView(block_size=4, num_blocks=8)
+    view.update({"A": [1]}, tokens={"A": 3}, caption="ok")
+    state = (view.tables, view.changed, view.caption, view.updates, tuple(view.fig.data[0].text))
+    with pytest.raises(ValueError, match=match):
+        view.update(tables, **kw)
+    assert (view.tables, view.changed, view.caption, view.updates, tuple(view.fig.data[0].text)) == state
+
+
+def test_block_tables_empty_and_reset():
+    view = BlockTableView()
+    assert "(no requests)" in view.to_svg() and len(view.fig.data[0].x) == 0
+    view.update({"A": [2]})
+    view.reset()
+    assert view.tables == {} and len(view.fig.data[0].x) == 0
+    with pytest.raises(ValueError, match="block_size"):
+        view.update({"A": [2]}, tokens={"A": 1})
