@@ -1,0 +1,309 @@
+"""The scheduler: which requests run in the next step, how many tokens each computes, and who gets preempted.
+
+It owns the waiting queue (FIFO; preempted requests re-enter at the *front*) and the running list (in admission
+order), and it is the only caller of the KV cache manager's ``allocate`` / ``append_slots`` / ``free`` for
+requests. Each call to :meth:`Scheduler.schedule` produces one :class:`SchedulerOutput`: the step's plan, which
+the engine turns into ONE batched model call.
+
+Continuous batching (``scheduling="continuous"``; vLLM v1's ``Scheduler.schedule``), one step:
+
+1. **Running requests first**, oldest first. A decoding request computes 1 token. A request still prefilling (a
+   long prompt, or a resume) computes the next chunk: as much of what is left of ``max_num_batched_tokens`` as it
+   can use, minus one token reserved for each decode still to be scheduled after it — so a long prefill never
+   starves the decodes ("chunked prefill keeps decodes flowing").
+2. **Preemption by recompute.** If a running request cannot get a block (:class:`OutOfBlocksError`), the most
+   recently admitted running request is preempted: its blocks are freed (last block first; its full blocks stay
+   cached-free in the LRU, so resuming is mostly prefix hits), ``num_computed_tokens`` is reset to 0, and it goes
+   to the *front* of the waiting queue, keeping its generated tokens and its sampler. Repeat until the block is
+   granted or the request itself was the victim. The victim is never a request already scheduled in this step
+   (victims come from the end of the running list, which is scheduled last), so no scheduled work is undone.
+3. **Admission.** With what is left of the token budget, and while fewer than ``max_num_seqs`` run, admit
+   waiting requests in order: prefix lookup (hits are whole cached blocks, never the last token), then slots for
+   the first chunk of what is not cached. A request whose chunk does not fit in the free blocks stays at the
+   head of the queue (FCFS: nobody overtakes it). No admission in a step that preempted (the memory is tight;
+   admitting would only preempt again) — vLLM's rule.
+
+Static batching (``scheduling="static"``), the baseline: a *batch* is the first ``max_num_seqs`` waiting
+requests, fixed when the running set is empty; only members of the current batch are admitted, and the next batch
+forms only after every member has finished. Budgets, chunking and preemption are the same, so the comparison
+measures exactly one thing: refilling the batch as soon as a slot frees versus waiting for the longest member.
+
+Invariants (``check_invariants``): every running request holds KV in the manager with
+``num_computed_tokens`` equal to the manager's; waiting requests hold none; ``len(running) <= max_num_seqs``;
+a step's scheduled tokens never exceed ``max_num_batched_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Literal
+
+import numpy as np
+
+from minienv.kv.errors import OutOfBlocksError
+from minienv.kv.kv_cache_manager import KVCacheManager, SlotAllocation
+from minienv.request import Request, RequestNotFoundError, RequestStatus
+
+SchedulingPolicy = Literal["continuous", "static"]
+StepKind = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's part of a step.
+
+    ``kind`` is ``"decode"`` for one token after the prompt is in the cache, ``"prefill"`` for a chunk of a prompt
+    (or of a resume: prompt + tokens generated before preemption). ``num_computed_tokens`` is the count *before*
+    this step, so the chunk covers positions ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``.
+    ``samples`` is True when the chunk reaches the last known token: the step's logits for it give a new token.
+    ``num_cached_tokens`` is the prefix-cache hit taken when the request was admitted in this step (else 0).
+    """
+
+    request_id: str
+    kind: StepKind
+    num_new_tokens: int
+    num_computed_tokens: int
+    samples: bool
+    is_new: bool = False  # admitted (or re-admitted after preemption) in this step
+    is_resume: bool = False  # re-admitted after a preemption
+    num_cached_tokens: int = 0
+    token_ids: tuple[int, ...] = field(default=(), repr=False)
+    slot_mapping: np.ndarray = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+
+@dataclass
+class SchedulerOutput:
+    """The plan of one engine step (vLLM: ``SchedulerOutput``), and a record of what scheduling did.
+
+    ``scheduled`` is in batch order: the model's input tokens are the scheduled chunks concatenated in this order.
+    ``waiting`` / ``running`` are the queue contents *after* scheduling (ids, in order), for timelines and
+    dashboards.
+    """
+
+    step: int
+    scheduled: list[ScheduledRequest]
+    preempted: list[str]
+    admitted: list[str]
+    waiting: list[str]
+    running: list[str]
+    max_num_batched_tokens: int
+    scheduling: SchedulingPolicy = "continuous"
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if s.kind == "prefill")
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if s.kind == "decode")
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    def by_id(self) -> dict[str, ScheduledRequest]:
+        return {s.request_id: s for s in self.scheduled}
+
+
+class Scheduler:
+    """Waiting and running queues over one :class:`KVCacheManager`; see the module docstring for the policy.
+
+    The engine drives it: ``add_request`` (already validated), then per step ``schedule()`` -> model ->
+    ``update_from_output(output)`` -> ``finish_request`` for the requests that ended.
+    """
+
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        scheduling: SchedulingPolicy = "continuous",
+    ):
+        for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs}): "
+                "every running request must be able to decode one token in every step"
+            )
+        if scheduling not in ("continuous", "static"):
+            raise ValueError(f"scheduling must be 'continuous' or 'static', got {scheduling!r}")
+        self.kv = kv_cache_manager
+        self.max_num_seqs = int(max_num_seqs)
+        self.max_num_batched_tokens = int(max_num_batched_tokens)
+        self.scheduling: SchedulingPolicy = scheduling
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order: the last one is the preemption victim
+        self.requests: dict[str, Request] = {}  # unfinished requests by id
+        self.num_steps = 0
+        self.num_preemptions = 0
+        self._static_batch: set[str] = set()  # static mode: ids of the current batch's unfinished members
+
+    # ------------------------------------------------------------------ queues
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+        self.requests[request.request_id] = request
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def static_batch(self) -> list[str]:
+        """Static mode: the current batch's unfinished members (empty in continuous mode)."""
+        return [r.request_id for r in (*self.running, *self.waiting) if r.request_id in self._static_batch]
+
+    # ------------------------------------------------------------------ the step
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step: decode/continue running requests, preempt on block shortage, admit waiting ones."""
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[str] = []
+        admitted: list[str] = []
+
+        # 1. running requests, oldest first. `decodes_after` = decodes not yet scheduled (reserved budget).
+        decodes_after = sum(1 for r in self.running if not r.is_prefilling)
+        i = 0
+        while i < len(self.running):
+            req = self.running[i]
+            remaining = req.num_tokens_to_compute
+            if remaining == 1:
+                decodes_after -= 1
+                n = 1
+            else:
+                n = min(remaining, budget - decodes_after)
+                if n <= 0:
+                    i += 1
+                    continue  # no budget left for this prefill chunk this step; it keeps its blocks
+            start = req.num_computed_tokens
+            tokens = req.all_token_ids[start:start + n]
+            alloc = None
+            while True:
+                try:
+                    alloc = self.kv.append_slots(req.request_id, tokens)
+                    break
+                except OutOfBlocksError:
+                    victim = self.running[-1]
+                    if not victim.is_prefilling:
+                        decodes_after -= victim is not req
+                    self._preempt(victim)
+                    preempted.append(victim.request_id)
+                    if victim is req:
+                        break
+            if alloc is None:
+                break  # the request preempted itself: everything after it was already preempted
+            budget -= n
+            scheduled.append(self._scheduled(req, alloc, n, start, is_new=False))
+            i += 1
+
+        # 2. admission (continuous: any waiting request; static: members of the current batch only)
+        if not preempted:
+            if self.scheduling == "static" and not self._static_batch and not self.running:
+                self._static_batch = {r.request_id for r in list(self.waiting)[: self.max_num_seqs]}
+            while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+                req = self.waiting[0]
+                if self.scheduling == "static" and req.request_id not in self._static_batch:
+                    break
+                tokens = req.all_token_ids
+                hit = self.kv.lookup(tokens).num_cached_tokens
+                n = min(len(tokens) - hit, budget)
+                try:
+                    alloc = self.kv.allocate(req.request_id, tokens, num_new_tokens=n)
+                except OutOfBlocksError:
+                    break  # FCFS: the head waits for memory; nobody overtakes it
+                self.waiting.popleft()
+                is_resume = req.status is RequestStatus.PREEMPTED
+                req.status = RequestStatus.RUNNING
+                req.num_computed_tokens = alloc.num_cached_tokens
+                if not is_resume and req.metrics.first_scheduled_step is None:
+                    req.metrics.num_cached_tokens = alloc.num_cached_tokens
+                self.running.append(req)
+                admitted.append(req.request_id)
+                budget -= n
+                scheduled.append(self._scheduled(req, alloc, n, req.num_computed_tokens, is_new=True,
+                                                 is_resume=is_resume, num_cached=alloc.num_cached_tokens))
+
+        out = SchedulerOutput(
+            step=self.num_steps, scheduled=scheduled, preempted=preempted, admitted=admitted,
+            waiting=[r.request_id for r in self.waiting], running=[r.request_id for r in self.running],
+            max_num_batched_tokens=self.max_num_batched_tokens, scheduling=self.scheduling,
+        )
+        self.num_steps += 1
+        return out
+
+    def _scheduled(self, req: Request, alloc: SlotAllocation, n: int, start: int, *, is_new: bool,
+                   is_resume: bool = False, num_cached: int = 0) -> ScheduledRequest:
+        samples = start + n == req.num_tokens
+        kind: StepKind = "decode" if (n == 1 and samples and start >= req.num_prompt_tokens and not is_new) \
+            else "prefill"
+        return ScheduledRequest(req.request_id, kind, n, start, samples, is_new, is_resume, num_cached,
+                                alloc.token_ids, alloc.slot_mapping)
+
+    def _preempt(self, req: Request) -> None:
+        """Free the request's KV (full blocks stay cached-free) and put it at the front of the waiting queue."""
+        self.running.remove(req)
+        self.kv.free(req.request_id)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def update_from_output(self, output: SchedulerOutput) -> None:
+        """After the model step: the scheduled tokens' K/V exist. Commit them (full blocks become findable)."""
+        for s in output.scheduled:
+            req = self.requests[s.request_id]
+            self.kv.commit(s.request_id)
+            req.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens
+            req.metrics.num_computed_tokens_total += s.num_new_tokens
+
+    # ------------------------------------------------------------------ leaving
+    def finish_request(self, request_id: str) -> Request:
+        """Remove a request that has finished (or is aborted) from whichever queue holds it; free its KV."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            raise RequestNotFoundError(request_id, "finish")
+        if req in self.running:
+            self.running.remove(req)
+            self.kv.free(request_id)
+        else:
+            self.waiting.remove(req)
+        self._static_batch.discard(request_id)
+        return req
+
+    # ------------------------------------------------------------------ checks
+    def check_invariants(self) -> None:
+        assert len(self.running) <= self.max_num_seqs
+        ids = [r.request_id for r in self.running] + [r.request_id for r in self.waiting]
+        assert sorted(ids) == sorted(self.requests), "queues and the request map disagree"
+        for r in self.running:
+            assert r.status is RequestStatus.RUNNING
+            kv = self.kv.request(r.request_id)
+            assert kv.num_computed_tokens == r.num_computed_tokens == kv.num_tokens, r.request_id
+            r.check()
+        for r in self.waiting:
+            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+            assert not self.kv.has_request(r.request_id), f"waiting request {r.request_id} holds KV"
+            r.check()
+        self.kv.check_invariants()
+
+
+def iter_ids(requests: Iterable[Request]) -> list[str]:
+    return [r.request_id for r in requests]
