@@ -7,12 +7,15 @@
 or the shape ``training/train.py`` gives it when the model is not bundled yet), for batch {1, 8, 32} x context
 {128, 512, 2048}, block size 16:
 
-* *paged*: :func:`minienv.kv.paged_attention` — K/V gathered through block tables from a shared pool whose blocks
-  were handed out round-robin as the sequences grew (so every sequence's blocks are scattered);
-* *dense*: the same batched, padded attention math (:func:`minienv.kv.batched_attention`) over contiguous
-  per-sequence K/V ``[batch, context, H, D]`` (FasterTransformer-style: each sequence owns a slab). It is run two
-  ways — the whole batch in one call, and in the same sequence tiles the paged kernel uses — and the *faster* of
-  the two is the baseline, so tiling is not counted as a win for paging.
+* *paged*: :func:`minienv.kv.paged_attention` with ``kernel="auto"`` (what the backend runs) over a shared pool
+  whose blocks were handed out round-robin as the sequences grew, so every sequence's blocks are scattered. The
+  two kernels are also timed on their own: *gather* (copy the blocks, then attend) and *in place* (attend per
+  block where it lies, no K/V copy).
+* *dense*: the same attention math over contiguous per-sequence K/V ``[batch, context, H, D]``
+  (FasterTransformer-style: each sequence owns a slab), run three ways — :func:`minienv.kv.batched_attention` on
+  the whole batch, the same in the gather kernel's sequence tiles, and *blockwise* (the in-place kernel's
+  per-block math on the contiguous slab, with no indirection) — and the **fastest** of the three is the
+  baseline, so no trick the paged kernels use is counted as a win for paging.
 
 Same data (the dense slabs are copies of the paged blocks), same process, timings interleaved round by round
 (the machine may be shared); the ratio uses each path's fastest round, medians are reported too. The ratio is paged / dense; the target is <= 1.25 everywhere.
@@ -112,7 +115,32 @@ def bench_decode(shape: dict, min_seconds: float, min_rounds: int, tile_bytes: i
             tile = max(1, min(batch, tile_bytes // (2 * context * hkv * d * 4)))
 
             def paged():
-                return paged_attention(q, kv_layer, meta, ws, tile_bytes)
+                return paged_attention(q, kv_layer, meta, ws, tile_bytes, "auto")
+
+            ws_g, ws_i = Workspace(), Workspace()
+
+            def paged_gather():
+                return paged_attention(q, kv_layer, meta, ws_g, tile_bytes, "gather")
+
+            def paged_inplace():
+                return paged_attention(q, kv_layer, meta, ws_i, tile_bytes, "inplace")
+
+            nb = context // BLOCK_SIZE
+            k_blocks = k_dense.reshape(batch * nb, BLOCK_SIZE, hkv, d)  # the slabs seen as blocks: a view
+            v_blocks = v_dense.reshape(batch * nb, BLOCK_SIZE, hkv, d)
+            g = hq // hkv
+            scale = np.float32(1.0 / np.sqrt(d))
+
+            def dense_blockwise():
+                qb = np.repeat(q.reshape(batch, hkv, g, d) * scale, nb, axis=0)  # each block's query
+                sb = np.matmul(qb, k_blocks.transpose(0, 2, 3, 1))  # [blocks, Hkv, G, B]
+                sc = sb.reshape(batch, nb, hkv, g, BLOCK_SIZE).transpose(0, 2, 3, 1, 4).reshape(batch, hkv, g, -1)
+                sc -= sc.max(axis=-1, keepdims=True)
+                np.exp(sc, out=sc)
+                sc /= sc.sum(axis=-1, keepdims=True)
+                pb = sc.reshape(batch, hkv, g, nb, BLOCK_SIZE).transpose(0, 3, 1, 2, 4).reshape(batch * nb, hkv, g, -1)
+                ob = np.matmul(pb, v_blocks.transpose(0, 2, 1, 3))  # [blocks, Hkv, G, D]
+                return ob.reshape(batch, nb, hkv, g, d).sum(axis=1)
 
             def dense_whole():
                 return batched_attention(q4, k_dense, v_dense, hidden, out=out_dense)
@@ -125,22 +153,26 @@ def bench_decode(shape: dict, min_seconds: float, min_rounds: int, tile_bytes: i
                 return out_dense
 
             ref = dense_whole().reshape(batch, hq, d).copy()
-            err = float(np.abs(paged() - ref).max())
-            assert err < 1e-5, f"paged != dense at batch {batch}, context {context}: {err}"
-            assert np.abs(dense_tiled().reshape(batch, hq, d) - ref).max() < 1e-5
-            t = time_interleaved({"paged": paged, "dense_whole": dense_whole, "dense_tiled": dense_tiled},
-                                 min_seconds, min_rounds)
-            dense = min(t["dense_whole"][0], t["dense_tiled"][0])
-            dense_med = min(t["dense_whole"][1], t["dense_tiled"][1])
+            err = max(float(np.abs(f().reshape(batch, hq, d) - ref).max())
+                      for f in (paged, paged_gather, paged_inplace, dense_tiled, dense_blockwise))
+            assert err < 1e-5, f"paths disagree at batch {batch}, context {context}: {err}"
+            fns = {"paged": paged, "gather": paged_gather, "inplace": paged_inplace, "dense_whole": dense_whole,
+                   "dense_tiled": dense_tiled, "dense_blockwise": dense_blockwise}
+            t = time_interleaved(fns, min_seconds, min_rounds)
+            dense_names = ("dense_whole", "dense_tiled", "dense_blockwise")
+            dense = min(t[k][0] for k in dense_names)
+            dense_med = min(t[k][1] for k in dense_names)
             rows.append(dict(batch=batch, context=context, paged_us=t["paged"][0] * 1e6, dense_us=dense * 1e6,
-                             dense_whole_us=t["dense_whole"][0] * 1e6, dense_tiled_us=t["dense_tiled"][0] * 1e6,
-                             ratio=t["paged"][0] / dense, paged_median_us=t["paged"][1] * 1e6,
-                             dense_median_us=dense_med * 1e6, ratio_of_medians=t["paged"][1] / dense_med,
+                             ratio=t["paged"][0] / dense, ratio_of_medians=t["paged"][1] / dense_med,
+                             kernel="inplace" if meta._plans.get(("inplace", False, hkv, d)) is not None else "gather",
+                             **{f"{k}_us": t[k][0] * 1e6 for k in fns if k != "paged"},
+                             paged_median_us=t["paged"][1] * 1e6, dense_median_us=dense_med * 1e6,
                              max_abs_err=err))
             r = rows[-1]
-            print(f"  batch {batch:3d}  context {context:5d}   paged {r['paged_us']:10.1f} us   dense {dense * 1e6:10.1f} us"
-                  f"  (whole {r['dense_whole_us']:9.1f}, tiled {r['dense_tiled_us']:9.1f})   paged/dense {r['ratio']:.2f}",
-                  flush=True)
+            print(f"  batch {batch:3d}  context {context:5d}  paged {r['paged_us']:9.1f} us ({r['kernel']:7s})"
+                  f"  dense {dense * 1e6:9.1f} us  | gather {r['gather_us']:9.1f}  in place {r['inplace_us']:9.1f}"
+                  f"  | dense whole {r['dense_whole_us']:9.1f}  tiled {r['dense_tiled_us']:9.1f}"
+                  f"  blockwise {r['dense_blockwise_us']:9.1f}  |  paged/dense {r['ratio']:.2f}", flush=True)
     return rows
 
 
@@ -173,7 +205,7 @@ def main() -> None:
           f"head dim {shape['head_dim']} ({source}), block size {BLOCK_SIZE}, float32, numpy {np.__version__}")
     rows = bench_decode(shape, min_seconds=0.3 if args.quick else 1.5, min_rounds=5 if args.quick else 15,
                         tile_bytes=args.tile_bytes)
-    print("\n  paged / dense (target <= 1.25)")
+    print("\n  paged (auto kernel) / fastest dense (target <= 1.25)")
     print("  batch \\ context " + "".join(f"{c:>9d}" for c in CONTEXTS))
     for batch in BATCHES:
         cells = [r["ratio"] for r in rows if r["batch"] == batch]

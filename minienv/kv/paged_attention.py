@@ -12,11 +12,22 @@ each a prefill chunk — possibly starting mid-sequence — or a single decode t
 Per-step inputs are an explicit :class:`PagedAttentionMetadata`, like vLLM's attention metadata: block tables,
 context lengths (tokens cached before this step), query lengths (new tokens this step) and the slot mapping.
 
-**Performance.** The gather is the only work paging adds. Gathering the whole batch at once would write and then
-re-read a copy as large as the KV being attended (megabytes), so the kernel walks the batch in *tiles* of
-sequences sized to stay in the L2 cache (``tile_bytes``): gather a tile's blocks into a reused buffer, attend
-while it is hot, move on. The tile loop is over groups of sequences, sized by bytes — one iteration for small
-batches; there is no loop over tokens, and decode needs no per-sequence Python work.
+**Two kernels, one answer.** Paging adds work only in *how K/V are reached*; two ways are implemented and the
+property tests hold both to the dense reference:
+
+* **gather** (any step: prefill chunks, decodes, shared blocks): copy each sequence's blocks, in logical order,
+  into a reused buffer with one ``np.take`` on the block axis, then run :func:`batched_attention`. The batch is
+  walked in *tiles* of sequences sized to stay in the L2 cache (``tile_bytes``), so the copy is still hot when
+  attention reads it. In numpy that copy costs about as much as the attention matmul itself.
+* **in place** (decode steps whose blocks are not shared and lie in a compact range of the pool): no K/V copy at
+  all. Attention is a sum over keys, so it can be computed *per block*, reading every block where it lies: one
+  batched matmul of each block's K with its owner's query (``[G, D] @ [D, B]`` per block and head), a small
+  gather of the per-block scores into per-sequence rows for the softmax, one batched matmul of the
+  probabilities with each block's V, and a per-sequence sum of the block outputs. This is what the paper's CUDA
+  kernel does (each thread block walks the block table and reads blocks in place), written with numpy's batched
+  matmul. ``kernel="auto"`` picks it when the step's K/V are large enough for the copy to matter.
+
+There is no loop over tokens, and decode needs no per-sequence Python work.
 """
 
 from __future__ import annotations
@@ -29,8 +40,15 @@ import numpy as np
 from minienv.kv.block_table import BlockTable, cdiv, pad_block_tables
 from minienv.kv.kv_pool import KVPool
 
-#: Gathered K+V bytes per tile: about half a core's L2 on the machines this was tuned on (1 MiB L2 per core).
+#: Gathered K+V bytes per tile: about a core's L2 on the machines this was tuned on (1 MiB L2 per core).
 DEFAULT_TILE_BYTES = 1 << 20
+#: ``kernel="auto"`` reads blocks in place when a decode step attends over at least this many K+V bytes (below
+#: it, the handful of extra numpy calls of the in-place kernel cost more than the copy they avoid) ...
+INPLACE_MIN_BYTES = 1 << 20
+#: ... and the step's blocks span at most this many times as many pool blocks as they are (the in-place kernel
+#: computes over the whole range ``[min id, max id]``; blocks of other requests inside it are wasted work).
+INPLACE_MAX_SPAN_RATIO = 1.5
+KERNELS = ("auto", "gather", "inplace")
 
 
 # ---------------------------------------------------------------------------------------------------- metadata
@@ -186,12 +204,21 @@ class Workspace:
     """
 
     buffer: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float32))
+    named: dict = field(default_factory=dict)
 
     def get(self, size: int) -> np.ndarray:
         """A flat float32 view of at least ``size`` elements (the start of the buffer)."""
         if self.buffer.size < size:
             self.buffer = np.empty(size, dtype=np.float32)
         return self.buffer[:size]
+
+    def array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A reused float32 array of exactly ``shape`` (zero-filled when first made) for the in-place kernel."""
+        size = int(np.prod(shape))
+        flat = self.named.get(name)
+        if flat is None or flat.size < size:
+            flat = self.named[name] = np.zeros(size, dtype=np.float32)
+        return flat[:size].reshape(shape)
 
 
 def gather_kv(kv_layer: np.ndarray, block_tables: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -248,21 +275,118 @@ def plan_tiles(
     return tiles
 
 
+@dataclass(frozen=True)
+class _InplacePlan:
+    """Index arrays of the in-place decode kernel for one step (built once, reused by every layer).
+
+    The kernel works on the pool range ``[lo, lo + span)``, which holds every block of the step. ``rel`` are the
+    step's blocks relative to ``lo``; block ``rel[u]`` is logical block ``blk_j[u]`` of sequence ``blk_seq[u]``.
+    ``owner[r]`` is the sequence whose query block ``lo + r`` meets (0 for blocks of other requests: their
+    results are computed and never read). ``seq_blocks [S, max_blocks]`` lists each sequence's blocks relative to
+    ``lo``, padded with ``span`` — an extra all-zero row of the per-block buffers.
+    """
+
+    lo: int
+    span: int
+    rel: np.ndarray
+    blk_seq: np.ndarray
+    blk_j: np.ndarray
+    owner: np.ndarray
+    seq_blocks: np.ndarray
+    max_blocks: int
+    hidden: np.ndarray | None  # [S, 1, max_blocks * B]
+
+
+def plan_inplace(meta: PagedAttentionMetadata, force: bool, kv_bytes_per_token: int) -> _InplacePlan | None:
+    """The in-place plan for a decode step, or None when the gather kernel should run instead.
+
+    Not eligible: prefill chunks (several queries per sequence), and blocks shared by two sequences (a block has
+    one owner query here; prefix sharing uses the gather kernel). Not worth it unless ``force``: small steps, and
+    steps whose blocks are spread over a much larger range of the pool.
+    """
+    if not meta.is_decode:
+        return None
+    b = meta.block_size
+    nbs = -(-meta.seq_lens // b)
+    max_blocks = int(nbs.max())
+    valid = np.arange(max_blocks)[None, :] < nbs[:, None]
+    blk_seq, blk_j = np.nonzero(valid)
+    ids = meta.block_tables[blk_seq, blk_j]
+    lo, hi = int(ids.min()), int(ids.max()) + 1
+    span = hi - lo
+    if len(np.unique(ids)) != len(ids):
+        return None
+    if not force and (int(meta.seq_lens.sum()) * kv_bytes_per_token < INPLACE_MIN_BYTES
+                      or span > INPLACE_MAX_SPAN_RATIO * len(ids)):
+        return None
+    rel = ids - lo
+    owner = np.zeros(span, dtype=np.int64)
+    owner[rel] = blk_seq
+    seq_blocks = np.full((meta.num_seqs, max_blocks), span, dtype=np.int64)
+    seq_blocks[blk_seq, blk_j] = rel
+    hidden = causal_hidden_mask(meta.context_lens, meta.query_lens, 1, max_blocks * b)
+    return _InplacePlan(lo, span, rel, blk_seq, blk_j, owner, seq_blocks, max_blocks, hidden)
+
+
+def inplace_decode_attention(q: np.ndarray, kv_layer: np.ndarray, plan: _InplacePlan, workspace: Workspace) -> np.ndarray:
+    """Decode attention reading every K/V block where it lies in the pool (no K/V copy). ``q [S, Hq, D]``.
+
+    Attention is a sum over keys, so it splits by block: scores of each block against its owner's query; one
+    softmax per sequence over its blocks' scores (gathered into logical order: small, ``G/D`` of K's size); then
+    each block's probabilities times its V, summed per sequence.
+    """
+    s, hq, d = q.shape
+    _, _, b, hkv, _ = kv_layer.shape
+    g = hq // hkv
+    span, lo = plan.span, plan.lo
+    qg = q.reshape(s, hkv, g, d) * np.float32(1.0 / np.sqrt(d))
+    q_blocks = np.take(qg, plan.owner, axis=0)  # each block's owner query [span, Hkv, G, D] (G/B of K's size)
+    block_scores = workspace.array("scores", (span + 1, hkv, g, b))
+    block_scores[span] = 0.0
+    np.matmul(q_blocks, kv_layer[0, lo:lo + span].transpose(0, 2, 3, 1), out=block_scores[:span])  # K in place
+    t = plan.max_blocks * b
+    scores = np.take(block_scores, plan.seq_blocks, axis=0).transpose(0, 2, 3, 1, 4).reshape(s, hkv, g, t)
+    if plan.hidden is not None:
+        np.copyto(scores.reshape(s, hkv, g, 1, t), np.float32(-np.inf), where=plan.hidden[:, None, None])
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    probs = scores.reshape(s, hkv, g, plan.max_blocks, b).transpose(0, 3, 1, 2, 4)  # [S, blocks, Hkv, G, B]
+    block_probs = workspace.array("probs", (span, hkv, g, b))
+    block_probs[plan.rel] = probs[plan.blk_seq, plan.blk_j]  # back to pool order
+    block_out = workspace.array("out", (span + 1, hkv, g, d))
+    block_out[span] = 0.0  # the padding row: sequences with fewer blocks add zeros
+    np.matmul(block_probs, kv_layer[1, lo:lo + span].transpose(0, 2, 1, 3), out=block_out[:span])  # V in place
+    out = np.take(block_out, plan.seq_blocks, axis=0).sum(axis=1)  # [S, Hkv, G, D]
+    return out.reshape(s, hq, d)
+
+
 def paged_attention(
     q: np.ndarray,
     kv_layer: np.ndarray,
     meta: PagedAttentionMetadata,
     workspace: Workspace | None = None,
     tile_bytes: int = DEFAULT_TILE_BYTES,
+    kernel: str = "auto",
 ) -> np.ndarray:
     """Attention of the step's new tokens ``q [N, Hq, D]`` over the K/V in ``kv_layer [2, NB, B, H, D]``.
 
     The new tokens' own K/V must already be written (the backend writes, then attends). Handles any mix of
     prefill chunks (causal, starting at ``context_lens``) and decodes. Returns ``[N, Hq, D]``.
+    ``kernel``: "gather", "inplace" (decode steps without shared blocks; others fall back to gather) or "auto".
     """
     workspace = workspace if workspace is not None else Workspace()
     n, hq, d = q.shape
     hkv = kv_layer.shape[3]
+    if kernel != "gather":
+        key = ("inplace", kernel == "inplace", hkv, d)
+        if key not in meta._plans:
+            if kernel not in KERNELS:
+                raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+            meta._plans[key] = plan_inplace(meta, kernel == "inplace", 2 * hkv * d * 4)
+        plan = meta._plans[key]
+        if plan is not None:
+            return inplace_decode_attention(q, kv_layer, plan, workspace)
     key = (hkv, d, tile_bytes, id(workspace))
     tiles = meta._plans.get(key)
     if tiles is None:
@@ -298,9 +422,12 @@ class PagedAttentionBackend:
     through the slot mapping, then paged attention), and ``end_step``.
     """
 
-    def __init__(self, kv_pool: KVPool, tile_bytes: int = DEFAULT_TILE_BYTES):
+    def __init__(self, kv_pool: KVPool, tile_bytes: int = DEFAULT_TILE_BYTES, kernel: str = "auto"):
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         self.kv_pool = kv_pool
         self.tile_bytes = tile_bytes
+        self.kernel = kernel
         self.workspace = Workspace()
         self.metadata: PagedAttentionMetadata | None = None
 
@@ -318,7 +445,8 @@ class PagedAttentionBackend:
     def attend(self, layer_idx: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         meta = self.metadata
         self.kv_pool.write(layer_idx, meta.slot_mapping, k, v)
-        return paged_attention(q, self.kv_pool.kv_cache[layer_idx], meta, self.workspace, self.tile_bytes)
+        return paged_attention(q, self.kv_pool.kv_cache[layer_idx], meta, self.workspace, self.tile_bytes,
+                               self.kernel)
 
     def end_step(self) -> None:
         self.metadata = None  # metadata describes one step; reusing it by mistake would double-write slots

@@ -78,10 +78,11 @@ def dense_reference(q, meta, dense_k, dense_v, layer=0):
     head_dim=st.sampled_from([2, 8]),
     decode=st.booleans(),
     tile_bytes=st.sampled_from([1, 4096, 1 << 20]),
+    kernel=st.sampled_from(["auto", "gather", "inplace"]),
     scramble=st.integers(0, 6),
     data=st.data(),
 )
-def test_paged_attention_equals_dense(seed, block_size, num_seqs, hkv, group, head_dim, decode, tile_bytes,
+def test_paged_attention_equals_dense(seed, block_size, num_seqs, hkv, group, head_dim, decode, tile_bytes, kernel,
                                       scramble, data):
     rng = np.random.default_rng(seed)
     context_lens = data.draw(st.lists(st.integers(0, 80), min_size=num_seqs, max_size=num_seqs))
@@ -92,7 +93,7 @@ def test_paged_attention_equals_dense(seed, block_size, num_seqs, hkv, group, he
     kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
         rng, block_size, context_lens, query_lens, hkv, group, head_dim, scramble)
     kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
-    got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), tile_bytes)
+    got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), tile_bytes, kernel)
     want = dense_reference(q, meta, dense_k, dense_v)
     assert got.shape == want.shape == q.shape
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
@@ -124,13 +125,34 @@ def test_batched_decode_of_different_lengths_uses_one_gather_per_tile():
     assert meta.is_decode
     kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
     ws = Workspace()
-    got = paged_attention(q, kv.kv_cache[0], meta, ws)
+    got = paged_attention(q, kv.kv_cache[0], meta, ws, kernel="gather")
     np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
     (tiles,) = meta._plans.values()
     assert len(tiles) == 1  # a small batch is one tile: one np.take, one attention call
     buf = ws.buffer
-    paged_attention(q, kv.kv_cache[0], meta, ws)
+    paged_attention(q, kv.kv_cache[0], meta, ws, kernel="gather")
     assert ws.buffer is buf  # the workspace is reused, not reallocated
+
+
+def test_inplace_decode_reads_blocks_where_they_lie():
+    """The in-place kernel copies no K/V: it runs on a view of the pool range holding the step's blocks."""
+    from minienv.kv.paged_attention import plan_inplace
+
+    rng = np.random.default_rng(2)
+    kv, meta, q, new_k, new_v, dense_k, dense_v, _, pool = build_batch(
+        rng, 4, [30, 5, 61, 12], [1] * 4, hkv=2, group=2, head_dim=8, scramble=3)
+    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+    plan = plan_inplace(meta, force=True, kv_bytes_per_token=2 * 2 * 8 * 4)
+    assert plan is not None and plan.span >= len(plan.rel) == sum(-(-n // 4) for n in meta.seq_lens)
+    got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), kernel="inplace")
+    np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
+    # not eligible: a prefill chunk, or a block shared by two sequences -> None (the gather kernel runs)
+    shared = PagedAttentionMetadata(np.array([[3, 4], [3, 5]]), [5, 6], [1, 1], [9, 10], block_size=4)
+    assert plan_inplace(shared, force=True, kv_bytes_per_token=4) is None
+    prefill = PagedAttentionMetadata(np.array([[3, 4]]), [2], [3], [2, 3, 4], block_size=4)
+    assert plan_inplace(prefill, force=True, kv_bytes_per_token=4) is None
+    with pytest.raises(ValueError, match="kernel"):
+        paged_attention(q, kv.kv_cache[0], meta, kernel="magic")
 
 
 def test_gather_kv_returns_blocks_in_logical_order():

@@ -25,7 +25,8 @@ def dense_greedy(model, prompt, max_new_tokens):
     return ids[len(prompt):], np.stack(logits)
 
 
-def paged_greedy(model, prompts, max_new_tokens, block_size, prefill_chunk=None, kv_budget_tokens=None):
+def paged_greedy(model, prompts, max_new_tokens, block_size, prefill_chunk=None, kv_budget_tokens=None,
+                 kernel="auto"):
     """All prompts in one batch: chunked prefill and decode share steps; one model call per step for the batch.
 
     Returns each sequence's generated tokens and logits, plus the pool (to check it is all returned at the end).
@@ -35,7 +36,7 @@ def paged_greedy(model, prompts, max_new_tokens, block_size, prefill_chunk=None,
     kv = KVPool.for_model(cfg, budget, block_size)
     pool = BlockPool(kv.num_blocks)
     pool.allocate(1)  # so the sequences' blocks do not start at 0
-    backend = PagedAttentionBackend(kv)
+    backend = PagedAttentionBackend(kv, kernel=kernel)
     tables = [BlockTable(block_size) for _ in prompts]
     fed = [0] * len(prompts)  # prompt tokens already in the cache
     out_ids = [[] for _ in prompts]
@@ -85,12 +86,13 @@ def check_paged_equals_dense(model, prompts, max_new_tokens, **kw):
         np.testing.assert_allclose(got_logits, want_logits, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kernel", ["gather", "inplace"])
 @pytest.mark.parametrize("block_size, prefill_chunk", [(1, None), (2, 3), (4, None), (16, 5), (64, None)])
-def test_batched_greedy_paged_equals_dense_on_a_random_model(block_size, prefill_chunk):
+def test_batched_greedy_paged_equals_dense_on_a_random_model(block_size, prefill_chunk, kernel):
     model = small_model()
     rng = np.random.default_rng(block_size)
     prompts = [rng.integers(0, 97, n).tolist() for n in (5, 17, 1, 9)]
-    check_paged_equals_dense(model, prompts, 10, block_size=block_size, prefill_chunk=prefill_chunk)
+    check_paged_equals_dense(model, prompts, 10, block_size=block_size, prefill_chunk=prefill_chunk, kernel=kernel)
 
 
 def test_running_out_of_blocks_is_typed_and_recoverable():
@@ -116,4 +118,5 @@ def test_batched_greedy_paged_equals_dense_on_the_bundled_model():
     except Exception:  # no tokenizer yet: seeded token ids
         rng = np.random.default_rng(0)
         prompts = [rng.integers(0, vocab, n).tolist() for n in (6, 11, 3, 1)]
-    check_paged_equals_dense(model, prompts, 12, block_size=16, prefill_chunk=4)
+    for kernel in ("gather", "inplace"):
+        check_paged_equals_dense(model, prompts, 12, block_size=16, prefill_chunk=4, kernel=kernel)
