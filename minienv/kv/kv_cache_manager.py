@@ -447,13 +447,17 @@ class KVCacheManager:
         for bid in ids:
             block = blocks[bid]
             if block.block_hash is not None:
-                evicted_hash = block.block_hash
-                self.index.remove(bid)
-                block.block_hash = None  # invariant: indexed <=> block_hash set
-                self.prefix_stats.evicted_blocks += 1
-                self.prefix_stats.evicted_tokens += self.block_size
-                self._emit("evict", bid, request_id, evicted_hash)
+                self._drop_hash(block, request_id)
         return ids
+
+    def _drop_hash(self, block: KVCacheBlock, request_id: RequestId | None) -> None:
+        """Evict one block's cached content: out of the index, hash cleared, counted (the block itself stays put)."""
+        evicted_hash = block.block_hash
+        self.index.remove(block.block_id)
+        block.block_hash = None  # invariant: indexed <=> block_hash set
+        self.prefix_stats.evicted_blocks += 1
+        self.prefix_stats.evicted_tokens += self.block_size
+        self._emit("evict", block.block_id, request_id, evicted_hash)
 
     def _touch(self, block_ids: Sequence[int], request_id: RequestId) -> None:
         """Take a reference on prefix-hit blocks (vLLM's ``BlockPool.touch``).
@@ -513,7 +517,8 @@ class KVCacheManager:
         """Reserve slots for ``token_ids`` appended to a request (a decode token, or the next prefill chunk).
 
         **Copy-on-write**: if the first new token lands in the last block, and that block is *not full* and
-        *shared* (refcount > 1, after a fork), the request gets a private copy first: a new block, the pair
+        *shared* (refcount > 1, after a fork) or indexed (after :meth:`truncate`), the request gets a private copy
+        first: a new block, the pair
         ``(old, new)`` in ``blocks_to_copy``, one reference moved from old to new. A shared block that is full is
         never written again (new tokens go to a new block), so it is not copied — vLLM #417 got this condition
         wrong and produced wrong text. All or nothing, like :meth:`allocate`.
@@ -524,7 +529,10 @@ class KVCacheManager:
         new_tokens = _check_token_ids(token_ids, "token_ids")
         start = req.num_tokens
         last = req.block_ids[-1] if req.block_ids else None
-        needs_cow = start % self.block_size != 0 and last is not None and self.pool.blocks[last].ref_cnt > 1
+        # Copy before writing into a not-full block that others read (shared) or that the index names (immutable:
+        # only a block rolled back by truncate() can be both indexed and not full).
+        needs_cow = start % self.block_size != 0 and last is not None and (
+            self.pool.blocks[last].ref_cnt > 1 or self.pool.blocks[last].block_hash is not None)
         num_new_blocks = cdiv(start + len(new_tokens), self.block_size) - len(req.block_ids)
         needed = num_new_blocks + (1 if needs_cow else 0)
         if needed > self.pool.num_free_blocks:
@@ -659,6 +667,30 @@ class KVCacheManager:
         del self._requests[request_id]
         return released
 
+    def truncate(self, request_id: RequestId, num_tokens: int) -> list[int]:
+        """Roll a request back to its first ``num_tokens`` tokens (rejected speculative tokens); return freed blocks.
+
+        Blocks past the new end are released last-first, like :meth:`free` (the full ones stay cached: their K/V are
+        still right for their tokens). If the new last block is partial but indexed (it was full before), it keeps
+        its place in the index — an indexed block is immutable — and the request's next write into it copies it
+        first (:meth:`append_slots`), exactly as for a shared block. Nothing is evicted.
+        """
+        req = self._requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(request_id, "truncate")
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 < num_tokens <= req.num_tokens:
+            raise ValueError(f"num_tokens must be an int in [1, {req.num_tokens}], got {num_tokens!r}")
+        B = self.block_size
+        keep = cdiv(num_tokens, B)
+        dropped = req.block_ids[keep:][::-1]
+        self._release(dropped, request_id)
+        del req.block_ids[keep:]
+        del req.token_ids[num_tokens:]
+        del req.block_hashes[num_tokens // B:]  # only blocks still full keep their hash in the request's chain
+        req.num_computed_tokens = min(req.num_computed_tokens, num_tokens)
+        req.num_cached_tokens = min(req.num_cached_tokens, num_tokens)
+        return dropped
+
     def evict(self, num_blocks: int = 1) -> list[int]:
         """Evict up to ``num_blocks`` cached-free blocks in LRU order (head of the free queue first); return them.
 
@@ -674,13 +706,7 @@ class KVCacheManager:
             if block.block_hash is not None:
                 evicted.append(block.block_id)
         for bid in evicted:
-            block = self.pool.blocks[bid]
-            evicted_hash = block.block_hash
-            self.index.remove(bid)
-            block.block_hash = None
-            self.prefix_stats.evicted_blocks += 1
-            self.prefix_stats.evicted_tokens += self.block_size
-            self._emit("evict", bid, None, evicted_hash)
+            self._drop_hash(self.pool.blocks[bid], None)
         return evicted
 
     def reset_prefix_cache(self) -> int:

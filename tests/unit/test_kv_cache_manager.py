@@ -387,3 +387,56 @@ def test_lmcache_443_tail_evicted_before_parent():
     run(mgr, "c", [8])  # must evict: the chain's tail
     assert mgr.lookup(list(range(12)) + [0]).num_cached_tokens == 8, "prefix kept, cut from its end"
     mgr.check_invariants()
+
+
+# ---------------------------------------------------------------------- rollback (speculative decoding)
+def test_truncate_frees_tail_keeps_full_blocks_cached():
+    mgr = KVCacheManager(16, B)
+    run(mgr, "a", list(range(12)), decode=[1, 2, 3])  # 15 tokens, 3 full blocks indexed
+    ids = mgr.block_ids("a")
+    dropped = mgr.truncate("a", 8)
+    assert dropped == ids[2:][::-1] and mgr.num_tokens("a") == 8
+    assert mgr.block_state(ids[2]) is BlockState.CACHED_FREE  # still right for its tokens
+    mgr.check_invariants()
+
+
+def test_truncate_into_an_indexed_block_keeps_it_cached_and_copies_on_write():
+    """An indexed block is immutable: rolled back into, it stays findable and the next write goes to a copy."""
+    mgr = KVCacheManager(16, B)
+    run(mgr, "a", list(range(12)), decode=[1])  # blocks 0..2 full and indexed
+    ids = mgr.block_ids("a")
+    mgr.truncate("a", 6)  # the new last block (ids[1]) is partial, indexed, held only by a
+    assert mgr.index.entry_for_block(ids[1]) is not None and mgr.stats().evicted_blocks == 0
+    assert mgr.lookup(list(range(12)) + [0]).num_cached_tokens == 12
+    alloc = mgr.append_slots("a", [99])
+    ((src, dst),) = alloc.blocks_to_copy
+    assert src == ids[1] and alloc.slot_mapping[0] // B == dst != ids[1]
+    assert mgr.block_state(ids[1]) is BlockState.CACHED_FREE
+    mgr.commit("a")
+    mgr.check_invariants()
+
+
+def test_truncate_into_a_shared_indexed_block_copies_on_next_write():
+    mgr = KVCacheManager(16, B)
+    run(mgr, "a", list(range(8)) + [1])
+    run(mgr, "b", list(range(8)) + [2])  # shares a's two full blocks
+    shared = mgr.block_ids("a")[1]
+    mgr.truncate("a", 6)
+    assert mgr.index.entry_for_block(shared) is not None, "b still holds it: it stays indexed"
+    alloc = mgr.append_slots("a", [42])
+    assert alloc.blocks_to_copy[0][0] == shared
+    assert mgr.block_ids("b")[1] == shared
+    mgr.commit("a")
+    mgr.check_invariants()
+
+
+def test_truncate_bad_input():
+    mgr = KVCacheManager(16, B)
+    run(mgr, "a", [1, 2, 3])
+    snap = mgr.snapshot()
+    for n in (0, 4, -1, 2.5):
+        with pytest.raises(ValueError):
+            mgr.truncate("a", n)
+    with pytest.raises(UnknownRequestError):
+        mgr.truncate("zz", 1)
+    assert mgr.snapshot() == snap

@@ -1,5 +1,5 @@
-"""Stateful property test of the KV cache manager: random allocate / append / commit / fork / free / lookup / evict
-sequences, with every invariant checked after every step against an independent shadow model.
+"""Stateful property test of the KV cache manager: random allocate / append / commit / fork / free / lookup / evict /
+truncate sequences, with every invariant checked after every step against an independent shadow model.
 
 The shadow keeps what the KV pool *would* hold: every reserved slot is "written" with (token, position) as the
 model step would write K/V, copy-on-write copies are applied, and after every step each live request must read its
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from minienv.kv.errors import OutOfBlocksError
+from minienv.kv.hashing import ROOT_HASH
 from minienv.kv.kv_cache_manager import BlockState, KVCacheManager, UnknownRequestError
 
 EXAMPLES = int(os.environ.get("MINIENV_STATEFUL_EXAMPLES", "1000"))
@@ -97,12 +98,21 @@ class KVCacheMachine(RuleBasedStateMachine):
             self.write(alloc)
 
     @precondition(lambda self: self.live())
-    @rule(pick=pick_st, tokens=tokens_st)
+    @rule(pick=pick_st, tokens=st.one_of(tokens_st, st.lists(st.integers(0, 9), min_size=1, max_size=2)))
     def append(self, pick, tokens):
         rid = self.pick(pick)
         alloc = self.attempt(lambda: self.mgr.append_slots(rid, tokens))
         if alloc is not None:
             self.write(alloc)
+
+    @precondition(lambda self: self.live())
+    @rule(pick=pick_st, k=st.integers(1, 6))
+    def truncate(self, pick, k):
+        """Roll back the last k tokens (speculative decoding's rejected tokens)."""
+        rid = self.pick(pick)
+        n = self.mgr.num_tokens(rid)
+        if n > 1:
+            self.mgr.truncate(rid, max(1, n - k))
 
     @precondition(lambda self: self.live())
     @rule(pick=pick_st)
@@ -202,8 +212,13 @@ class KVCacheMachine(RuleBasedStateMachine):
             block = mgr.pool.blocks[entry.block_id]
             assert block.block_hash == entry.block_hash == entry.key.block_hash()
             # the indexed block really holds the tokens its key names (no stale entry: vLLM PR #4761)
-            got = [v // 4096 for v in self.shadow[entry.block_id * self.B:(entry.block_id + 1) * self.B]]
-            assert got == list(entry.key.token_ids), f"block {entry.block_id} indexed with tokens it does not hold"
+            depth, parent = 0, entry.key.parent_hash
+            while parent != ROOT_HASH:  # the block's place in its chain gives its tokens' positions
+                depth += 1
+                parent = mgr.index.entry_for_hash(parent).key.parent_hash
+            want = [encode(t, depth * self.B + i) for i, t in enumerate(entry.key.token_ids)]
+            got = self.shadow[entry.block_id * self.B:(entry.block_id + 1) * self.B].tolist()
+            assert got == want, f"block {entry.block_id} indexed with K/V it does not hold"
         hashed = {b.block_id for b in mgr.pool.blocks if b.block_hash is not None}
         assert hashed == {e.block_id for e in mgr.index}
         if not mgr.enable_prefix_caching:
