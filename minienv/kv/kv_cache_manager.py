@@ -35,7 +35,22 @@ The request life cycle, as the engine (next issue) drives it::
     a = mgr.append_slots("r1", [next_token])   # one decode token (copy-on-write if its block is shared)
     mgr.commit("r1")
     mgr.fork("r1", ["r1.1", "r1.2"])           # parallel sampling: children share every block
+    mgr.truncate("r1.1", n)                    # roll back to n tokens (rejected speculative tokens)
     mgr.free("r1")                             # refcounts -1, last block first; cached blocks stay findable
+
+Observers for views and metrics: ``stats()`` (counts by state, prefix queries/hits in tokens, evictions, CoW
+copies), ``sharing()`` (memory saved), ``free_queue()`` (LRU order, head first), ``block_state(b)``,
+``ref_cnt(b)``, ``block_table(rid)``, ``add_listener(fn)`` (a :class:`KVEvent` per eviction / cache / hit / CoW /
+free), ``snapshot()`` and ``check_invariants()``.
+
+Where this lives in vLLM (v1): ``vllm/v1/core/kv_cache_manager.py`` (``get_computed_blocks``, ``allocate_slots``,
+``free``), ``vllm/v1/core/block_pool.py`` (``BlockPool``: ``touch``, ``get_new_blocks`` evicting via
+``_maybe_evict_cached_block``, ``cache_full_blocks``), ``vllm/v1/core/kv_cache_utils.py`` (``hash_block_tokens``,
+``FreeKVCacheBlockQueue``). Differences, on purpose: blocks enter the index at :meth:`KVCacheManager.commit`
+(after the step that wrote them) rather than at allocation; one block per hash (duplicates are deduplicated on
+commit); every hit is verified against the stored tokens; forks share blocks with copy-on-write, as vLLM v0's block
+manager did (``vllm/core/block_manager.py``: ``fork``, copy-on-write ``blocks_to_copy``) — v1 instead runs
+parallel sampling as n requests that share the prompt through the prefix cache.
 
 Every public method validates first and raises before changing anything, so after any error the manager equals
 its :meth:`KVCacheManager.snapshot` from before the call.
