@@ -108,3 +108,8 @@ def svg_doc(width: float, height: float, body: list[str], *, title: str = "") ->
         f'viewBox="0 0 {width:.0f} {height:.0f}" role="img"{label}>'
         f'<rect width="100%" height="100%" fill="#ffffff"/>' + "".join(body) + "</svg>"
     )
+
+
+def quiet_config(fig) -> None:
+    """No plotly mode bar or zoom on a view: it is a picture of state, not a chart to explore (hover stays)."""
+    fig._config = {**fig._config, "displayModeBar": False, "scrollZoom": False, "doubleClick": False}

@@ -420,6 +420,7 @@ class BlockGrid:
                 **self._geometry(),
             ),
         )
+        S.quiet_config(fig)
         return fig
 
     def _redraw(self) -> None:

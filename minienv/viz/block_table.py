@@ -217,7 +217,7 @@ class BlockTableView:
     def _make_figure(self):
         go = S.require("plotly.graph_objects")
         a = self._arrays()
-        return go.FigureWidget(
+        fig = go.FigureWidget(
             data=[
                 go.Scatter(
                     x=a["x"], y=a["y"], mode="markers+text",
@@ -233,6 +233,8 @@ class BlockTableView:
                 plot_bgcolor="#ffffff", paper_bgcolor="#ffffff", **self._geometry(),
             ),
         )
+        S.quiet_config(fig)
+        return fig
 
     def _redraw(self) -> None:
         a = self._arrays()

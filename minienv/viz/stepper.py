@@ -69,6 +69,7 @@ class Stepper:
         self._caption = ""
         self._error = ""
         self._syncing = False
+        self._play_driving = False
         self.history: list[int] = []  # step indices performed since the last reset, in order
 
         w = S.require("ipywidgets")
@@ -162,7 +163,8 @@ class Stepper:
         """Mirror the position into the widgets without triggering their observers."""
         self._syncing = True
         try:
-            self.play.value = min(self._position, self.play.max)
+            if not self._play_driving:  # while Play drives, the browser owns its value: don't echo it back
+                self.play.value = min(self._position, self.play.max)
             if self._done:
                 self.play.playing = False
             if self.n_steps is None and self._position > self.slider.max:
@@ -191,7 +193,11 @@ class Stepper:
         if self._syncing:
             return
         target = int(change["new"])
-        self._ui(lambda: self.go_to(target))
+        self._play_driving = True
+        try:
+            self._ui(lambda: self.go_to(target))
+        finally:
+            self._play_driving = False
         if self._position != target:
             # done early (or an error): put the Play widget back where we are, and stop it
             self._syncing = True

@@ -274,8 +274,11 @@ def test_stepper_play_ticks_drive_the_callback():
     s.play.value = 1  # what a Play tick from the browser does
     s.play.value = 2
     assert seen == [0, 1] and s.position == 2
+    echoed = []
+    s.play.observe(lambda ch: echoed.append(ch["new"]), names="value")
     s.play.value = 4  # ticks can arrive coalesced
     assert seen == [0, 1, 2, 3] and s.position == 4
+    assert echoed == [4]  # the kernel never pushes the browser's Play value back to an intermediate step
     s.play.value = 0  # Play's stop button = back to the start
     assert s.position == 0
     s.step_button.click()
