@@ -194,14 +194,33 @@ def apply(pool, action):
 
 
 pool = ToyPool(8)
+peak_in_use, final_size = 0, {}
 for i, action in enumerate(ACTIONS):
     what = apply(pool, action)
     table_text = " ".join(f"{r}:{t}" for r, t in pool.tables.items())
     print(f"{i}: {what:<36} tables {table_text:<34} free queue {list(pool.free)}")
+    peak_in_use = max(peak_in_use, pool.num_blocks - len(pool.free))
+    final_size.update({r: len(t) for r, t in pool.tables.items()})
 
 # %% [markdown]
 # Read the free queue in the last lines: blocks come back in the order their owners finished, each table
 # tail first, and block 0 — shared by A and C — comes back only when C, its last holder, finishes.
+#
+# **Why bother, in one number.** An engine without paging reserves, when a request arrives, one contiguous
+# region big enough for the request's final length. Even if it knew those lengths in advance, it would need:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+reserve_up_front = sum(final_size.values())
+print(f"final table sizes: {final_size}")
+print(f"reserved up front (contiguous, even with perfect foresight): {reserve_up_front} blocks "
+      f"> {pool.num_blocks} in the pool, so C would have to wait")
+print(f"paged + shared, as above: at most {peak_in_use} of {pool.num_blocks} blocks in use, all three run together")
+assert (reserve_up_front, peak_in_use) == (10, 7)
+
+# %% [markdown]
+# Paging (take a block only when a request crosses a block boundary) and sharing (C reuses A's first block)
+# are the two savings; notebook 03 measures the first on a realistic workload, notebook 05 the second.
 #
 # ## The live view
 #
@@ -209,6 +228,9 @@ for i, action in enumerate(ACTIONS):
 # updates the block grid, the block tables and the queue view **in place** (the same widgets, new values). In
 # the grid, labels are `request[logical index]`: `C[0]` on block 0 means "C's first block lives in physical
 # block 0".
+#
+# Press **Step** a few times, or ▶ (the cells below drive the same widgets from code, so after Run All the views
+# show the last step: press **Reset** to start over).
 
 # %%
 from IPython.display import display
@@ -258,11 +280,8 @@ stepper.reset()
 demo = panel(stepper, grid, tables, queue)
 demo
 
-# %% [markdown]
-# Press **Step** a few times, or ▶. Then let the code take over: the next cell steps to the point where C has
-# just shared A's block, and checks the views against the allocator.
-
 # %%
+# code takes over: step to where C has just shared A's block, and check the views against the allocator
 stepper.go_to(4)  # arrive A, arrive B, C shares A's block, C grows
 assert stepper.position == 4 and stepper.history == [0, 1, 2, 3]
 assert live_pool.tables == {"A": [0, 1, 2], "B": [3, 4], "C": [0, 5]}

@@ -50,7 +50,7 @@ def require(module: str) -> Any:
 
     try:
         return importlib.import_module(module)
-    except ImportError as exc:  # pragma: no cover - exercised only without the lab extra
+    except ImportError as exc:
         raise ImportError(f"{_INSTALL_HINT}  (missing: {exc.name or module})") from exc
 
 

@@ -407,3 +407,8 @@ def test_block_tables_empty_and_reset():
     assert view.tables == {} and len(view.fig.data[0].x) == 0
     with pytest.raises(ValueError, match="block_size"):
         view.update({"A": [2]}, tokens={"A": 1})
+
+
+def test_missing_widget_stack_says_how_to_install():
+    with pytest.raises(ImportError, match=r"pip install -e \.\[lab\]"):
+        S.require("minienv_no_such_module_for_this_test")
