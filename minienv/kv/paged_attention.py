@@ -214,11 +214,10 @@ class Workspace:
 
     def array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """A reused float32 array of exactly ``shape`` (zero-filled when first made) for the in-place kernel."""
-        size = int(np.prod(shape))
-        flat = self.named.get(name)
-        if flat is None or flat.size < size:
-            flat = self.named[name] = np.zeros(size, dtype=np.float32)
-        return flat[:size].reshape(shape)
+        arr = self.named.get(name)
+        if arr is None or arr.shape != shape:
+            arr = self.named[name] = np.zeros(shape, dtype=np.float32)
+        return arr
 
 
 def gather_kv(kv_layer: np.ndarray, block_tables: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -351,12 +350,13 @@ def inplace_decode_attention(q: np.ndarray, kv_layer: np.ndarray, plan: _Inplace
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
-    probs = scores.reshape(s, hkv, g, plan.max_blocks, b).transpose(0, 3, 1, 2, 4)  # [S, blocks, Hkv, G, B]
-    block_probs = workspace.array("probs", (span, hkv, g, b))
-    block_probs[plan.rel] = probs[plan.blk_seq, plan.blk_j]  # back to pool order
+    # back to pool order: one contiguous [S * blocks, Hkv, G, B] copy, then a row scatter (padding -> row span)
+    probs = np.ascontiguousarray(scores.reshape(s, hkv, g, plan.max_blocks, b).transpose(0, 3, 1, 2, 4))
+    block_probs = workspace.array("probs", (span + 1, hkv, g, b))
+    block_probs[plan.seq_blocks.ravel()] = probs.reshape(s * plan.max_blocks, hkv, g, b)
     block_out = workspace.array("out", (span + 1, hkv, g, d))
+    np.matmul(block_probs[:span], kv_layer[1, lo:lo + span].transpose(0, 2, 1, 3), out=block_out[:span])  # V
     block_out[span] = 0.0  # the padding row: sequences with fewer blocks add zeros
-    np.matmul(block_probs, kv_layer[1, lo:lo + span].transpose(0, 2, 1, 3), out=block_out[:span])  # V in place
     out = np.take(block_out, plan.seq_blocks, axis=0).sum(axis=1)  # [S, Hkv, G, D]
     return out.reshape(s, hq, d)
 
