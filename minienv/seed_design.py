@@ -130,15 +130,24 @@ class TokenBudgetLRUEvictor:
 
 # ====================================================================== demo helpers
 def _demo_model():
-    """The bundled model if it is there, else a small seeded random Llama (same code path, nonsense text)."""
+    """The bundled model if it is there, else :func:`random_demo_model` (same code path, nonsense text)."""
     from minienv.paths import assets_dir
 
-    path = assets_dir() / "target"
+    try:
+        path = assets_dir() / "target"
+    except FileNotFoundError:
+        return random_demo_model()
     if (path / "model.safetensors").exists():
         from minienv.model import load_model
 
         return load_model(path)
+    return random_demo_model()
+
+
+def random_demo_model():
+    """A small seeded random Llama (vocab 97): deterministic, fast, and sensitive to its K/V."""
     from minienv.model import LlamaConfig, LlamaModel, random_weights
+
 
     cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
@@ -174,7 +183,8 @@ def _first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 class EvictInUseDemo:
     """Request A decodes while request B arrives under a tight token budget.
 
-    ``seed_evicted_in_use`` are blocks of A (still running) that the seed evictor freed and handed to B;
+    ``seed_evicted_in_use`` are blocks of a running request that the seed evictor freed and handed to another;
+    ``seed_kv_overwritten`` says A's K/V in such a block were overwritten by B's prefill (the data-level proof);
     ``seed_a_ids`` is A's greedy output under the seed (corrupted), ``ours_a_ids`` under the real manager, both
     beside ``reference_a_ids`` (no cache at all). ``ours_b_refused`` says the real manager refused B while A ran
     (OutOfBlocksError: the scheduler would queue or preempt), and ``ours_b_ids`` == ``reference_b_ids`` once A is done.
@@ -183,6 +193,7 @@ class EvictInUseDemo:
     block_size: int
     kv_budget_tokens: int
     seed_evicted_in_use: tuple[int, ...]
+    seed_kv_overwritten: bool
     reference_a_ids: tuple[int, ...]
     seed_a_ids: tuple[int, ...]
     ours_a_ids: tuple[int, ...]
@@ -247,9 +258,13 @@ def demo_evict_in_use(
 
     seed_a = [seed_feed("A", prompt_a)]
     b_started = False
+    kv_overwritten = False
     while len(seed_a) < max_new_tokens:
         if len(seed_a) == b_arrives_after and not b_started:
+            a_blocks = list(mgr.block_tables["A"])
+            before = kv.kv_cache[:, :, a_blocks].copy()
             seed_feed("B", prompt_b)  # B's prefill writes its K/V into the block taken from A
+            kv_overwritten = bool((kv.kv_cache[:, :, a_blocks] != before).any())
             b_started = True
         seed_a.append(seed_feed("A", [seed_a[-1]]))
 
@@ -280,7 +295,8 @@ def demo_evict_in_use(
         ours_b.append(ours_feed("B", [ours_b[-1]], False))
     ours.free("B")
 
-    return EvictInUseDemo(block_size, kv_budget_tokens, tuple(sorted(set(evicted_in_use))), tuple(reference_a),
+    return EvictInUseDemo(block_size, kv_budget_tokens, tuple(sorted(set(evicted_in_use))), kv_overwritten,
+                          tuple(reference_a),
                           tuple(seed_a), tuple(ours_a), _first_divergence(seed_a, reference_a), b_refused,
                           tuple(reference_b), tuple(ours_b))
 

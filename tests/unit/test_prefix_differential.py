@@ -27,7 +27,16 @@ from minienv.kv.block_table import cdiv
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.model import LlamaConfig, LlamaModel, random_weights
 
-BUNDLED = Path(__file__).resolve().parents[2] / "assets" / "target"
+def _bundled_target() -> Path:
+    try:
+        from minienv.paths import assets_dir
+
+        return assets_dir() / "target"
+    except FileNotFoundError:
+        return Path("/nonexistent")
+
+
+BUNDLED = _bundled_target()
 
 
 def small_model(seed: int = 0) -> LlamaModel:
@@ -219,26 +228,28 @@ def test_fork_copy_on_write_through_the_model(model):
     mgr.check_invariants()
 
 
+SYSTEM_PROMPT = ("You are a courteous scholar of the old plays. Answer each question plainly, in the manner of "
+                 "Shakespeare, and keep your answer short. ")
+QUESTIONS = ["What is love?", "Who was Hamlet?", "Tell me of the sea.", "What is love?", "Why do we sleep?",
+             "Describe a storm.", "Who is the king?", "What is love?"]
+
+
 @pytest.mark.skipif(not (BUNDLED / "model.safetensors").exists(), reason="bundled model not trained yet")
 @pytest.mark.parametrize("budget", ["ample", "tight"])
 def test_prefix_cache_on_off_equal_dense_on_the_bundled_model(budget):
     from minienv.model import load_model
+    from minienv.tokenizer import load_tokenizer
 
-    model = load_model()
-    try:
-        from minienv.tokenizer import load_tokenizer
-
-        tok = load_tokenizer()
-        system = "You are a helpful assistant who answers in the manner of Shakespeare. "
-        questions = ["What is love?", "Who was Hamlet?", "Tell me of the sea.", "What is love?", "Why do we sleep?",
-                     "Describe a storm.", "Who is the king?", "What is love?"]
-        prompts = [tok.encode(system + q) for q in questions]
-    except Exception:  # the tokenizer is not there yet: same structure with random ids
-        prompts = shared_prefix_prompts(model.config.vocab_size)[:8]
-    block_size = 16
+    model = load_model(BUNDLED)
+    tok = load_tokenizer(BUNDLED.parent / "tokenizer.json")
+    prompts = [tok.encode(SYSTEM_PROMPT + q) for q in QUESTIONS]
+    block_size = 8
     per_request = max(cdiv(len(p) + MAX_NEW, block_size) for p in prompts)
     num_blocks = 64 * per_request if budget == "ample" else 2 * per_request + 1
     ref = [dense_greedy(model, p, MAX_NEW) for p in prompts]
-    for caching in (False, True):
-        res = serve(model, prompts, MAX_NEW, block_size=block_size, num_blocks=num_blocks, caching=caching)
-        assert res.outputs == ref
+    off = serve(model, prompts, MAX_NEW, block_size=block_size, num_blocks=num_blocks, caching=False)
+    on = serve(model, prompts, MAX_NEW, block_size=block_size, num_blocks=num_blocks, caching=True)
+    assert off.outputs == ref and on.outputs == ref
+    assert on.manager.stats().prefix_hits_tokens > 0
+    if budget == "tight":
+        assert on.evictions_between_requests > 0

@@ -17,7 +17,16 @@ from minienv.seed_design import (
     demo_whole_prompt_hashing,
 )
 
-BUNDLED = Path(__file__).resolve().parents[2] / "assets" / "target" / "model.safetensors"
+def _bundled_weights() -> Path:
+    try:
+        from minienv.paths import assets_dir
+
+        return assets_dir() / "target" / "model.safetensors"
+    except FileNotFoundError:
+        return Path("/nonexistent")
+
+
+BUNDLED = _bundled_weights()
 
 
 def test_module_is_marked_broken():
@@ -28,8 +37,9 @@ def test_module_is_marked_broken():
 
 
 def test_seed_evictor_frees_in_use_block_and_corrupts_a_running_request():
-    d = demo_evict_in_use()
+    d = demo_evict_in_use(seed_design.random_demo_model())
     assert d.seed_evicted_in_use, "the seed evictor should have taken a running request's block"
+    assert d.seed_kv_overwritten, "B's prefill overwrote A's K/V in the stolen block"
     assert d.seed_corrupted and d.seed_first_divergence is not None
     assert d.ours_b_refused, "ours refuses B (typed error) instead of stealing A's block"
     assert d.ours_correct
@@ -38,9 +48,13 @@ def test_seed_evictor_frees_in_use_block_and_corrupts_a_running_request():
 @pytest.mark.skipif(not BUNDLED.exists(), reason="bundled model not trained yet (assets/target/model.safetensors)")
 def test_seed_evictor_corrupts_the_bundled_models_text():
     from minienv.model import load_model
+    from minienv.tokenizer import load_tokenizer
 
-    d = demo_evict_in_use(load_model())
-    assert d.seed_corrupted and d.ours_correct
+    tok = load_tokenizer(BUNDLED.parent.parent / "tokenizer.json")
+    d = demo_evict_in_use(load_model(BUNDLED.parent), tok.encode("To be, or not to be, that is"),
+                          tok.encode("Now is the winter of our discontent made glorious"))
+    assert d.seed_evicted_in_use and d.seed_kv_overwritten
+    assert d.ours_b_refused and d.ours_correct
 
 
 def test_seed_whole_prompt_hash_shares_nothing_between_prompts_with_a_common_system_prompt():
