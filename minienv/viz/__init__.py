@@ -7,6 +7,7 @@
 - ``BlockTableView(block_size=...)``: every request's block table, logical → physical, refcounts and fill.
 - ``QueueView()``: an ordered queue (free queue in LRU order, waiting queue), head marked, joins / leaves /
   evictions highlighted. ``queue.update(items, evicted=...)``.
+- ``StatsView()``: named numbers (KV usage, hit rate, evictions), changed values marked, optional fill bars.
 - ``Stepper(on_step, on_reset, n_steps=...)``: step / play / reset controls; ``stepper.step()`` from code.
 - ``panel(stepper, grid, queue)``: one live widget stacking them.
 - ``flow_diagram([Stage(...), ...])``: a static box-and-arrow picture (the engine map).
@@ -31,6 +32,7 @@ from .block_grid import BlockCell, BlockGrid, block_cells  # noqa: E402
 from .block_table import BlockTableView  # noqa: E402
 from .diagram import Stage, flow_diagram, flow_svg  # noqa: E402
 from .queue_view import QueueChange, QueueView  # noqa: E402
+from .stats_view import StatsView  # noqa: E402
 from .stepper import Stepper  # noqa: E402
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "QueueChange",
     "QueueView",
     "Stage",
+    "StatsView",
     "Stepper",
     "block_cells",
     "flow_diagram",

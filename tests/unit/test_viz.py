@@ -412,3 +412,37 @@ def test_block_tables_empty_and_reset():
 def test_missing_widget_stack_says_how_to_install():
     with pytest.raises(ImportError, match=r"pip install -e \.\[lab\]"):
         S.require("minienv_no_such_module_for_this_test")
+
+
+# ---------------------------------------------------------------------------------------------- StatsView
+from minienv.viz import StatsView  # noqa: E402
+
+
+def test_stats_view_marks_changes_in_place():
+    st = StatsView(title="engine")
+    widget = st.widget
+    assert st.update({"blocks in use": 3, "hit rate": 0.5}, bars={"blocks in use": (3, 8)}) == {"blocks in use",
+                                                                                                   "hit rate"}
+    assert st.update({"blocks in use": 4, "hit rate": 0.5}, bars={"blocks in use": (4, 8)}) == {"blocks in use"}
+    assert st.widget is widget and "width:50.0%" in widget.value and "0.5" in widget.value
+    assert "blocks in use" in st.static().data
+    st.reset()
+    assert st.values == {} and "(nothing yet)" in st.widget.value
+
+
+@pytest.mark.parametrize(
+    "values, bars, match",
+    [
+        ([1, 2], None, "mapping"),
+        ({"a": 1}, {"b": (1, 2)}, "not among the values"),
+        ({"a": 1}, {"a": (3, 2)}, "used <= total"),
+        ({"a": 1}, {"a": 5}, r"\(used, total\)"),
+    ],
+)
+def test_stats_view_bad_input_leaves_view_unchanged(values, bars, match):
+    st = StatsView()
+    st.update({"a": 0}, caption="ok")
+    state = (st.values, st.changed, st.updates, st.widget.value)
+    with pytest.raises(ValueError, match=match):
+        st.update(values, bars=bars)
+    assert (st.values, st.changed, st.updates, st.widget.value) == state
