@@ -36,6 +36,12 @@ from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.kv.kv_pool import KVPool
 from minienv.kv.paged_attention import PagedAttentionBackend, PagedAttentionMetadata
 
+__all__ = [
+    "BROKEN", "EvictInUseDemo", "PagedAttentionManager", "Pop0TimingDemo", "PrefixAwareRefcounter", "RefcountSetDemo",
+    "TokenBudgetLRUEvictor", "WholePromptHashingDemo", "demo_evict_in_use", "demo_pop0_timing", "demo_refcount_set",
+    "demo_whole_prompt_hashing", "dense_greedy", "random_demo_model",
+]
+
 BROKEN = True  #: this module is the broken teaching version (checked by the tests, shown by the notebooks)
 
 

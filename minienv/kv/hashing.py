@@ -30,6 +30,8 @@ from typing import Sequence
 
 import numpy as np
 
+__all__ = ["BlockHash", "HASH_VERSION", "ROOT_HASH", "hash_block_chain", "hash_block_tokens", "make_extra_key"]
+
 #: A block hash: 32 raw sha256 bytes (``.hex()`` for display).
 BlockHash = bytes
 

@@ -71,6 +71,12 @@ from minienv.kv.hashing import ROOT_HASH, BlockHash, hash_block_tokens
 from minienv.kv.kv_pool import KVPool, num_blocks_for_budget
 from minienv.kv.prefix_cache import CachedBlockKey, PrefixCacheStats, PrefixIndex
 
+__all__ = [
+    "BlockCopies", "BlockState", "DuplicateRequestError", "ForkResult", "KVCacheManager", "KVCacheStats", "KVEvent",
+    "ManagerSnapshot", "PrefixHit", "RequestKV", "SharingStats", "SlotAllocation", "UnknownRequestError",
+    "copy_blocks",
+]
+
 RequestId = Hashable
 #: ``(src_block, dst_block)`` pairs whose K/V must be copied before the step's writes (vLLM's ``blocks_to_copy``).
 BlockCopies = list[tuple[int, int]]
@@ -324,6 +330,28 @@ class KVCacheManager:
         self.cow_copies = 0
         self._requests: dict[RequestId, RequestKV] = {}
         self._listeners: list[Callable[[KVEvent], None]] = []
+
+    @classmethod
+    def for_model(
+        cls,
+        config,
+        kv_budget_tokens: int,
+        block_size: int,
+        *,
+        model_id: str = "",
+        cache_salt: str | None = None,
+        enable_prefix_caching: bool = True,
+    ) -> "KVCacheManager":
+        """A manager *and* its KV pool for a :class:`~minienv.model.LlamaConfig` (``mgr.kv_pool``).
+
+        The extra key of every block hash is ``make_extra_key(model_id, cache_salt=cache_salt)``, so two models
+        (or two tenants with different salts) never share blocks.
+        """
+        from minienv.kv.hashing import make_extra_key
+
+        kv_pool = KVPool.for_model(config, kv_budget_tokens, block_size)  # KVBudgetError below one block
+        return cls(kv_pool.num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
+                   extra_key=make_extra_key(model_id, cache_salt=cache_salt), kv_pool=kv_pool)
 
     @classmethod
     def from_budget(cls, kv_budget_tokens: int, block_size: int, **kwargs) -> "KVCacheManager":

@@ -22,7 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from minienv.kv.hashing import ROOT_HASH, BlockHash, hash_block_tokens
+from minienv.kv.hashing import ROOT_HASH, BlockHash, hash_block_chain, hash_block_tokens, make_extra_key
+
+__all__ = [
+    "BlockHash", "CachedBlock", "CachedBlockKey", "PrefixCacheStats", "PrefixIndex", "ROOT_HASH", "hash_block_chain",
+    "hash_block_tokens", "make_extra_key",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -440,3 +440,16 @@ def test_truncate_bad_input():
     with pytest.raises(UnknownRequestError):
         mgr.truncate("zz", 1)
     assert mgr.snapshot() == snap
+
+
+def test_for_model_builds_pool_and_salted_key():
+    from minienv.kv.hashing import make_extra_key
+    from minienv.model import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=8, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=4, max_position_embeddings=32)
+    mgr = KVCacheManager.for_model(cfg, 10 * B + 1, B, model_id="m", cache_salt="s")
+    assert mgr.num_blocks == 10 and mgr.kv_pool.num_blocks == 10 and mgr.kv_pool.num_layers == 2
+    assert mgr.extra_key == make_extra_key("m", cache_salt="s")
+    with pytest.raises(KVBudgetError):
+        KVCacheManager.for_model(cfg, B - 1, B)
