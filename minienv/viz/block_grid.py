@@ -52,7 +52,9 @@ class BlockCell:
         if rc < 0:
             raise ValueError(f"block {bid}: negative refcount {rc}")
         owner = self.owner
-        if isinstance(owner, (list, set, frozenset)):
+        if isinstance(owner, (set, frozenset)):
+            owner = tuple(sorted(owner, key=str))  # a set has no order: sort, so pictures are deterministic
+        elif isinstance(owner, list):
             owner = tuple(owner)
         if isinstance(owner, tuple):
             if not owner:

@@ -18,6 +18,7 @@ def test_blockcell_infers_state_and_normalizes_owner():
     assert BlockCell(3, "A", 1).state == "used"
     assert BlockCell(3, ["A"], 1).owner == "A"
     assert BlockCell(3, ["A", "B"], 2).owners == ("A", "B")
+    assert BlockCell(3, {"B", "A", "C"}, 3).owners == ("A", "B", "C")
     assert BlockCell(7, ("A", "B"), 2).text() == ("7 ·rc2", "A+B")
     assert BlockCell(7, "A", 1, label="A[0]").text() == ("7 ·rc1", "A[0]")
     assert BlockCell(2, state="cached").text() == ("2", "cached")
