@@ -561,8 +561,7 @@ class KVCacheManager:
 
         **Copy-on-write**: if the first new token lands in the last block, and that block is *not full* and
         *shared* (refcount > 1, after a fork) or indexed (after :meth:`truncate`), the request gets a private copy
-        first: a new block, the pair
-        ``(old, new)`` in ``blocks_to_copy``, one reference moved from old to new. A shared block that is full is
+        first: a new block, the pair ``(old, new)`` in ``blocks_to_copy``, one reference moved from old to new. A shared block that is full is
         never written again (new tokens go to a new block), so it is not copied — vLLM #417 got this condition
         wrong and produced wrong text. All or nothing, like :meth:`allocate`.
         """
@@ -584,7 +583,9 @@ class KVCacheManager:
         copies: BlockCopies = []
         if needs_cow:
             (private,) = self._take_free_blocks(1, request_id)
-            self.pool.free([last])  # refcount > 1, so it stays in use by the other holders
+            # One reference moves to the copy: a shared original stays in use by its other holders; an indexed one
+            # held only by us becomes cached-free, its K/V intact for future hits.
+            self.pool.free([last])
             req.block_ids[-1] = private
             copies.append((last, private))
             self.cow_copies += 1
