@@ -69,11 +69,43 @@ assert [s.name for s in ENGINE_MAP] == [
 # imports the scheduler, and the block pool knows nothing of requests):
 #
 # ```
-# prompt ─► Tokenizer ─► Scheduler ─────────► PagedAttention manager ─► KV cache manager ─────────► Model core ─► token
-#           (BPE)        waiting / running     block table per request   prefix-aware refcounter     numpy Llama
-#                        token budget/step     free list (LRU order)     token-budget LRU evictor    + sampler
-#           tokenizer.py scheduler             kv/block_pool.py          kv/ (hashing, cache mgr)    model/, sampling.py
+# prompt
+#   │
+#   ▼
+# Tokenizer               byte-level BPE: text ⇄ token ids             minienv/tokenizer.py
+#   │
+#   ▼
+# Scheduler               waiting / running queues, token budget       minienv/scheduler.py, engine.py
+#   │                     admit · chunk · preempt
+#   ▼
+# PagedAttention manager  block table per request, free list           minienv/kv/block_pool.py, block_table.py,
+#   │                     (the pool of K/V blocks)                     kv_pool.py, paged_attention.py
+#   ▼
+# KV cache manager        prefix-aware refcounter,                     minienv/kv/prefix_cache.py, hashing.py,
+#   │                     token-budget LRU evictor                     kv_cache_manager.py
+#   ▼
+# Model core              numpy Llama reading K/V through block tables minienv/model/, sampling.py
+#   │
+#   ▼
+# next token
 # ```
+
+# %%
+from pathlib import Path
+
+import minienv
+
+MODULES = {
+    "Tokenizer": ["tokenizer.py"],
+    "Scheduler": ["scheduler.py", "engine.py"],
+    "PagedAttention manager": ["kv/block_pool.py", "kv/block_table.py", "kv/kv_pool.py", "kv/paged_attention.py"],
+    "KV cache manager": ["kv/prefix_cache.py", "kv/hashing.py", "kv/kv_cache_manager.py"],
+    "Model core": ["model/llama.py", "sampling.py"],
+}
+package = Path(minienv.__file__).parent
+missing = [m for mods in MODULES.values() for m in mods if not (package / m).is_file()]
+assert not missing, f"the map names modules that do not exist: {missing}"
+assert list(MODULES) == [s.name for s in ENGINE_MAP]
 #
 # ## How the series is organized
 #
