@@ -1,0 +1,63 @@
+"""Every notebook, run in a real JupyterLab in headless Chromium: no error output, every widget output a rendered
+live view, every plotly figure a rendered `.js-plotly-plot`, no JS console error. Screenshots (one per notebook)
+land in tests/browser/screenshots/ (git-ignored) -- look at them.
+
+    .venv/bin/python -m pytest tests/browser -m browser -v            # the tier
+    MINIENV_BROWSER_NOTEBOOKS_DIR=/tmp/nbs .venv/bin/python -m pytest tests/browser -m browser   # other notebooks
+    .venv/bin/python tools/lab_check.py [notebooks...]                 # the same check without pytest
+"""
+
+from __future__ import annotations
+
+import pytest
+from browser_support import (BAD, BAD_EXPECT, GOOD, GOOD_EXPECT, SCREENSHOTS, SELFTEST_DIR, lab_check,
+                             notebooks_dir)
+
+pytestmark = pytest.mark.browser
+
+NOTEBOOKS = sorted(notebooks_dir().glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS or [None], ids=[nb.stem for nb in NOTEBOOKS] or ["no-notebooks"])
+def test_notebook_renders_in_jupyterlab(lab, notebook, record_property):
+    if notebook is None:
+        pytest.skip(f"no *.ipynb in {notebooks_dir()}")
+    server, browser = lab
+    expected = lab_check.expected_from_ipynb(notebook)
+    res = lab_check.check_notebook(browser, server, notebook.name, expected,
+                                   screenshot=SCREENSHOTS / f"{notebook.stem}.png")
+    record_property("seconds", round(res.seconds, 1))
+    print(res.summary())
+    assert res.ok, res.summary()
+    # A notebook that displays widgets / figures must show at least as many (the checks above count them).
+    assert res.counts["widget_views"] >= expected.widget_views
+    assert res.counts["plotly_plots"] >= expected.plotly_figures
+
+
+# ----------------------------------------------------------------------------------------- the checker itself
+def test_checker_passes_live_widgets_and_figures(lab):
+    """Positive control: FigureWidgets, an ipywidget, a container and static figures all count as rendered."""
+    server, browser = lab
+    res = lab_check.check_notebook(browser, server, f"{SELFTEST_DIR}/{GOOD}", lab_check.Expected(**GOOD_EXPECT),
+                                   screenshot=SCREENSHOTS / "_selftest_good.png")
+    print(res.summary())
+    assert res.ok, res.summary()
+    assert res.counts["widget_views"] == GOOD_EXPECT["widget_views"]
+    assert res.counts["plotly_plots"] >= GOOD_EXPECT["plotly_figures"]
+
+
+def test_checker_catches_every_kind_of_failure(lab):
+    """Negative control: a cell that raises, the cell after it never running, a widget that cannot render, a
+    figure that is not a plot, and a console error -- each must be reported."""
+    server, browser = lab
+    res = lab_check.check_notebook(browser, server, f"{SELFTEST_DIR}/{BAD}", lab_check.Expected(**BAD_EXPECT),
+                                   screenshot=SCREENSHOTS / "_selftest_bad.png", settle_timeout=5)
+    print(res.summary())
+    p = {k: "\n".join(v) for k, v in res.problems.items()}
+    assert "ValueError: deliberate failure from the self-test" in p["errors"], res.summary()
+    assert "never runs" in p["unrun"], res.summary()
+    assert "not a live view" in p["widgets"] and "cell 1" in p["widgets"], res.summary()
+    assert "0 rendered .js-plotly-plot" in p["plotly"], res.summary()
+    assert "deliberate console error from the self-test" in p["console"], res.summary()
+    assert "no-such-widget-module" in p["console"], res.summary()
+    assert not res.ok
