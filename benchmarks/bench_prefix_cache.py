@@ -4,12 +4,12 @@
     .venv/bin/python benchmarks/bench_prefix_cache.py --quick
 
 **5-shot workload** (the vLLM paper's Fig. 16 setting, in our units): every request is the same 5-shot prompt
-(five worked examples, ~300 tokens) followed by its own short query, then a few greedy tokens. The requests are
-served by a minimal loop (one arrival per step, FCFS, up to 4 running, one batched model step at a time, paged attention, blocks from
-:class:`minienv.kv.kv_cache_manager.KVCacheManager`) with the prefix cache off and on. Reported: prompt tokens
-actually run through the model (prefill work) and wall time for the whole workload; ratio = off / on. The
-outputs must be identical (checked). Model: the bundled target model if present, else a random Llama of a similar
-shape (timings are what matter here, not the text).
+(five worked examples, ~330 tokens) followed by its own short query, then a few greedy tokens. The requests are
+served by a minimal loop (one arrival per step, FCFS, up to 4 running, one batched model step at a time, paged
+attention, blocks from :class:`minienv.kv.kv_cache_manager.KVCacheManager`) with the prefix cache off and on.
+Reported: prompt tokens actually run through the model (prefill work) and wall time for the whole workload;
+ratio = off / on. The outputs must be identical (checked). Model: the bundled target model if present, else a
+random Llama of a similar shape (timings are what matter here, not the text).
 
 **Evictor / pool operations** at 10 k and 100 k blocks, with the pool full of cached-free blocks:
 

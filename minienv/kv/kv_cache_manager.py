@@ -534,7 +534,8 @@ class KVCacheManager:
         remaining = len(prompt) - n_cached
         if num_new_tokens is None:
             num_new_tokens = remaining
-        if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) or not 1 <= num_new_tokens <= remaining:
+        if (isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int)
+                or not 1 <= num_new_tokens <= remaining):
             raise ValueError(
                 f"num_new_tokens must be an int in [1, {remaining}] (prompt of {len(prompt)} tokens, {n_cached} "
                 f"cached), got {num_new_tokens!r}"
@@ -561,9 +562,9 @@ class KVCacheManager:
 
         **Copy-on-write**: if the first new token lands in the last block, and that block is *not full* and
         *shared* (refcount > 1, after a fork) or indexed (after :meth:`truncate`), the request gets a private copy
-        first: a new block, the pair ``(old, new)`` in ``blocks_to_copy``, one reference moved from old to new. A shared block that is full is
-        never written again (new tokens go to a new block), so it is not copied — vLLM #417 got this condition
-        wrong and produced wrong text. All or nothing, like :meth:`allocate`.
+        first: a new block, the pair ``(old, new)`` in ``blocks_to_copy``, one reference moved from old to new. A
+        shared block that is full is never written again (new tokens go to a new block), so it is not copied —
+        vLLM #417 got this condition wrong and produced wrong text. All or nothing, like :meth:`allocate`.
         """
         req = self._requests.get(request_id)
         if req is None:
