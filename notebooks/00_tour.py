@@ -106,7 +106,8 @@ package = Path(minienv.__file__).parent
 missing = [m for mods in MODULES.values() for m in mods if not (package / m).is_file()]
 assert not missing, f"the map names modules that do not exist: {missing}"
 assert list(MODULES) == [s.name for s in ENGINE_MAP]
-#
+
+# %% [markdown]
 # ## How the series is organized
 #
 # Each notebook builds one box, first small and inline so you see the idea, then minienv's version, then a live
@@ -342,6 +343,7 @@ display(grid.static(), tables.static(), queue.static())
 
 # %%
 assert "0 ·rc2" in grid.to_svg() and "A[0]+C[0]" in grid.to_svg()
+assert "p0 ·rc2" in tables.to_svg() and ">C<" in tables.to_svg()
 assert "head → allocated next" in queue.to_svg()
 
 # %% [markdown]
