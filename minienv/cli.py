@@ -1,13 +1,24 @@
-"""``python -m minienv "To be, or not to be"`` — stream a continuation from the bundled model.
+"""``python -m minienv "To be, or not to be"`` — stream a continuation from the bundled model, through the engine.
+
+``python -m minienv --prompts-file prompts.txt`` generates every line of the file *together* (continuous
+batching over a paged, prefix-cached KV budget) and prints each completion, then the batching statistics:
+throughput, time to first token, time per output token, prefix-cache hit rate, preemptions, KV use.
+
+Both go through :class:`minienv.engine.InferenceEngine` (``--kv-budget-tokens``, ``--block-size``,
+``--max-num-seqs``, ``--max-num-batched-tokens``, ``--scheduling``, ``--no-prefix-caching``); ``--no-cache`` is the
+one exception: it bypasses the engine and recomputes the whole sequence every token (notebook 02's slow baseline).
 
 Bad arguments exit with status 2 and a usage message on stderr (argparse's convention); a request the model
-cannot serve (missing files, prompt too long) exits with status 1 and a one-line ``minienv: error:`` message.
+cannot serve (missing files, prompt too long, a prompt that can never fit the KV budget) exits with status 1 and a
+one-line ``minienv: error:`` message.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -15,35 +26,104 @@ from typing import Sequence
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minienv",
-        description="Continue a prompt with minienv's numpy Llama, streaming tokens to stdout.",
+        description="Continue a prompt (or every line of a file, batched) with minienv's numpy Llama.",
     )
-    p.add_argument("prompt", help="text to continue")
+    p.add_argument("prompt", nargs="?", default=None, help="text to continue (or use --prompts-file)")
+    p.add_argument("--prompts-file", type=Path, default=None, metavar="FILE",
+                   help="generate for every non-blank line of FILE together and print batching statistics")
     p.add_argument("--max-tokens", type=int, default=100, help="most tokens to generate (default: 100)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 or -1 = off (default: 0)")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass in (0, 1] (default: 0.95)")
-    p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+    p.add_argument("--seed", type=int, default=None,
+                   help="random seed for reproducible sampling (with --prompts-file, line i uses seed + i)")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop when the output contains TEXT (repeatable)")
     p.add_argument("--model", type=Path, default=None, metavar="DIR",
                    help="model directory with config.json + model.safetensors (default: bundled assets/target)")
     p.add_argument("--tokenizer", type=Path, default=None, metavar="FILE",
                    help="tokenizer.json (default: bundled assets/tokenizer.json)")
-    p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence every step (slow)")
+    eng = p.add_argument_group("engine")
+    eng.add_argument("--kv-budget-tokens", type=int, default=16384,
+                     help="KV cache size in tokens, for all requests together (default: 16384)")
+    eng.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    eng.add_argument("--max-num-seqs", type=int, default=16, help="most requests running at once (default: 16)")
+    eng.add_argument("--max-num-batched-tokens", type=int, default=512,
+                     help="most tokens computed per engine step (default: 512)")
+    eng.add_argument("--scheduling", choices=("continuous", "static"), default="continuous",
+                     help="continuous batching, or the static-batching baseline (default: continuous)")
+    eng.add_argument("--no-prefix-caching", action="store_true", help="do not reuse K/V of shared prefixes")
+    p.add_argument("--no-cache", action="store_true",
+                   help="no KV cache at all: recompute the whole sequence every token (slow; single prompt only)")
     return p
+
+
+def _read_prompts(path: Path) -> list[str]:
+    text = path.read_text(encoding="utf-8")  # OSError if missing: exit 1 with its message
+    prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts (one prompt per line; blank lines are skipped)")
+    return prompts
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(xs, q)) if xs else 0.0
+
+
+def format_batch_stats(engine, outputs, wall_s: float) -> str:
+    """The batching statistics block printed after ``--prompts-file`` runs (also handy in notebooks)."""
+    s = engine.stats
+    n_tok = sum(len(o.token_ids) for o in outputs)
+    ttft = [o.metrics.ttft * 1e3 for o in outputs if o.metrics.ttft is not None]
+    tpot = [o.metrics.tpot * 1e3 for o in outputs if o.metrics.tpot is not None and len(o.token_ids) > 1]
+    ttft_steps = [o.metrics.ttft_steps for o in outputs if o.metrics.ttft_steps is not None]
+    peak = max((r.stats.kv_usage for r in engine.history), default=s.kv_usage)
+    reasons: dict[str, int] = {}
+    for o in outputs:
+        reasons[o.finish_reason or "?"] = reasons.get(o.finish_reason or "?", 0) + 1
+    lines = [
+        "--- batching statistics ---",
+        f"requests            {len(outputs)} ({', '.join(f'{k}: {v}' for k, v in sorted(reasons.items()))})",
+        f"generated tokens    {n_tok} in {wall_s:.2f} s over {s.num_steps} engine steps "
+        f"({engine.scheduling} batching, max_num_seqs={engine.max_num_seqs})",
+        f"throughput          {n_tok / wall_s if wall_s > 0 else 0.0:.1f} tokens/s",
+        f"TTFT                mean {sum(ttft) / max(len(ttft), 1):.1f} ms, p50 {_percentile(ttft, 50):.1f} ms, "
+        f"max {max(ttft, default=0.0):.1f} ms (mean {sum(ttft_steps) / max(len(ttft_steps), 1):.1f} steps)",
+        f"TPOT                mean {sum(tpot) / max(len(tpot), 1):.2f} ms/token",
+        f"prefix cache        hit rate {s.prefix_cache_hit_rate:.1%} ({s.prefix_cache_hits_tokens} of "
+        f"{s.prefix_cache_queries_tokens} prompt tokens), evicted {s.evicted_blocks} blocks",
+        f"preemptions         {s.num_preemptions}",
+        f"KV budget           {s.kv_budget_tokens} tokens ({s.num_blocks} blocks of {s.block_size}), "
+        f"peak use {peak:.1%}",
+    ]
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if (args.prompt is None) == (args.prompts_file is None):
+        parser.error("give a prompt, or --prompts-file FILE (not both)")
+    if args.no_cache and args.prompts_file is not None:
+        parser.error("--no-cache runs a single prompt without the engine; it cannot be used with --prompts-file")
+    # One BLAS thread unless the user says otherwise: at these matrix sizes a second thread costs more in hand-off
+    # than it saves, and on a busy machine OpenBLAS threads spin (measured: 100x slower). Must precede numpy.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
     from minienv.sampling import SamplingParams
 
+    def params_for(i: int) -> SamplingParams:
+        seed = None if args.seed is None else args.seed + i
+        return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, seed=seed, stop=args.stop)
+
     try:
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                                top_p=args.top_p, seed=args.seed)
+        params = params_for(0)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))  # exits 2
 
-    from minienv.generate import TextStream, generate
     from minienv.model import load_model
     from minienv.tokenizer import load_tokenizer
 
@@ -52,18 +132,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokenizer = load_tokenizer(args.tokenizer)
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {model.config.vocab_size}")
-        tokens = generate(model, tokenizer, args.prompt, params, use_cache=not args.no_cache)
-        stream = TextStream(tokenizer.decode)
-        for token in tokens:
-            sys.stdout.write(stream.push(token))
+        if args.no_cache:
+            return _run_no_cache(model, tokenizer, args.prompt, params)
+
+        from minienv.engine import InferenceEngine
+
+        try:
+            engine = InferenceEngine(
+                model, tokenizer, kv_budget_tokens=args.kv_budget_tokens, block_size=args.block_size,
+                enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens, scheduling=args.scheduling)
+        except ValueError as exc:  # bad engine sizes are argument errors
+            parser.error(str(exc))
+        if args.prompts_file is None:
+            for out in engine.stream([args.prompt], params):
+                sys.stdout.write(out.delta_text)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
             sys.stdout.flush()
-        sys.stdout.write(stream.flush() + "\n")
+            return 0
+        prompts = _read_prompts(args.prompts_file)
+        start = time.perf_counter()
+        outputs = engine.generate(prompts, [params_for(i) for i in range(len(prompts))])
+        wall = time.perf_counter() - start
+        for i, (prompt, out) in enumerate(zip(prompts, outputs)):
+            sys.stdout.write(f"=== [{i}] {prompt}\n{out.text}\n")
+        sys.stdout.write("\n" + format_batch_stats(engine, outputs, wall) + "\n")
         sys.stdout.flush()
     except (OSError, ValueError) as exc:
         print(f"minienv: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    return 0
+
+
+def _run_no_cache(model, tokenizer, prompt: str, params) -> int:
+    from minienv.generate import TextStream, generate, trim_at_stop
+
+    tokens = generate(model, tokenizer, prompt, params, use_cache=False)
+    stream = TextStream(tokenizer.decode)
+    text = ""
+    for token in tokens:
+        text += stream.push(token)
+    text += stream.flush()
+    sys.stdout.write(trim_at_stop(text, params.stop_strings) + "\n")
+    sys.stdout.flush()
     return 0
 
 
