@@ -35,7 +35,7 @@ from minienv.workload import ALPACA, generate_workload
 
 __all__ = [
     "DemoModel", "load_demo_model", "ServeResult", "serve_greedy", "dense_greedy",
-    "NanoVLLMBlockManager", "CacheRequest", "CacheRunStats", "popular_prefix_workload", "simulate_cache",
+    "NanoVLLMBlockManager", "CacheRequest", "CacheStream", "CacheRunStats", "popular_prefix_workload", "simulate_cache",
     "hit_rate_sweep", "format_hit_rate_table", "POLICIES",
     "SavingResult", "parallel_sampling_saving", "beam_search_saving", "SharedPrefixResult", "shared_prefix_saving",
     "PAPER_SHARING", "usable_prefix_after_evictions",
@@ -453,6 +453,88 @@ def simulate_cache(requests: Sequence[CacheRequest], kv_budget_tokens: int, poli
         if not running and waiting:  # pragma: no cover - the budget check above rules it out
             raise RuntimeError("no request could be admitted")
     return CacheRunStats(policy, num_blocks * block_size, pol.queries, pol.hits, pol.evicted_blocks, computed)
+
+
+class CacheStream:
+    """A request stream served step by step through a real :class:`KVCacheManager` (bookkeeping only, no model).
+
+    Each :meth:`step` is one engine step: requests that have generated ``output_len`` tokens finish (freed, last
+    block first), every running request decodes one token, then waiting requests are admitted FCFS while fewer than
+    ``max_running`` run and the request's whole life fits next to what the running ones still need. Returns a
+    caption, or ``None`` when everything has finished. ``evicted_in_use`` collects any evicted block that a running
+    request held at that moment — it must stay empty (the seed's evictor fills it).
+    """
+
+    def __init__(self, requests: Sequence[CacheRequest], mgr: KVCacheManager, *, max_running: int = 2):
+        self.requests = list(requests)
+        self.mgr = mgr
+        self.max_running = max_running
+        self.waiting = deque(range(len(self.requests)))
+        self.running: dict[int, int] = {}
+        self.hits: dict[int, int] = {}
+        self.evicted_in_use: list[int] = []
+        self.evictions: list[tuple[int, int]] = []  # (step, block id)
+        self.steps = 0
+        self._evicted_now: list[int] = []
+        mgr.add_listener(self._on_event)
+        B = mgr.block_size
+        longest = max(cdiv(len(r.prompt) + r.output_len, B) for r in self.requests)
+        if longest > mgr.num_blocks:
+            raise ValueError(f"the pool ({mgr.num_blocks} blocks) cannot hold the longest request ({longest} blocks)")
+
+    def _on_event(self, event) -> None:
+        if event.kind == "evict":
+            self._evicted_now.append(event.block_id)
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting and not self.running
+
+    def step(self) -> str | None:
+        if self.done:
+            return None
+        mgr, B, notes = self.mgr, self.mgr.block_size, []
+        for rid in [r for r, n in self.running.items() if n == self.requests[r].output_len]:
+            mgr.free(rid)
+            del self.running[rid]
+            notes.append(f"r{rid} finishes")
+        held = {b for rid in self.running for b in mgr.block_ids(rid)}
+        self._evicted_now = []
+        for rid in self.running:
+            mgr.append_slots(rid, [1_000_000 + rid * 1000 + self.running[rid]])
+            mgr.commit(rid)
+            self.running[rid] += 1
+        if self.running:
+            notes.append("running decode 1 token")
+        reserved = sum(cdiv(len(self.requests[r].prompt) + self.requests[r].output_len, B)
+                       - len(mgr.block_ids(r)) for r in self.running)
+        admitted: list[int] = []
+        while self.waiting and len(self.running) < self.max_running:
+            req = self.requests[self.waiting[0]]
+            hit = mgr.lookup(req.prompt)
+            hit_free = sum(1 for b in hit.block_ids if mgr.ref_cnt(b) == 0)
+            life = cdiv(len(req.prompt) + req.output_len, B) - len(hit.block_ids)
+            if life + hit_free + reserved > mgr.num_free_blocks:
+                break
+            rid = self.waiting.popleft()
+            alloc = mgr.allocate(rid, req.prompt)
+            admitted.append(rid)
+            self.hits[rid] = alloc.num_cached_tokens
+            self.running[rid] = 0
+            reserved += cdiv(len(req.prompt) + req.output_len, B) - len(mgr.block_ids(rid))
+            notes.append(f"r{rid} arrives ({alloc.num_cached_tokens}/{len(req.prompt)} cached)")
+        for rid in admitted:  # after the step that computes them, their full blocks become findable
+            mgr.commit(rid)
+        self.evicted_in_use += [b for b in self._evicted_now if b in held]
+        self.evictions += [(self.steps, b) for b in self._evicted_now]
+        if self._evicted_now:
+            notes.append(f"evicted {self._evicted_now}")
+        self.steps += 1
+        return f"step {self.steps}: " + "; ".join(notes)
+
+    def close(self) -> None:
+        """Stop listening to the manager."""
+        self.mgr.remove_listener(self._on_event)
 
 
 def hit_rate_sweep(requests: Sequence[CacheRequest], budgets: Sequence[int], policies: Sequence[str] = tuple(POLICIES),
