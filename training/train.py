@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -102,7 +103,7 @@ def evaluate(model, data: np.ndarray, seq_len: int, max_windows: int = 64, batch
 
 
 def train_model(name, tok, train_ids, held_ids, out_dir: Path, seed: int, max_pos: int, steps_override=None,
-                minutes=None):
+                minutes=None, bf16: bool = True):
     from transformers import LlamaForCausalLM
 
     sched = dict(SCHEDULES[name])
@@ -144,7 +145,8 @@ def train_model(name, tok, train_ids, held_ids, out_dir: Path, seed: int, max_po
         x = torch.stack([data[s : s + T] for s in starts])
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        loss = model(input_ids=x, labels=x).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=x, labels=x).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -173,6 +175,7 @@ def train_model(name, tok, train_ids, held_ids, out_dir: Path, seed: int, max_po
         "config": CONFIGS[name] | {"vocab_size": tok.vocab_size, "max_position_embeddings": max_pos},
         "schedule": sched,
         "tokens_seen": steps * B * T,
+        "bf16_autocast": bf16,
         "train_seconds": round(wall, 1),
         "heldout_loss": round(heldout, 4),
         "heldout_perplexity": round(math.exp(heldout), 2),
@@ -238,7 +241,11 @@ def main(argv=None) -> None:
     ap.add_argument("--target-minutes", type=float)
     ap.add_argument("--draft-minutes", type=float)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="torch threads; on a shared, busy machine 1 is faster (idle OpenMP threads spin)")
+    ap.add_argument("--no-bf16", dest="bf16", action="store_false",
+                    help="train in pure float32 (default: bf16 autocast for matmuls, fp32 weights, ~1.4x faster "
+                         "on CPUs with AVX512-BF16; weights are always saved in float32)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -265,7 +272,8 @@ def main(argv=None) -> None:
     log = json.loads(log_path.read_text()) if log_path.exists() else {}
     log.update({
         "command": "python training/train.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": f"{platform.machine()} CPU, torch {torch.__version__}, {args.threads} threads",
+        "machine": f"{platform.machine()} CPU ({os.cpu_count()} cores, shared), torch {torch.__version__}, "
+                   f"{args.threads} thread(s)",
         "seed": args.seed,
         "corpus": {k: manifest[k] for k in ("source", "heldout_plays")} | {
             "train_chars": manifest["train"]["chars"], "heldout_chars": manifest["heldout"]["chars"],
@@ -279,7 +287,7 @@ def main(argv=None) -> None:
     for name in [m for m in args.models.split(",") if m]:
         log["models"][name] = train_model(name, tok, train_ids, held_ids, args.out / name, args.seed,
                                           args.max_position_embeddings, getattr(args, f"{name}_steps"),
-                                          getattr(args, f"{name}_minutes"))
+                                          getattr(args, f"{name}_minutes"), args.bf16)
         log_path.write_text(json.dumps(log, indent=1) + "\n")
         write_models_md(log, args.out / "MODELS.md")
     print(f"wrote {log_path} and {args.out / 'MODELS.md'}")
