@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from minienv.generate import TextStream, trim_at_stop
+from minienv.generate import trim_at_stop
 from minienv.kv.block_table import cdiv
 from minienv.kv.errors import KVBudgetError
 from minienv.kv.kv_cache_manager import KVCacheManager, KVEvent
@@ -61,6 +61,35 @@ from minienv.sampling import SamplingParams
 from minienv.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy
 
 Prompt = "str | Sequence[int]"
+
+
+# ---------------------------------------------------------------------------------------------------- text
+class IncrementalDetokenizer:
+    """Output text, grown one token at a time, decoding only the tokens not yet turned into text.
+
+    A byte-level token can end inside a UTF-8 character (decoding it alone gives U+FFFD), so tokens are held in
+    ``pending`` until they decode to text that does not end in U+FFFD; then that text is final and ``pending``
+    empties. Each push decodes a handful of tokens instead of the whole output (``generate.TextStream`` re-decodes
+    everything: O(n^2) over a long output), and the text equals decoding all tokens at once, because UTF-8
+    decoding restarts cleanly at a character boundary.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self.decode = decode
+        self.pending: list[int] = []
+
+    def push(self, token_id: int) -> str:
+        self.pending.append(token_id)
+        text = self.decode(self.pending)
+        if text.endswith("\ufffd"):
+            return ""
+        self.pending = []
+        return text
+
+    def flush(self) -> str:
+        text = self.decode(self.pending) if self.pending else ""
+        self.pending = []
+        return text
 
 
 # ---------------------------------------------------------------------------------------------------- outputs
@@ -282,7 +311,7 @@ class InferenceEngine:
         self.record_history = record_history
         self.history: list[StepRecord] = []
         self.requests: dict[str, Request] = {}  # every request ever added (finished ones too), by id
-        self._streams: dict[str, TextStream] = {}
+        self._streams: dict[str, IncrementalDetokenizer] = {}
         self._emitted: dict[str, tuple[int, int]] = {}  # id -> (tokens, chars) already reported (streaming)
         self._ids = itertools.count()
         self._step_listeners: list[Callable[[StepRecord], None]] = []
@@ -385,7 +414,7 @@ class InferenceEngine:
         metrics = RequestMetrics(arrival_time=time.perf_counter(), arrival_step=self.scheduler.num_steps)
         req = Request(request_id, ids, params, metrics, prompt=text)
         self.requests[request_id] = req
-        self._streams[request_id] = TextStream(self.tokenizer.decode)
+        self._streams[request_id] = IncrementalDetokenizer(self.tokenizer.decode)
         self._emitted[request_id] = (0, 0)
         self.scheduler.add_request(req)
         return request_id

@@ -337,3 +337,23 @@ def test_bundled_model_16_prompts_batched_equal_alone():
     for p, o in zip(prompts, outs):
         assert list(o.token_ids) == alone(model, tokz, p, params)
     assert any(o.text.strip() for o in outs)
+
+
+def test_incremental_detokenizer_equals_decoding_everything(tok):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from minienv.engine import IncrementalDetokenizer
+
+    utf8 = st.text(min_size=0, max_size=12).map(lambda s: list(s.encode("utf-8")))
+    junk = st.lists(st.integers(0, 255), max_size=6)  # arbitrary bytes: invalid UTF-8 included
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.one_of(utf8, junk), max_size=6))
+    def check(parts):
+        ids = [i for p in parts for i in p]
+        d = IncrementalDetokenizer(tok.decode)
+        text = "".join(d.push(i) for i in ids) + d.flush()
+        assert text == tok.decode(ids)
+
+    check()
