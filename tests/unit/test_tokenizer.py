@@ -177,3 +177,27 @@ def test_bundled_tokenizer_shape(bundled):
     ids = bundled.encode(text)
     assert len(ids) < 0.5 * len(text)  # trained on Shakespeare: common words are single tokens
     assert " light" in bundled.tokens(text)
+
+
+def test_token_view_shows_every_token(small):
+    pytest.importorskip("ipywidgets")
+    from minienv.viz.tokens import TokenView, token_spans, tokens_html
+
+    text = "the sun\n😀"
+    spans = token_spans(small, text)
+    assert [s.token_id for s in spans] == small.encode(text)
+    assert b"".join(s.raw for s in spans) == text.encode("utf-8")
+    assert any(s.label.startswith("‹") for s in spans)  # a byte-token of the emoji, shown in hex
+    assert "⏎" in "".join(s.label for s in spans) and "·" in "".join(s.label for s in spans)
+    html = tokens_html(small, text)
+    assert html.count('class="mnv-tok"') == len(spans) and f"{len(spans)} tokens" in html
+    view = TokenView(small, "the")
+    assert view.ids == small.encode("the")
+    view.input.value = "<|endoftext|>sun"  # what typing does
+    assert view.ids == small.encode("<|endoftext|>sun") and view.spans[0].special
+    view.update("the sun")
+    assert view.text == "the sun" and view.output.value == view.to_html()
+    with pytest.raises(TypeError):
+        view.update(3)
+    with pytest.raises(TypeError):
+        tokens_html(small, None)
