@@ -461,7 +461,8 @@ class CacheStream:
     Each :meth:`step` is one engine step: requests that have generated ``output_len`` tokens finish (freed, last
     block first), every running request decodes one token, then waiting requests are admitted FCFS while fewer than
     ``max_running`` run and the request's whole life fits next to what the running ones still need. Returns a
-    caption, or ``None`` when everything has finished. ``evicted_in_use`` collects any evicted block that a running
+    caption, or ``None`` when everything has finished. Request ``i`` is ``"r{i}"`` in the manager; ``hits`` and
+    ``running`` are keyed by ``i``. ``evicted_in_use`` collects any evicted block that a running
     request held at that moment — it must stay empty (the seed's evictor fills it).
     """
 
@@ -482,6 +483,11 @@ class CacheStream:
         if longest > mgr.num_blocks:
             raise ValueError(f"the pool ({mgr.num_blocks} blocks) cannot hold the longest request ({longest} blocks)")
 
+    @staticmethod
+    def request_name(index: int) -> str:
+        """The manager's request id for request ``index`` ("r0", "r1", ...)."""
+        return f"r{index}"
+
     def _on_event(self, event) -> None:
         if event.kind == "evict":
             self._evicted_now.append(event.block_id)
@@ -494,20 +500,21 @@ class CacheStream:
         if self.done:
             return None
         mgr, B, notes = self.mgr, self.mgr.block_size, []
+        name = self.request_name
         for rid in [r for r, n in self.running.items() if n == self.requests[r].output_len]:
-            mgr.free(rid)
+            mgr.free(name(rid))
             del self.running[rid]
-            notes.append(f"r{rid} finishes")
-        held = {b for rid in self.running for b in mgr.block_ids(rid)}
+            notes.append(f"{name(rid)} finishes")
+        held = {b for rid in self.running for b in mgr.block_ids(name(rid))}
         self._evicted_now = []
         for rid in self.running:
-            mgr.append_slots(rid, [1_000_000 + rid * 1000 + self.running[rid]])
-            mgr.commit(rid)
+            mgr.append_slots(name(rid), [1_000_000 + rid * 1000 + self.running[rid]])
+            mgr.commit(name(rid))
             self.running[rid] += 1
         if self.running:
             notes.append("running decode 1 token")
         reserved = sum(cdiv(len(self.requests[r].prompt) + self.requests[r].output_len, B)
-                       - len(mgr.block_ids(r)) for r in self.running)
+                       - len(mgr.block_ids(name(r))) for r in self.running)
         admitted: list[int] = []
         while self.waiting and len(self.running) < self.max_running:
             req = self.requests[self.waiting[0]]
@@ -517,14 +524,14 @@ class CacheStream:
             if life + hit_free + reserved > mgr.num_free_blocks:
                 break
             rid = self.waiting.popleft()
-            alloc = mgr.allocate(rid, req.prompt)
+            alloc = mgr.allocate(name(rid), req.prompt)
             admitted.append(rid)
             self.hits[rid] = alloc.num_cached_tokens
             self.running[rid] = 0
-            reserved += cdiv(len(req.prompt) + req.output_len, B) - len(mgr.block_ids(rid))
-            notes.append(f"r{rid} arrives ({alloc.num_cached_tokens}/{len(req.prompt)} cached)")
+            reserved += cdiv(len(req.prompt) + req.output_len, B) - len(mgr.block_ids(name(rid)))
+            notes.append(f"{name(rid)} arrives ({alloc.num_cached_tokens}/{len(req.prompt)} cached)")
         for rid in admitted:  # after the step that computes them, their full blocks become findable
-            mgr.commit(rid)
+            mgr.commit(name(rid))
         self.evicted_in_use += [b for b in self._evicted_now if b in held]
         self.evictions += [(self.steps, b) for b in self._evicted_now]
         if self._evicted_now:

@@ -171,7 +171,7 @@ def live_reset():
     mgr = KVCacheManager.from_budget(budget, B)
     if "view" not in live or live["view"].grid.num_blocks != mgr.num_blocks:
         live["view"] = ManagerView(mgr, title=f"KV pool: {budget} tokens = {mgr.num_blocks} blocks of {B}",
-                                   columns=16, cell_px=48)
+                                   columns=16, cell_px=56)
         live_box.children = [budget_slider, live_stepper.widget, live["view"].widget]
     else:
         live["view"].attach(mgr)

@@ -97,7 +97,8 @@ class ManagerView:
     The view registers a listener on the manager and keeps the events (``evict``, ``cow``, ``hit``, ``cache``,
     ``free``) that happen between two :meth:`update` calls: evicted blocks are drawn leaving the queue (red,
     dashed) and listed in :attr:`last_evicted`; copy-on-write copies in :attr:`last_copies`. :meth:`attach`
-    switches to another manager (e.g. on a stepper's reset).
+    switches to another manager (e.g. on a stepper's reset). The grid gets the whole caption; the queue, whose
+    title line is shorter, the part before the first ":" (e.g. "step 3").
     """
 
     def __init__(self, mgr, *, title: str = "KV pool", columns: int | None = None, cell_px: int = 54,
@@ -160,7 +161,8 @@ class ManagerView:
             before = set(self.queue.items)
             now = set(items)
             evicted = [b for b in dict.fromkeys(self.last_evicted) if b in before and b not in now]
-            self.queue.update(items, kinds=kinds, labels=labels, evicted=evicted, caption=caption)
+            short = caption.split(":")[0] if caption else caption  # the queue's title line has less room
+            self.queue.update(items, kinds=kinds, labels=labels, evicted=evicted, caption=short)
         return changed
 
     def to_html(self) -> str:
