@@ -278,22 +278,21 @@ def plan_tiles(
 class _InplacePlan:
     """Index arrays of the in-place decode kernel for one step (built once, reused by every layer).
 
-    The kernel works on the pool range ``[lo, lo + span)``, which holds every block of the step. ``rel`` are the
-    step's blocks relative to ``lo``; block ``rel[u]`` is logical block ``blk_j[u]`` of sequence ``blk_seq[u]``.
-    ``owner[r]`` is the sequence whose query block ``lo + r`` meets (0 for blocks of other requests: their
-    results are computed and never read). ``seq_blocks [S, max_blocks]`` lists each sequence's blocks relative to
-    ``lo``, padded with ``span`` — an extra all-zero row of the per-block buffers.
+    The kernel works on the pool range ``[lo, lo + span)``, which holds every block of the step, in *pool order*.
+    ``owner[r]`` is the sequence whose query block ``lo + r`` meets (0 for blocks of other requests inside the
+    range: they are masked out). ``hidden [span, 1, 1, B]`` marks slots that are not a live token of their
+    block's owner (other requests' blocks, the unfilled tail of each last block), or None if there are none.
+    ``seq_blocks [S, max_blocks]`` lists each sequence's blocks relative to ``lo``, padded with ``span`` (an extra
+    row of the per-block buffers that is neutral for the reduction). ``onehot [S, span]`` (small steps only) sums
+    block outputs per sequence with one matmul.
     """
 
     lo: int
     span: int
-    rel: np.ndarray
-    blk_seq: np.ndarray
-    blk_j: np.ndarray
     owner: np.ndarray
+    hidden: np.ndarray | None
     seq_blocks: np.ndarray
-    max_blocks: int
-    hidden: np.ndarray | None  # [S, 1, max_blocks * B]
+    onehot: np.ndarray | None
 
 
 def plan_inplace(meta: PagedAttentionMetadata, force: bool, kv_bytes_per_token: int) -> _InplacePlan | None:
@@ -306,6 +305,7 @@ def plan_inplace(meta: PagedAttentionMetadata, force: bool, kv_bytes_per_token: 
     if not meta.is_decode:
         return None
     b = meta.block_size
+    s = meta.num_seqs
     nbs = -(-meta.seq_lens // b)
     max_blocks = int(nbs.max())
     valid = np.arange(max_blocks)[None, :] < nbs[:, None]
@@ -321,18 +321,25 @@ def plan_inplace(meta: PagedAttentionMetadata, force: bool, kv_bytes_per_token: 
     rel = ids - lo
     owner = np.zeros(span, dtype=np.int64)
     owner[rel] = blk_seq
-    seq_blocks = np.full((meta.num_seqs, max_blocks), span, dtype=np.int64)
+    live = np.zeros((span, b), dtype=bool)  # slot holds a token of its block's owner
+    live[rel] = (blk_j[:, None] * b + np.arange(b)[None, :]) < meta.seq_lens[blk_seq][:, None]
+    hidden = None if live.all() else ~live[:, None, None, :]
+    seq_blocks = np.full((s, max_blocks), span, dtype=np.int64)
     seq_blocks[blk_seq, blk_j] = rel
-    hidden = causal_hidden_mask(meta.context_lens, meta.query_lens, 1, max_blocks * b)
-    return _InplacePlan(lo, span, rel, blk_seq, blk_j, owner, seq_blocks, max_blocks, hidden)
+    onehot = None
+    if s <= 8:  # few sequences: one small matmul sums block outputs per sequence, cheaper than gather + sum
+        onehot = np.zeros((s, span), dtype=np.float32)
+        onehot[blk_seq, rel] = 1.0
+    return _InplacePlan(lo, span, owner, hidden, seq_blocks, onehot)
 
 
 def inplace_decode_attention(q: np.ndarray, kv_layer: np.ndarray, plan: _InplacePlan, workspace: Workspace) -> np.ndarray:
     """Decode attention reading every K/V block where it lies in the pool (no K/V copy). ``q [S, Hq, D]``.
 
-    Attention is a sum over keys, so it splits by block: scores of each block against its owner's query; one
-    softmax per sequence over its blocks' scores (gathered into logical order: small, ``G/D`` of K's size); then
-    each block's probabilities times its V, summed per sequence.
+    Attention is a sum over keys, so it splits by block and everything stays in pool order: each block's scores
+    against its owner's query; each sequence's max and sum over its blocks (reductions over per-block partial
+    maxima and sums — ``B`` times smaller than the scores); each block's unnormalised probabilities times its V;
+    block outputs summed per sequence and divided by the sequence's sum.
     """
     s, hq, d = q.shape
     _, _, b, hkv, _ = kv_layer.shape
@@ -340,24 +347,28 @@ def inplace_decode_attention(q: np.ndarray, kv_layer: np.ndarray, plan: _Inplace
     span, lo = plan.span, plan.lo
     qg = q.reshape(s, hkv, g, d) * np.float32(1.0 / np.sqrt(d))
     q_blocks = np.take(qg, plan.owner, axis=0)  # each block's owner query [span, Hkv, G, D] (G/B of K's size)
-    block_scores = workspace.array("scores", (span + 1, hkv, g, b))
-    block_scores[span] = 0.0
-    np.matmul(q_blocks, kv_layer[0, lo:lo + span].transpose(0, 2, 3, 1), out=block_scores[:span])  # K in place
-    t = plan.max_blocks * b
-    scores = np.take(block_scores, plan.seq_blocks, axis=0).transpose(0, 2, 3, 1, 4).reshape(s, hkv, g, t)
+    scores = workspace.array("scores", (span, hkv, g, b))
+    np.matmul(q_blocks, kv_layer[0, lo:lo + span].transpose(0, 2, 3, 1), out=scores)  # K read in place
     if plan.hidden is not None:
-        np.copyto(scores.reshape(s, hkv, g, 1, t), np.float32(-np.inf), where=plan.hidden[:, None, None])
-    scores -= scores.max(axis=-1, keepdims=True)
+        np.copyto(scores, np.float32(-np.inf), where=plan.hidden)
+    block_max = workspace.array("block_max", (span + 1, hkv, g))
+    block_max[span] = -np.inf  # padding row: neutral for max
+    np.max(scores, axis=-1, out=block_max[:span])
+    seq_max = np.take(block_max, plan.seq_blocks, axis=0).max(axis=1)  # [S, Hkv, G]
+    scores -= np.take(seq_max, plan.owner, axis=0)[..., None]
     np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    # back to pool order: one contiguous [S * blocks, Hkv, G, B] copy, then a row scatter (padding -> row span)
-    probs = np.ascontiguousarray(scores.reshape(s, hkv, g, plan.max_blocks, b).transpose(0, 3, 1, 2, 4))
-    block_probs = workspace.array("probs", (span + 1, hkv, g, b))
-    block_probs[plan.seq_blocks.ravel()] = probs.reshape(s * plan.max_blocks, hkv, g, b)
-    block_out = workspace.array("out", (span + 1, hkv, g, d))
-    np.matmul(block_probs[:span], kv_layer[1, lo:lo + span].transpose(0, 2, 1, 3), out=block_out[:span])  # V
-    block_out[span] = 0.0  # the padding row: sequences with fewer blocks add zeros
-    out = np.take(block_out, plan.seq_blocks, axis=0).sum(axis=1)  # [S, Hkv, G, D]
+    block_sum = workspace.array("block_sum", (span + 1, hkv, g))
+    block_sum[span] = 0.0  # padding row: neutral for sum
+    np.sum(scores, axis=-1, out=block_sum[:span])
+    seq_sum = np.take(block_sum, plan.seq_blocks, axis=0).sum(axis=1)  # [S, Hkv, G]
+    block_out = workspace.array("block_out", (span + 1, hkv, g, d))
+    np.matmul(scores, kv_layer[1, lo:lo + span].transpose(0, 2, 1, 3), out=block_out[:span])  # V read in place
+    if plan.onehot is not None:
+        out = (plan.onehot @ block_out[:span].reshape(span, hq * d)).reshape(s, hkv, g, d)
+    else:
+        block_out[span] = 0.0  # padding row: neutral for sum
+        out = np.take(block_out, plan.seq_blocks, axis=0).sum(axis=1)  # [S, Hkv, G, D]
+    out /= seq_sum[..., None]
     return out.reshape(s, hq, d)
 
 
