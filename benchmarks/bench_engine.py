@@ -56,9 +56,9 @@ from minienv.model import LlamaConfig, load_model, random_weights, save_checkpoi
 from minienv.sampling import SamplingParams  # noqa: E402
 from minienv.workload import LengthDistribution, WorkloadConfig, generate_workload, workload_stats  # noqa: E402
 
-# Same shape as benchmarks/bench_model.py's stand-in (used only when assets/target is missing).
-STAND_IN = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=640, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
+# training/train.py's "target" shape (used only when assets/target is missing).
+STAND_IN = LlamaConfig(vocab_size=2048, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=48, max_position_embeddings=1024,
                        rms_norm_eps=1e-5, tie_word_embeddings=True)
 #: Mixed lengths: short prompts, long-tailed outputs (a few requests generate ~4x the mean).
 MIXED = WorkloadConfig("mixed", LengthDistribution(32.0, 0.6), LengthDistribution(48.0, 1.0))
