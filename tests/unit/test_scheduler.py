@@ -211,3 +211,40 @@ def test_finish_and_abort_free_blocks():
 def test_bad_configuration(kw, msg):
     with pytest.raises(ValueError, match=msg):
         make_scheduler(**kw)
+
+
+def test_property_any_workload_any_budget_every_request_finishes_with_invariants_kept():
+    """Random workloads, budgets down to the largest single request, both policies, cache on/off: every request
+    finishes with exactly its tokens, the invariants hold after every step, and no step exceeds its budgets."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=150, deadline=None)
+    @given(
+        lens=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12)), min_size=1, max_size=10),
+        block_size=st.sampled_from([1, 2, 4, 8]),
+        slack_blocks=st.integers(0, 12),
+        max_num_seqs=st.integers(1, 5),
+        extra_tokens=st.integers(0, 40),
+        static=st.booleans(),
+        caching=st.booleans(),
+        shared=st.booleans(),
+    )
+    def check(lens, block_size, slack_blocks, max_num_seqs, extra_tokens, static, caching, shared):
+        largest = max(-(-(p + m) // block_size) for p, m in lens)
+        sch = make_scheduler(num_blocks=largest + slack_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                             max_num_batched_tokens=max_num_seqs + extra_tokens,
+                             scheduling="static" if static else "continuous", caching=caching)
+        reqs = []
+        for i, (p, m) in enumerate(lens):
+            prompt = [(3 * j + (0 if shared else i)) % 50 for j in range(p)]
+            reqs.append(make_request(0, prompt=prompt, max_tokens=m))
+            sch.add_request(reqs[-1])
+        steps = run_all(sch, max_steps=5000)
+        for r, (p, m) in zip(reqs, lens):
+            assert r.output_token_ids == list(range(1, m + 1))
+        for o in steps:
+            assert len(o.running) <= max_num_seqs
+        assert sch.kv.pool.num_used_blocks == 0
+
+    check()
