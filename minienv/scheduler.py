@@ -27,6 +27,9 @@ Static batching (``scheduling="static"``), the baseline: a *batch* is the first 
 requests, fixed when the running set is empty; only members of the current batch are admitted, and the next batch
 forms only after every member has finished. Budgets, chunking and preemption are the same, so the comparison
 measures exactly one thing: refilling the batch as soon as a slot frees versus waiting for the longest member.
+The baseline is *charitable*: a finished member stops computing at once, whereas classic static batching over
+padded tensors (``transformers.generate`` on a batch, FasterTransformer) keeps computing its padding until the
+longest member ends — so the measured advantage of continuous batching is a lower bound.
 
 Invariants (``check_invariants``): every running request holds KV in the manager with
 ``num_computed_tokens`` equal to the manager's; waiting requests hold none; ``len(running) <= max_num_seqs``;
