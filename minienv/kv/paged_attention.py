@@ -244,6 +244,15 @@ class _Tile:
     gather_buf: np.ndarray  # [2, n, nb, B, Hkv, D] view of the workspace: np.take writes here
     kv: np.ndarray  # the same memory as [2, n, nb*B, Hkv, D]: per-sequence contiguous K and V
     hidden: np.ndarray | None  # causal / length mask [n, Q, nb*B]
+    run_start: int | None = None  # one sequence whose blocks are physically consecutive: view them, no copy
+
+    def kv_of(self, kv_layer: np.ndarray) -> np.ndarray:
+        """This tile's K and V ``[2, n, nb*B, Hkv, D]``: a view of the pool for a run, else gathered (one take)."""
+        if self.run_start is not None:
+            _, nb, b, h, d = self.gather_buf.shape[1:]
+            return kv_layer[:, self.run_start:self.run_start + nb].reshape(2, 1, nb * b, h, d)
+        np.take(kv_layer, self.block_tables, axis=1, out=self.gather_buf, mode="clip")  # = gather_kv
+        return self.kv
 
 
 def plan_tiles(
@@ -269,8 +278,12 @@ def plan_tiles(
         n = s1 - s0
         buf = flat[: 2 * n * nb * b * num_kv_heads * head_dim].reshape(2, n, nb, b, num_kv_heads, head_dim)
         hidden = causal_hidden_mask(meta.context_lens[s0:s1], meta.query_lens[s0:s1], max_q, nb * b)
-        tiles.append(_Tile(s0, s1, np.ascontiguousarray(meta.block_tables[s0:s1, :nb]), buf,
-                           buf.reshape(2, n, nb * b, num_kv_heads, head_dim), hidden))
+        table = np.ascontiguousarray(meta.block_tables[s0:s1, :nb])
+        # A lone sequence whose blocks are consecutive physical ids (typical after a prefill from a fresh pool)
+        # is already a contiguous slab of the pool: no gather needed.
+        run = n == 1 and bool(np.all(np.diff(table[0]) == 1))
+        tiles.append(_Tile(s0, s1, table, buf, buf.reshape(2, n, nb * b, num_kv_heads, head_dim), hidden,
+                           int(table[0, 0]) if run else None))
     return tiles
 
 
@@ -389,26 +402,27 @@ def paged_attention(
     workspace = workspace if workspace is not None else Workspace()
     n, hq, d = q.shape
     hkv = kv_layer.shape[3]
-    if kernel != "gather":
-        key = ("inplace", kernel == "inplace", hkv, d)
-        if key not in meta._plans:
-            if kernel not in KERNELS:
-                raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-            meta._plans[key] = plan_inplace(meta, kernel == "inplace", 2 * hkv * d * 4)
-        plan = meta._plans[key]
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    key = (hkv, d, tile_bytes, id(workspace))
+    planned = meta._plans.get(key)
+    if planned is None:
+        tiles = plan_tiles(meta, hkv, d, tile_bytes, workspace)
+        planned = meta._plans[key] = (tiles, all(t.run_start is not None for t in tiles))
+    tiles, all_runs = planned
+    # "auto": when every tile is a physically contiguous run there is nothing to gather (views of the pool)
+    if kernel == "inplace" or (kernel == "auto" and not all_runs):
+        ikey = ("inplace", kernel == "inplace", hkv, d)
+        if ikey not in meta._plans:
+            meta._plans[ikey] = plan_inplace(meta, kernel == "inplace", 2 * hkv * d * 4)
+        plan = meta._plans[ikey]
         if plan is not None:
             return inplace_decode_attention(q, kv_layer, plan, workspace)
-    key = (hkv, d, tile_bytes, id(workspace))
-    tiles = meta._plans.get(key)
-    if tiles is None:
-        tiles = meta._plans[key] = plan_tiles(meta, hkv, d, tile_bytes, workspace)
-    take = np.take
     if meta.is_decode:
         q4 = q.reshape(n, 1, hq, d)  # one query per sequence, already in sequence order: no scatter
-        if len(tiles) == 1:  # the common small-batch decode: one gather, one attention, nothing else
+        if len(tiles) == 1:  # the common small-batch decode: one gather (or view), one attention
             tile = tiles[0]
-            take(kv_layer, tile.block_tables, axis=1, out=tile.gather_buf, mode="clip")
-            kv = tile.kv
+            kv = tile.kv_of(kv_layer)
             return batched_attention(q4, kv[0], kv[1], tile.hidden).reshape(n, hq, d)
         q_pad = q4
     else:
@@ -416,8 +430,7 @@ def paged_attention(
         q_pad[meta.token_seq_idx, meta.token_row] = q
     out = np.empty(q_pad.shape, dtype=np.float32)
     for tile in tiles:  # one iteration unless the batch's K/V outgrows the cache
-        take(kv_layer, tile.block_tables, axis=1, out=tile.gather_buf, mode="clip")  # gather_kv, inlined
-        kv = tile.kv
+        kv = tile.kv_of(kv_layer)
         batched_attention(q_pad[tile.s0:tile.s1], kv[0], kv[1], tile.hidden, out=out[tile.s0:tile.s1])
     if meta.is_decode:
         return out.reshape(n, hq, d)

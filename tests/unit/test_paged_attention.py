@@ -127,8 +127,8 @@ def test_batched_decode_of_different_lengths_uses_one_gather_per_tile():
     ws = Workspace()
     got = paged_attention(q, kv.kv_cache[0], meta, ws, kernel="gather")
     np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
-    (tiles,) = meta._plans.values()
-    assert len(tiles) == 1  # a small batch is one tile: one np.take, one attention call
+    ((tiles, all_runs),) = meta._plans.values()
+    assert len(tiles) == 1 and not all_runs  # a small batch is one tile: one np.take, one attention call
     buf = ws.buffer
     paged_attention(q, kv.kv_cache[0], meta, ws, kernel="gather")
     assert ws.buffer is buf  # the workspace is reused, not reallocated
@@ -153,6 +153,37 @@ def test_inplace_decode_reads_blocks_where_they_lie():
     assert plan_inplace(prefill, force=True, kv_bytes_per_token=4) is None
     with pytest.raises(ValueError, match="kernel"):
         paged_attention(q, kv.kv_cache[0], meta, kernel="magic")
+
+
+def test_a_sequence_whose_blocks_are_consecutive_is_attended_without_a_copy():
+    rng = np.random.default_rng(3)
+    b, hkv, d = 4, 2, 8
+    pool, kv, table = BlockPool(16), KVPool(1, 16, b, hkv, d), BlockTable(b)
+    pool.allocate(2)
+    table.append_tokens(13, pool)  # blocks 2, 3, 4, 5: one physical run
+    k = rng.standard_normal((13, hkv, d), dtype=np.float32)
+    v = rng.standard_normal((13, hkv, d), dtype=np.float32)
+    kv.write(0, table.slot_mapping(), k, v)
+    meta = PagedAttentionMetadata.from_block_tables([table], [1])
+    q = rng.standard_normal((1, 2 * hkv, d), dtype=np.float32)
+    ws = Workspace()
+    got = paged_attention(q, kv.kv_cache[0], meta, ws, kernel="auto")
+    ((tiles, all_runs),) = [v for key, v in meta._plans.items() if key[0] != "inplace"]
+    assert all_runs and tiles[0].run_start == 2 and ws.buffer.size == 2 * 4 * b * hkv * d  # buffer planned ...
+    assert np.shares_memory(tiles[0].kv_of(kv.kv_cache[0]), kv.kv_cache)  # ... but the K/V read is a view
+    np.testing.assert_allclose(got, causal_attention(q, k, v, np.array([12])), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kernel", ["gather", "inplace"])
+def test_decode_over_long_contexts(kernel):
+    """Contexts of more than a thousand keys (the benchmark's sizes) agree too."""
+    LONG_KEYS = 1024
+    rng = np.random.default_rng(5)
+    kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
+        rng, 16, [LONG_KEYS + 37, LONG_KEYS - 50, 5], [1] * 3, hkv=2, group=2, head_dim=8, scramble=2)
+    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+    got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), kernel=kernel)
+    np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
 
 
 def test_gather_kv_returns_blocks_in_logical_order():
