@@ -10,7 +10,9 @@ or the shape ``training/train.py`` gives it when the model is not bundled yet), 
 * *paged*: :func:`minienv.kv.paged_attention` with ``kernel="auto"`` (what the backend runs) over a shared pool
   whose blocks were handed out round-robin as the sequences grew, so every sequence's blocks are scattered. The
   two kernels are also timed on their own: *gather* (copy the blocks, then attend) and *in place* (attend per
-  block where it lies, no K/V copy).
+  block where it lies, no K/V copy). At batch 1 the lone sequence's blocks are one physical run (nobody else
+  allocated in between), so for small steps "auto" reads them through a view — that is what a lone request gets
+  from a fresh pool, but note it is the friendliest layout; batches 8 and 32 are fully interleaved.
 * *dense*: the same attention math over contiguous per-sequence K/V ``[batch, context, H, D]``
   (FasterTransformer-style: each sequence owns a slab), run three ways — :func:`minienv.kv.batched_attention` on
   the whole batch, the same in the gather kernel's sequence tiles, and *blockwise* (the in-place kernel's

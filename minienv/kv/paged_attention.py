@@ -408,10 +408,12 @@ def paged_attention(
     planned = meta._plans.get(key)
     if planned is None:
         tiles = plan_tiles(meta, hkv, d, tile_bytes, workspace)
-        planned = meta._plans[key] = (tiles, all(t.run_start is not None for t in tiles))
-    tiles, all_runs = planned
-    # "auto": when every tile is a physically contiguous run there is nothing to gather (views of the pool)
-    if kernel == "inplace" or (kernel == "auto" and not all_runs):
+        # views instead of copies when every tile is a physically contiguous run; for large steps the in-place
+        # kernel's block-sized matmuls still beat one long strided matmul (measured), so it keeps priority there
+        small = int(meta.seq_lens.sum()) * 2 * hkv * d * 4 < INPLACE_MIN_BYTES
+        planned = meta._plans[key] = (tiles, small and all(t.run_start is not None for t in tiles))
+    tiles, use_views = planned
+    if kernel == "inplace" or (kernel == "auto" and not use_views):
         ikey = ("inplace", kernel == "inplace", hkv, d)
         if ikey not in meta._plans:
             meta._plans[ikey] = plan_inplace(meta, kernel == "inplace", 2 * hkv * d * 4)

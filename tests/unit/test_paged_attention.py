@@ -127,8 +127,8 @@ def test_batched_decode_of_different_lengths_uses_one_gather_per_tile():
     ws = Workspace()
     got = paged_attention(q, kv.kv_cache[0], meta, ws, kernel="gather")
     np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
-    ((tiles, all_runs),) = meta._plans.values()
-    assert len(tiles) == 1 and not all_runs  # a small batch is one tile: one np.take, one attention call
+    ((tiles, use_views),) = meta._plans.values()
+    assert len(tiles) == 1 and not use_views  # a small batch is one tile: one np.take, one attention call
     buf = ws.buffer
     paged_attention(q, kv.kv_cache[0], meta, ws, kernel="gather")
     assert ws.buffer is buf  # the workspace is reused, not reallocated
@@ -168,8 +168,8 @@ def test_a_sequence_whose_blocks_are_consecutive_is_attended_without_a_copy():
     q = rng.standard_normal((1, 2 * hkv, d), dtype=np.float32)
     ws = Workspace()
     got = paged_attention(q, kv.kv_cache[0], meta, ws, kernel="auto")
-    ((tiles, all_runs),) = [v for key, v in meta._plans.items() if key[0] != "inplace"]
-    assert all_runs and tiles[0].run_start == 2 and ws.buffer.size == 2 * 4 * b * hkv * d  # buffer planned ...
+    ((tiles, use_views),) = [v for key, v in meta._plans.items() if key[0] != "inplace"]
+    assert use_views and tiles[0].run_start == 2 and ws.buffer.size == 2 * 4 * b * hkv * d  # buffer planned ...
     assert np.shares_memory(tiles[0].kv_of(kv.kv_cache[0]), kv.kv_cache)  # ... but the K/V read is a view
     np.testing.assert_allclose(got, causal_attention(q, k, v, np.array([12])), atol=1e-5, rtol=0)
 
