@@ -256,9 +256,9 @@ from minienv.seed_design import demo_evict_in_use
 from minienv.sharing_experiments import load_demo_model
 
 demo = load_demo_model()
-prompt_a = demo.encode("ROMEO: But soft, what light through yonder window breaks?")
-prompt_b = demo.encode("HAMLET: To be, or not to be, that is the question.")
-ev = demo_evict_in_use(demo.model, prompt_a, prompt_b, block_size=B, max_new_tokens=12, b_arrives_after=5)
+prompt_a = demo.encode("ROMEO: But soft, what light")
+prompt_b = demo.encode("HAMLET: To be, or not to be")
+ev = demo_evict_in_use(demo.model, prompt_a, prompt_b, block_size=B, max_new_tokens=8, b_arrives_after=4)
 print(f"model: {demo.name}; budget {ev.kv_budget_tokens} tokens")
 print(f"seed evicted A's in-use blocks {list(ev.seed_evicted_in_use)} when B arrived")
 print(f"A, reference (no cache): {demo.decode(list(ev.reference_a_ids))!r}")
