@@ -45,6 +45,8 @@ thread saves nothing, and spinning BLAS threads on an oversubscribed CPU made a 
 
 from __future__ import annotations
 
+import codecs
+import copy
 import dataclasses
 import itertools
 import time
@@ -77,20 +79,24 @@ Prompt = "str | Sequence[int]"
 
 # ---------------------------------------------------------------------------------------------------- text
 class IncrementalDetokenizer:
-    """Output text, grown one token at a time, decoding only the tokens not yet turned into text.
+    """Output text, grown one token at a time, decoding only what is new.
 
-    A byte-level token can end inside a UTF-8 character (decoding it alone gives U+FFFD), so tokens are held in
-    ``pending`` until they decode to text that does not end in U+FFFD; then that text is final and ``pending``
-    empties. Each push decodes a handful of tokens instead of the whole output (``generate.TextStream`` re-decodes
-    everything: O(n^2) over a long output), and the text equals decoding all tokens at once, because UTF-8
-    decoding restarts cleanly at a character boundary.
+    A byte-level token can end inside a UTF-8 character, so text is released only up to the last complete
+    character. With a tokenizer that exposes each token's bytes (``id_to_bytes``, as minienv's BPE does), the
+    bytes go through Python's incremental UTF-8 decoder — O(1) per token, and exactly ``decode(all ids)``.
+    Otherwise tokens are held in ``pending`` until ``decode(pending)`` no longer ends in U+FFFD. Either way each
+    push costs a few tokens' work, not the whole output's (``generate.TextStream`` re-decodes everything: O(n^2)).
     """
 
-    def __init__(self, decode: Callable[[list[int]], str]):
-        self.decode = decode
+    def __init__(self, tokenizer: Any):
+        self.decode = tokenizer.decode
+        self.id_to_bytes = getattr(tokenizer, "id_to_bytes", None)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace") if self.id_to_bytes else None
         self.pending: list[int] = []
 
     def push(self, token_id: int) -> str:
+        if self._utf8 is not None:
+            return self._utf8.decode(self.id_to_bytes(token_id))
         self.pending.append(token_id)
         text = self.decode(self.pending)
         if text.endswith("\ufffd"):
@@ -99,6 +105,8 @@ class IncrementalDetokenizer:
         return text
 
     def flush(self) -> str:
+        if self._utf8 is not None:
+            return self._utf8.decode(b"", final=True)
         text = self.decode(self.pending) if self.pending else ""
         self.pending = []
         return text
@@ -426,7 +434,7 @@ class InferenceEngine:
         metrics = RequestMetrics(arrival_time=time.perf_counter(), arrival_step=self.scheduler.num_steps)
         req = Request(request_id, ids, params, metrics, prompt=text)
         self.requests[request_id] = req
-        self._streams[request_id] = IncrementalDetokenizer(self.tokenizer.decode)
+        self._streams[request_id] = IncrementalDetokenizer(self.tokenizer)
         self._emitted[request_id] = (0, 0)
         self.scheduler.add_request(req)
         return request_id
@@ -560,7 +568,7 @@ class InferenceEngine:
         return RequestOutput(
             request_id=req.request_id, prompt=req.prompt, prompt_token_ids=tuple(req.prompt_token_ids), text=text,
             token_ids=ids, finished=req.is_finished, finish_reason=req.finish_reason,
-            metrics=dataclasses.replace(req.metrics), stop_reason=req.stop_reason,
+            metrics=copy.copy(req.metrics), stop_reason=req.stop_reason,
             delta_text=text[n_chr:], delta_token_ids=ids[n_tok:],
         )
 
@@ -599,9 +607,10 @@ class InferenceEngine:
         checked = self._validate_batch(prompts, sampling_params)
         ids = [self._add(tok, text, sp, None) for tok, text, sp in checked]
         pending = set(ids)
-        while pending:
-            self.step()
-            pending = {i for i in pending if not self.requests[i].is_finished}
+        while pending and self.scheduler.has_unfinished_requests():
+            for out in self.step():
+                if out.finished:
+                    pending.discard(out.request_id)
         return [self.output(i) for i in ids]
 
     def stream(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
