@@ -330,7 +330,8 @@ assert "0 ·rc2" in trace.text[0]
 # the block tables show each request's blocks in logical order; C's new block [1] is outlined
 assert tables.tables == {"A": (0, 1, 2), "B": (3, 4), "C": (0, 5)}
 assert tables.changed == {("C", 1)}
-assert "p0 ·rc2" in tables.fig.data[0].text[0]  # A[0] is physical block 0, shared by two tables
+assert tables.cells()[0]["top"] == "p0 ·rc2"  # A[0] is physical block 0, shared by two tables
+assert tables.widget.value == tables.to_svg()  # the live widget shows exactly the static picture
 # the queue view shows the free queue, head first
 assert queue.items == (6, 7) and queue.head == 6 and queue.removed == (5,)
 print("step 4 checks passed")

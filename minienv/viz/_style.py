@@ -84,12 +84,14 @@ def esc(text: object) -> str:
 
 
 def svg_rect(x: float, y: float, w: float, h: float, fill: str, *, stroke: str = EDGE, width: float = 1.0,
-             dash: bool = False, rx: float = 3.0) -> str:
+             dash: bool = False, rx: float = 3.0, tip: str | None = None) -> str:
+    """A rectangle; ``tip`` becomes its hover tooltip (an SVG ``<title>``)."""
     dash_attr = ' stroke-dasharray="4 3"' if dash else ""
-    return (
+    head = (
         f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="{rx}" fill="{fill}" '
-        f'stroke="{stroke}" stroke-width="{width}"{dash_attr}/>'
+        f'stroke="{stroke}" stroke-width="{width}"{dash_attr}'
     )
+    return head + (f"><title>{esc(tip)}</title></rect>" if tip else "/>")
 
 
 def svg_text(x: float, y: float, text: object, *, size: int = 11, color: str = "#1a1a1a", anchor: str = "middle",

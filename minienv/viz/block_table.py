@@ -2,8 +2,10 @@
 
 Row ``A`` reads left to right in logical order; each cell shows the physical block id (``p7``), its refcount when
 given (``·rc2``) and, when token counts are given, how full that block is (``3/4``). Cells that changed in the
-last update (a new block at a block boundary, a copy-on-write replacing a shared block) are outlined. One plotly
-``FigureWidget``, updated in place; ``static()`` draws the same as SVG.
+last update (a new block at a block boundary, a copy-on-write replacing a shared block) are outlined. The live
+view is one ``ipywidgets.HTML`` holding an SVG, replaced in place on each update (a plain widget: no plotly here,
+so a page with many views has only the block grid's FigureWidget to initialise); ``static()`` is the same SVG.
+Hover a cell for its details.
 
     tables = BlockTableView(block_size=4, colors_from=grid)
     tables.update({"A": [0, 1, 2], "C": [0, 5]}, tokens={"A": 10, "C": 6}, refcounts={0: 2})
@@ -56,7 +58,8 @@ class BlockTableView:
         self._changed: frozenset[tuple[Hashable, int]] = frozenset()
         self._caption = ""
         self.updates = 0
-        self.fig = self._make_figure()
+        widgets = S.require("ipywidgets")
+        self.widget = widgets.HTML(value=self.to_svg())
 
     # ------------------------------------------------------------------ state
     @property
@@ -71,10 +74,6 @@ class BlockTableView:
     @property
     def caption(self) -> str:
         return self._caption
-
-    @property
-    def widget(self):
-        return self.fig
 
     # ------------------------------------------------------------------ updating
     def update(
@@ -161,6 +160,10 @@ class BlockTableView:
         }
 
     # ------------------------------------------------------------------ drawing
+    def cells(self) -> list[dict]:
+        """What is drawn, one dict per cell: row, col, req, block, top, bottom (the two lines), color, changed."""
+        return self._cells()
+
     def _cells(self) -> list[dict]:
         out = []
         for row, (req, table) in enumerate(self._tables.items()):
@@ -180,76 +183,8 @@ class BlockTableView:
     def _title_text(self) -> str:
         return " — ".join(p for p in (self.title, self._caption) if p)
 
-    def _geometry(self) -> dict:
-        cell, margin = self.cell_px, dict(l=60, r=8, t=36, b=24)
-        rows = max(1, len(self._tables))
-        cols = self._columns()
-        return dict(
-            width=max(cols * cell + margin["l"] + margin["r"], 320),
-            height=rows * cell + margin["t"] + margin["b"],
-            margin=margin,
-            xaxis=dict(range=[-0.5, cols - 0.5], fixedrange=True, side="top", showgrid=False, zeroline=False,
-                       tickvals=list(range(cols)), ticktext=[f"[{j}]" for j in range(cols)],
-                       tickfont=dict(size=9, color="#777777")),
-            yaxis=dict(range=[rows - 0.5, -0.5], fixedrange=True, showgrid=False, zeroline=False,
-                       tickvals=list(range(len(self._tables))), ticktext=[str(r) for r in self._tables],
-                       tickfont=dict(size=12, family=S.FONT)),
-        )
-
-    def _arrays(self) -> dict[str, list]:
-        cells = self._cells()
-        return dict(
-            x=[c["col"] for c in cells],
-            y=[c["row"] for c in cells],
-            color=[c["color"] for c in cells],
-            text=[f"<b>{S.esc(c['top'])}</b><br>{S.esc(c['bottom'])}" for c in cells],
-            text_color=[S.text_color(c["color"]) for c in cells],
-            line_color=[S.CHANGED if c["changed"] else S.EDGE for c in cells],
-            line_width=[4 if c["changed"] else 1 for c in cells],
-            hover=[
-                f"{S.esc(c['req'])}: logical block {c['col']} → physical block {c['block']}"
-                + (f"<br>refcount {c['rc']}" if c["rc"] is not None else "")
-                + (f"<br>{c['fill']}/{self.block_size} slots used" if c["fill"] is not None else "")
-                for c in cells
-            ],
-        )
-
-    def _make_figure(self):
-        go = S.require("plotly.graph_objects")
-        a = self._arrays()
-        fig = go.FigureWidget(
-            data=[
-                go.Scatter(
-                    x=a["x"], y=a["y"], mode="markers+text",
-                    marker=dict(symbol="square", size=self.cell_px - 6, color=a["color"],
-                                line=dict(color=a["line_color"], width=a["line_width"])),
-                    text=a["text"], textposition="middle center",
-                    textfont=dict(family=S.FONT, size=10, color=a["text_color"]),
-                    hovertext=a["hover"], hoverinfo="text", showlegend=False, name="block tables",
-                )
-            ],
-            layout=go.Layout(
-                title=dict(text=self._title_text(), x=0.01, xanchor="left", font=dict(size=13)),
-                plot_bgcolor="#ffffff", paper_bgcolor="#ffffff", **self._geometry(),
-            ),
-        )
-        S.quiet_config(fig)
-        return fig
-
     def _redraw(self) -> None:
-        a = self._arrays()
-        fig = self.fig
-        with fig.batch_update():
-            t = fig.data[0]
-            t.x, t.y = a["x"], a["y"]
-            t.marker.color = a["color"]
-            t.marker.line.color = a["line_color"]
-            t.marker.line.width = a["line_width"]
-            t.text = a["text"]
-            t.textfont.color = a["text_color"]
-            t.hovertext = a["hover"]
-            fig.layout.update(self._geometry())
-            fig.layout.title.text = self._title_text()
+        self.widget.value = self.to_svg()
 
     # ------------------------------------------------------------------ static rendering
     def to_svg(self) -> str:
@@ -266,12 +201,18 @@ class BlockTableView:
             body.append(S.svg_text(left, top + cell / 2, "(no requests)", size=11, anchor="start", color="#777777"))
         for c in self._cells():
             x0, y0 = left + c["col"] * cell + 3, top + c["row"] * cell + 3
-            body.append(S.svg_rect(x0, y0, cell - 6, cell - 6, c["color"],
-                                   stroke=S.CHANGED if c["changed"] else "#d0d0d0",
-                                   width=3.5 if c["changed"] else 1))
+            tip = f"{c['req']}: logical block {c['col']} → physical block {c['block']}" + (
+                f"; refcount {c['rc']}" if c["rc"] is not None else "") + (
+                f"; {c['fill']}/{self.block_size} slots used" if c["fill"] is not None else "")
             tc = S.text_color(c["color"])
-            body.append(S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.33, c["top"], size=10, color=tc, bold=True))
-            body.append(S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.70, c["bottom"], size=10, color=tc))
+            body.append(  # one group per cell, so hovering the text shows the tooltip too
+                f"<g><title>{S.esc(tip)}</title>"
+                + S.svg_rect(x0, y0, cell - 6, cell - 6, c["color"], stroke=S.CHANGED if c["changed"] else "#d0d0d0",
+                             width=3.5 if c["changed"] else 1)
+                + S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.33, c["top"], size=10, color=tc, bold=True)
+                + S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.70, c["bottom"], size=10, color=tc)
+                + "</g>"
+            )
         return S.svg_doc(width, top + rows * cell + 8, body, title=self._title_text() or "block tables")
 
     def to_html(self) -> str:
@@ -281,14 +222,10 @@ class BlockTableView:
         display = S.require("IPython.display")
         return display.SVG(data=self.to_svg())
 
-    def figure(self):
-        go = S.require("plotly.graph_objects")
-        return go.Figure(self.fig)
-
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        bundle = dict(self.fig._repr_mimebundle_(include=include, exclude=exclude, **kwargs))
+        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs) or {})
         bundle["text/plain"] = repr(self)
         return bundle
 
     def __repr__(self) -> str:
-        return f"BlockTableView(requests={list(self._tables)}, fig=FigureWidget(...))"
+        return f"BlockTableView(requests={list(self._tables)})"

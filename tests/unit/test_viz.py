@@ -358,24 +358,28 @@ from minienv.viz import BlockTableView  # noqa: E402
 def test_block_tables_update_in_place_and_highlight_new_blocks():
     grid = BlockGrid(8)
     view = BlockTableView(block_size=4, num_blocks=8, colors_from=grid)
-    fig = view.fig
+    widget = view.widget
     view.update({"A": [0, 1], "B": [3]}, tokens={"A": 5, "B": 2}, refcounts={0: 1, 1: 1, 3: 1})
-    trace = fig.data[0]
-    assert len(trace.x) == 3 and tuple(fig.layout.yaxis.ticktext) == ("A", "B")
-    assert trace.text[0] == "<b>p0 ·rc1</b><br>4/4" and trace.text[1] == "<b>p1 ·rc1</b><br>1/4"
-    assert trace.marker.color[0] == grid.owner_color("A")
+    cells = view.cells()
+    assert [(c["req"], c["col"], c["block"]) for c in cells] == [("A", 0, 0), ("A", 1, 1), ("B", 0, 3)]
+    assert (cells[0]["top"], cells[0]["bottom"]) == ("p0 ·rc1", "4/4")
+    assert (cells[1]["top"], cells[1]["bottom"]) == ("p1 ·rc1", "1/4")
+    assert cells[0]["color"] == grid.owner_color("A")
+    v1 = widget.value
+    assert "p0 ·rc1" in v1 and ">A<" in v1 and ">B<" in v1 and "logical block 1 → physical block 1" in v1
     # A grows within its last block: only that cell changes; then crosses a boundary: a new cell
     assert view.update({"A": [0, 1], "B": [3]}, tokens={"A": 6, "B": 2}, refcounts={0: 1, 1: 1, 3: 1}) == {("A", 1)}
     changed = view.update({"A": [0, 1, 2], "B": [3]}, tokens={"A": 9, "B": 2}, refcounts={0: 1, 1: 1, 2: 1, 3: 1})
     assert changed == {("A", 1), ("A", 2)}  # block 1 became full, block 2 is new
-    assert view.fig is fig and len(fig.data[0].x) == 4
-    widths = list(fig.data[0].marker.line.width)
-    assert sorted(i for i, w in enumerate(widths) if w > 1) == [1, 2]
+    assert view.widget is widget and widget.value != v1 and widget.value == view.to_svg()
+    assert [c["changed"] for c in view.cells()] == [False, True, True, False]
+    assert widget.value.count(f'stroke="{S.CHANGED}" stroke-width="3.5"') == 2
     # a shared block is drawn in the shared colour with its refcount
     view.update({"A": [0, 1, 2], "C": [0]}, refcounts={0: 2, 1: 1, 2: 1})
-    assert fig.data[0].marker.color[0] == S.SHARED and "p0 ·rc2" in fig.data[0].text[3]
-    svg = view.to_svg()
+    assert view.cells()[0]["color"] == S.SHARED and view.cells()[3]["top"] == "p0 ·rc2"
+    svg = view.static().data
     assert "p0 ·rc2" in svg and ">C<" in svg and "[2]" in svg
+    assert "FigureWidget" not in repr(view) and view._repr_mimebundle_()["text/plain"] == repr(view)
 
 
 @pytest.mark.parametrize(
@@ -394,18 +398,18 @@ def test_block_tables_update_in_place_and_highlight_new_blocks():
 def test_block_tables_bad_input_leaves_view_unchanged(tables, kw, match):
     view = BlockTableView(block_size=4, num_blocks=8)
     view.update({"A": [1]}, tokens={"A": 3}, caption="ok")
-    state = (view.tables, view.changed, view.caption, view.updates, tuple(view.fig.data[0].text))
+    state = (view.tables, view.changed, view.caption, view.updates, view.widget.value)
     with pytest.raises(ValueError, match=match):
         view.update(tables, **kw)
-    assert (view.tables, view.changed, view.caption, view.updates, tuple(view.fig.data[0].text)) == state
+    assert (view.tables, view.changed, view.caption, view.updates, view.widget.value) == state
 
 
 def test_block_tables_empty_and_reset():
     view = BlockTableView()
-    assert "(no requests)" in view.to_svg() and len(view.fig.data[0].x) == 0
+    assert "(no requests)" in view.widget.value and view.cells() == []
     view.update({"A": [2]})
     view.reset()
-    assert view.tables == {} and len(view.fig.data[0].x) == 0
+    assert view.tables == {} and view.cells() == [] and "(no requests)" in view.widget.value
     with pytest.raises(ValueError, match="block_size"):
         view.update({"A": [2]}, tokens={"A": 1})
 
