@@ -1,6 +1,6 @@
-"""Helpers of the browser tier: where things are, the dependency gate, and two generated notebooks that prove the
-checker works (one must pass; one must fail in every way the checker looks for -- written without outputs, the
-tests state what each must show)."""
+"""Helpers of the browser tier: where things are, the dependency gate, and a generated notebook that proves the
+checker works: its live views must count as rendered, and each of its deliberate failures must be reported.
+(It is written without outputs; SELFTEST_EXPECT states what a committed copy would have shown.)"""
 
 from __future__ import annotations
 
@@ -35,25 +35,17 @@ def require_browser_tier() -> None:
     pytest.skip(msg)
 
 
-GOOD = "good_widgets.ipynb"
-BAD = "bad_everything.ipynb"
+SELFTEST = "selftest.ipynb"
 
-GOOD_CELLS = [
-    ("markdown", "A FigureWidget, a slider, a box holding a FigureWidget, and two static plotly figures."),
-    ("code", "import ipywidgets as w\nimport plotly.graph_objects as go\nfrom IPython.display import display"),
-    ("code", "fw = go.FigureWidget(go.Bar(y=[1, 3, 2]))\nfw"),
-    ("code", "s = w.IntSlider(value=3, max=10, description='n')\ns"),
-    ("code", "box = w.VBox([w.HTML('<b>hello</b>'), go.FigureWidget(go.Scatter(y=[3, 1, 2]))])\nbox"),
-    ("code", "go.Figure(go.Scatter(y=[1, 2, 3])).show()"),
-    ("code", "display(go.Figure(go.Bar(y=[2, 2, 1])))"),
-    ("code", "fw.data[0].y = [3, 2, 1]  # a live update, in place\nassert s.value == 3"),
-]
-GOOD_EXPECT = {"widget_views": 3, "plotly_figures": 4}
-
-BAD_CELLS = [
+# Live views that must count as rendered, then every kind of failure the checker must report.
+SELFTEST_CELLS = [
+    ("markdown", "Self-test of tools/lab_check.py: two live views, then one failure of each kind."),
     ("code", "import ipywidgets as w\nimport plotly.graph_objects as go\nimport traitlets\n"
              "from IPython.display import Javascript, display"),
-    # A widget whose frontend module does not exist: ipywidgets shows its error view + logs a console error.
+    # good: an ipywidget, and a FigureWidget updated in place after display
+    ("code", "s = w.IntSlider(value=3, max=10, description='n')\ns"),
+    ("code", "fw = go.FigureWidget(go.Bar(y=[1, 3, 2]))\ndisplay(fw)\nfw.data[0].y = [3, 2, 1]"),
+    # bad: a widget whose frontend module does not exist -> ipywidgets' error view + a console error
     ("code", "class Broken(w.DOMWidget):\n"
              "    _model_module = traitlets.Unicode('no-such-widget-module').tag(sync=True)\n"
              "    _model_module_version = traitlets.Unicode('9.9.9').tag(sync=True)\n"
@@ -62,13 +54,20 @@ BAD_CELLS = [
              "    _view_module_version = traitlets.Unicode('9.9.9').tag(sync=True)\n"
              "    _view_name = traitlets.Unicode('NoSuchView').tag(sync=True)\n"
              "Broken()"),
-    # A figure that does not render as a plot (JSON tree instead), while one plotly figure is expected.
+    # bad: a widget output whose model the frontend never gets -> "Error displaying widget: model not found"
+    ("code", "display({'application/vnd.jupyter.widget-view+json': "
+             "{'model_id': 'no-such-model', 'version_major': 2, 'version_minor': 0}}, raw=True)"),
+    # bad: a figure that does not render as a plot (a JSON tree instead) where a plotly figure is expected
     ("code", "go.Figure(go.Bar(y=[1, 2])).show(renderer='json')"),
+    # bad: a JS console error
     ("code", "display(Javascript(\"console.error('deliberate console error from the self-test')\"))"),
+    # bad: a cell that raises, and so a cell that never runs
     ("code", "raise ValueError('deliberate failure from the self-test')"),
     ("code", "print('never runs: Run All stops at the error above')"),
 ]
-BAD_EXPECT = {"widget_views": 1, "plotly_figures": 1}
+# What "the committed notebook" would show: 4 widget outputs (slider, FigureWidget, Broken, the orphan view);
+# 2 plotly figures (the FigureWidget, and the figure that the json renderer turns into a tree).
+SELFTEST_EXPECT = {"widget_views": 4, "plotly_figures": 2}
 
 
 def _notebook(cells) -> dict:
@@ -88,7 +87,7 @@ def _notebook(cells) -> dict:
 
 
 def write_selftest_notebooks(folder: Path) -> None:
-    for name, cells in [(GOOD, GOOD_CELLS), (BAD, BAD_CELLS)]:
+    for name, cells in [(SELFTEST, SELFTEST_CELLS)]:
         nb = _notebook(cells)
         for i, cell in enumerate(nb["cells"]):
             cell["id"] = f"cell-{i}"

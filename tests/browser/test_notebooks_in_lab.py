@@ -10,8 +10,7 @@ land in tests/browser/screenshots/ (git-ignored) -- look at them.
 from __future__ import annotations
 
 import pytest
-from browser_support import (BAD, BAD_EXPECT, GOOD, GOOD_EXPECT, SCREENSHOTS, SELFTEST_DIR, lab_check,
-                             notebooks_dir)
+from browser_support import SCREENSHOTS, SELFTEST, SELFTEST_DIR, SELFTEST_EXPECT, lab_check, notebooks_dir
 
 pytestmark = pytest.mark.browser
 
@@ -35,29 +34,22 @@ def test_notebook_renders_in_jupyterlab(lab, notebook, record_property):
 
 
 # ----------------------------------------------------------------------------------------- the checker itself
-def test_checker_passes_live_widgets_and_figures(lab):
-    """Positive control: FigureWidgets, an ipywidget, a container and static figures all count as rendered."""
+def test_checker_sees_live_views_and_catches_every_kind_of_failure(lab):
+    """A slider and a FigureWidget count as rendered live views; a cell that raises, the cell after it never
+    running, a widget that cannot render, a widget output without a model, a figure that is not a plot, and a console error are each reported."""
     server, browser = lab
-    res = lab_check.check_notebook(browser, server, f"{SELFTEST_DIR}/{GOOD}", lab_check.Expected(**GOOD_EXPECT),
-                                   screenshot=SCREENSHOTS / "_selftest_good.png")
-    print(res.summary())
-    assert res.ok, res.summary()
-    assert res.counts["widget_views"] == GOOD_EXPECT["widget_views"]
-    assert res.counts["plotly_plots"] >= GOOD_EXPECT["plotly_figures"]
-
-
-def test_checker_catches_every_kind_of_failure(lab):
-    """Negative control: a cell that raises, the cell after it never running, a widget that cannot render, a
-    figure that is not a plot, and a console error -- each must be reported."""
-    server, browser = lab
-    res = lab_check.check_notebook(browser, server, f"{SELFTEST_DIR}/{BAD}", lab_check.Expected(**BAD_EXPECT),
-                                   screenshot=SCREENSHOTS / "_selftest_bad.png", settle_timeout=5)
+    res = lab_check.check_notebook(browser, server, f"{SELFTEST_DIR}/{SELFTEST}",
+                                   lab_check.Expected(**SELFTEST_EXPECT),
+                                   screenshot=SCREENSHOTS / "_selftest.png", settle_timeout=5)
     print(res.summary())
     p = {k: "\n".join(v) for k, v in res.problems.items()}
+    assert res.counts["widget_views"] == 2 and res.counts["plotly_plots"] == 1, res.summary()  # slider, FigureWidget
     assert "ValueError: deliberate failure from the self-test" in p["errors"], res.summary()
     assert "never runs" in p["unrun"], res.summary()
-    assert "not a live view" in p["widgets"] and "cell 1" in p["widgets"], res.summary()
-    assert "0 rendered .js-plotly-plot" in p["plotly"], res.summary()
+    assert "cell 4 (class Broken" in p["widgets"] and "not a live view" in p["widgets"], res.summary()
+    assert "cell 5 (display(" in p["widgets"] and "Error displaying widget" in p["widgets"], res.summary()
+    assert "2 rendered widget views, the committed notebook has 4" in p["widgets"], res.summary()
+    assert "1 rendered .js-plotly-plot, the committed notebook has 2" in p["plotly"], res.summary()
     assert "deliberate console error from the self-test" in p["console"], res.summary()
     assert "no-such-widget-module" in p["console"], res.summary()
     assert not res.ok
