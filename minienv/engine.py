@@ -72,7 +72,7 @@ from minienv.request import (
     kv_tokens_needed,
 )
 from minienv.sampling import SamplingParams
-from minienv.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy
+from minienv.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy, VictimPolicy, most_recently_admitted
 
 Prompt = "str | Sequence[int]"
 
@@ -291,6 +291,9 @@ class InferenceEngine:
         ``"continuous"`` (refill the batch every step) or ``"static"`` (fixed batches; the baseline).
     record_history:
         Keep a :class:`StepRecord` per step in ``history`` (small; turn off for very long runs).
+    victim_policy:
+        Which request to preempt when a running one cannot get a block (default: the most recently admitted);
+        called with the candidates not yet scheduled in the step, oldest first. Outputs never depend on it.
     """
 
     def __init__(
@@ -305,6 +308,7 @@ class InferenceEngine:
         max_num_batched_tokens: int = 512,
         scheduling: SchedulingPolicy = "continuous",
         record_history: bool = True,
+        victim_policy: VictimPolicy | None = None,
     ):
         if model is None:
             from minienv.model import load_model
@@ -326,7 +330,8 @@ class InferenceEngine:
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
                                                kv_pool=self.kv_pool)
         self.scheduler = Scheduler(self.kv_cache_manager, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens, scheduling=scheduling)
+                                   max_num_batched_tokens=max_num_batched_tokens, scheduling=scheduling,
+                                   victim_policy=victim_policy or most_recently_admitted)
         self.backend = PagedAttentionBackend(self.kv_pool)
         self.record_history = record_history
         self.history: list[StepRecord] = []

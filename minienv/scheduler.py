@@ -17,6 +17,8 @@ Continuous batching (``scheduling="continuous"``; vLLM v1's ``Scheduler.schedule
    to the *front* of the waiting queue, keeping its generated tokens and its sampler. Repeat until the block is
    granted or the request itself was the victim. The victim is never a request already scheduled in this step
    (victims come from the end of the running list, which is scheduled last), so no scheduled work is undone.
+   ``victim_policy`` swaps the rule (an exercise in notebook 07): it picks from the *candidates*, the requests
+   not yet scheduled in this step (the one asking for the block first, then the younger ones).
 3. **Admission.** With what is left of the token budget, and while fewer than ``max_num_seqs`` run, admit
    waiting requests in order: prefix lookup (hits are whole cached blocks, never the last token), then slots for
    the first chunk of what is not cached. A request whose chunk does not fit in the free blocks stays at the
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
@@ -50,6 +52,13 @@ from minienv.request import Request, RequestNotFoundError, RequestStatus
 
 SchedulingPolicy = Literal["continuous", "static"]
 StepKind = Literal["prefill", "decode"]
+#: Picks the preemption victim among candidates (oldest first; ``candidates[0]`` is the request that needs a block).
+VictimPolicy = Callable[[Sequence[Request]], Request]
+
+
+def most_recently_admitted(candidates: Sequence[Request]) -> Request:
+    """vLLM's rule: preempt the request admitted last (it has the least work to lose, in a FCFS world)."""
+    return candidates[-1]
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         scheduling: SchedulingPolicy = "continuous",
+        victim_policy: VictimPolicy = most_recently_admitted,
     ):
         for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -142,6 +152,7 @@ class Scheduler:
         self.max_num_seqs = int(max_num_seqs)
         self.max_num_batched_tokens = int(max_num_batched_tokens)
         self.scheduling: SchedulingPolicy = scheduling
+        self.victim_policy = victim_policy
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last one is the preemption victim
         self.requests: dict[str, Request] = {}  # unfinished requests by id
@@ -203,7 +214,10 @@ class Scheduler:
                     alloc = self.kv.append_slots(req.request_id, tokens)
                     break
                 except OutOfBlocksError:
-                    victim = self.running[-1]
+                    candidates = self.running[i:]  # not yet scheduled in this step; req first
+                    victim = self.victim_policy(candidates)
+                    if not any(victim is c for c in candidates):
+                        raise ValueError(f"victim_policy returned {victim!r}, which is not one of its candidates")
                     if not victim.is_prefilling:
                         decodes_after -= victim is not req
                     self._preempt(victim)
@@ -211,7 +225,7 @@ class Scheduler:
                     if victim is req:
                         break
             if alloc is None:
-                break  # the request preempted itself: everything after it was already preempted
+                continue  # the request preempted itself; running[i] is now the next one (default policy: none)
             budget -= n
             scheduled.append(self._scheduled(req, alloc, n, start, is_new=False))
             i += 1

@@ -134,3 +134,26 @@ def test_a_request_that_can_never_fit_is_rejected_and_the_rest_finish(model, tok
             e.step()  # interleave: requests already running keep going
     e.run()
     assert [list(e.output(i).token_ids) for i in ids] == reference
+
+
+@pytest.mark.parametrize("policy", ["oldest_candidate", "most_tokens"])
+def test_any_victim_policy_loses_nothing(model, tok, workload, reference, policy):
+    """The victim rule changes who waits, never what anyone generates (notebook 07's exercise swaps it)."""
+    prompts, params = workload
+    pick = {"oldest_candidate": lambda c: c[0], "most_tokens": lambda c: max(c, key=lambda r: r.num_tokens)}[policy]
+    e, outs = serve(model, tok, prompts, params, kv_budget_tokens=budget_for(workload, 0.10, 4), block_size=4,
+                    max_num_seqs=8, max_num_batched_tokens=32, victim_policy=pick)
+    assert e.stats.num_preemptions > 0
+    assert [list(o.token_ids) for o in outs] == reference
+
+
+def test_a_victim_policy_must_pick_a_candidate(model, tok, workload):
+    prompts, params = workload
+    outsider = []
+    e = InferenceEngine(model, tok, kv_budget_tokens=budget_for(workload, 0.10, 4), block_size=4, max_num_seqs=8,
+                        max_num_batched_tokens=32, victim_policy=lambda c: outsider[0])
+    for p, sp in zip(prompts, params):
+        e.add_request(p, sp)
+    outsider.append(object())
+    with pytest.raises(ValueError, match="not one of its candidates"):
+        e.run()
