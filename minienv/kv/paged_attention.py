@@ -1,33 +1,33 @@
 """Paged attention in numpy: attention whose K/V are read through block tables from the shared KV pool.
 
 The model hands the backend each layer's Q, K, V for the N new tokens of a step (several sequences flattened,
-each a prefill chunk — possibly starting mid-sequence — or a single decode token). The backend
-
-1. writes the new K/V into the pool at their slots (``slot = table[t // B] * B + t % B``), then
-2. for each sequence, gathers its blocks *in logical order* — one ``np.take`` of whole blocks on the block axis —
-   which turns scattered physical blocks back into a contiguous ``[tokens, H, D]`` view, and
-3. runs ordinary batched, padded, causal attention over that: the very same math as attention over contiguous
-   per-sequence caches (:func:`batched_attention`), so paged == dense is true by construction and checkable.
+each a prefill chunk — possibly starting mid-sequence — or a single decode token). The backend writes the new K/V
+into the pool at their slots (``slot = table[t // B] * B + t % B``), then computes causal attention of the new
+tokens over everything their sequences have cached, reading K/V through the block tables.
 
 Per-step inputs are an explicit :class:`PagedAttentionMetadata`, like vLLM's attention metadata: block tables,
 context lengths (tokens cached before this step), query lengths (new tokens this step) and the slot mapping.
+Everything derived from it (tiles, index arrays, masks) is computed once per step and reused by every layer.
 
 **Two kernels, one answer.** Paging adds work only in *how K/V are reached*; two ways are implemented and the
 property tests hold both to the dense reference:
 
 * **gather** (any step: prefill chunks, decodes, shared blocks): copy each sequence's blocks, in logical order,
-  into a reused buffer with one ``np.take`` on the block axis, then run :func:`batched_attention`. The batch is
-  walked in *tiles* of sequences sized to stay in the L2 cache (``tile_bytes``), so the copy is still hot when
-  attention reads it. In numpy that copy costs about as much as the attention matmul itself.
-* **in place** (decode steps whose blocks are not shared and lie in a compact range of the pool): no K/V copy at
-  all. Attention is a sum over keys, so it can be computed *per block*, reading every block where it lies: one
-  batched matmul of each block's K with its owner's query (``[G, D] @ [D, B]`` per block and head), a small
-  gather of the per-block scores into per-sequence rows for the softmax, one batched matmul of the
-  probabilities with each block's V, and a per-sequence sum of the block outputs. This is what the paper's CUDA
-  kernel does (each thread block walks the block table and reads blocks in place), written with numpy's batched
-  matmul. ``kernel="auto"`` picks it when the step's K/V are large enough for the copy to matter.
+  into a reused buffer with one ``np.take`` on the block axis — turning scattered blocks back into contiguous
+  ``[tokens, H, D]`` — then run :func:`batched_attention`, the very same math as over contiguous per-sequence
+  caches. The batch is walked in *tiles* of sequences sized to stay in the L2 cache (``tile_bytes``), so the
+  copy is still hot when attention reads it. In numpy that copy costs about as much as the attention itself. A
+  lone sequence whose blocks are one physical run needs no copy at all: it is read through a view.
+* **in place** (decode steps whose blocks are not shared and lie in a compact range of the pool): no K/V copy.
+  Attention is a sum over keys, so it can be computed *per block*, reading every block where it lies and
+  staying in pool order: each block's K times its owner's query (``[G, D] @ [D, B]`` per block and head), each
+  sequence's softmax max and sum assembled from per-block partial maxima and sums, each block's unnormalised
+  probabilities times its V, block outputs summed per sequence and normalised. This is the shape of the paper's
+  CUDA kernel (thread blocks walk the block table and read blocks in place), written with numpy's batched matmul.
 
-There is no loop over tokens, and decode needs no per-sequence Python work.
+``kernel="auto"`` uses views for small steps made of contiguous runs, in place for decode steps with enough K/V
+for the copy to matter, and gather otherwise. There is no loop over tokens, and decode needs no per-sequence
+Python work.
 """
 
 from __future__ import annotations
