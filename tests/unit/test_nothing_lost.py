@@ -157,3 +157,46 @@ def test_a_victim_policy_must_pick_a_candidate(model, tok, workload):
     outsider.append(object())
     with pytest.raises(ValueError, match="not one of its candidates"):
         e.run()
+
+
+def test_property_random_workloads_and_engine_shapes_lose_nothing(model, tok):
+    """Hypothesis: random prompts (with shared prefixes), lengths, block sizes, budgets from one request's worth
+    up, step budgets, batch caps, both policies, cache on/off — every output equals the request generated alone."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    cache: dict[tuple, list[int]] = {}
+
+    def alone(prompt: list[int], max_tokens: int) -> list[int]:
+        key = (tuple(prompt), max_tokens)
+        if key not in cache:
+            sp = SamplingParams(max_tokens=max_tokens, temperature=0)
+            cache[key] = list(generate_ids(model, prompt, sp, eos_token_id=tok.eos_token_id))
+        return cache[key]
+
+    base = list(map(int, np.random.default_rng(3).integers(0, 256, 24)))
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        reqs=st.lists(st.tuples(st.integers(0, 24), st.integers(1, 12), st.integers(1, 12), st.integers(0, 255)),
+                      min_size=1, max_size=8),
+        block_size=st.sampled_from([1, 3, 4, 8]),
+        slack=st.integers(0, 40),
+        max_num_seqs=st.integers(1, 6),
+        extra=st.integers(0, 24),
+        static=st.booleans(),
+        caching=st.booleans(),
+    )
+    def check(reqs, block_size, slack, max_num_seqs, extra, static, caching):
+        prompts = [base[:shared] + [(salt + 7 * j) % 256 for j in range(own)] for shared, own, _, salt in reqs]
+        max_tokens = [m for _, _, m, _ in reqs]
+        largest = max(cdiv(len(p) + m, block_size) * block_size for p, m in zip(prompts, max_tokens))
+        e, outs = serve(model, tok, prompts, [SamplingParams(max_tokens=m, temperature=0) for m in max_tokens],
+                        kv_budget_tokens=largest + slack, block_size=block_size, enable_prefix_caching=caching,
+                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_seqs + extra,
+                        scheduling="static" if static else "continuous")
+        for p, m, o in zip(prompts, max_tokens, outs):
+            assert list(o.token_ids) == alone(p, m)
+        assert e.stats.num_blocks_in_use == 0
+
+    check()
