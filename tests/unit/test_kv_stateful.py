@@ -6,7 +6,9 @@ model step would write K/V, copy-on-write copies are applied, and after every st
 own tokens back through its block table. So a block evicted while in use, a wrong prefix hit, a missed or wrong
 copy-on-write, or a double-counted refcount all show up as a failure here, whatever the manager's own checks say.
 
-``MINIENV_STATEFUL_EXAMPLES`` sets the number of sequences (default 1000; CI keeps the default).
+``MINIENV_STATEFUL_EXAMPLES`` sets the number of sequences (default 1000; CI keeps the default),
+``MINIENV_STATEFUL_STEPS`` the steps per sequence (default 20), and ``MINIENV_STATEFUL_RANDOM=1`` draws fresh
+sequences instead of the reproducible derandomized ones (e.g. a long bug hunt: 4000 x 40 passes).
 """
 
 from __future__ import annotations
