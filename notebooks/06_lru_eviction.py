@@ -417,7 +417,7 @@ for name, ok in trap.items():
 assert all(trap.values()) and len(trap) == 7
 
 # %% [markdown]
-# ## Exercise: predict the next evictions
+# ## Exercise 1: predict the next evictions
 #
 # Given the free queue head first, as `KVCacheManager.free_queue()` returns it (`(block id, is_cached)` pairs),
 # write `my_evictions(free_queue, n)`: the block ids whose cached contents are evicted when a request allocates `n`
@@ -475,6 +475,48 @@ try:
     raise RuntimeError("the checker should have rejected wrong_evictions")
 except AssertionError as err:
     print("rejected:", err)
+
+# %% [markdown]
+# ### Exercise 2: fix the seed's evictor
+#
+# The seed's `TokenBudgetLRUEvictor` kept an LRU order of *all* blocks and popped victims from its front whatever
+# their refcount. Write `safe_victims(lru_order, refcount, n)`: the first `n` blocks of `lru_order` (least recently
+# used first) that **no request holds**, or raise `OutOfBlocksError` if there are fewer than `n` — without changing
+# anything. `check_safe_victims` runs it on random states.
+
+# %%
+def check_safe_victims(fn):
+    """Raise AssertionError if `fn` picks an in-use block, skips the LRU order, or fails to refuse."""
+    rng = np.random.default_rng(8)
+    for case in range(200):
+        order = [int(b) for b in rng.permutation(10)]
+        refcount = {b: int(rng.choice([0, 0, 1, 2])) for b in order}
+        n = int(rng.integers(1, 6))
+        free = [b for b in order if refcount[b] == 0]
+        snapshot = (list(order), dict(refcount))
+        if len(free) < n:
+            try:
+                fn(order, refcount, n)
+            except OutOfBlocksError:
+                assert (order, refcount) == snapshot, f"case {case}: the state changed before refusing"
+                continue
+            raise AssertionError(f"case {case}: only {len(free)} evictable blocks for n={n}: expected OutOfBlocksError")
+        got = list(fn(order, refcount, n))
+        assert not [b for b in got if refcount[b] > 0], f"case {case}: evicted in-use blocks {got} — the seed's bug"
+        assert got == free[:n], f"case {case}: expected {free[:n]} (LRU order, refcount 0), got {got}"
+        assert (order, refcount) == snapshot, f"case {case}: the inputs were modified"
+    return "check_safe_victims: correct"
+
+
+def safe_victims(lru_order, refcount, n):
+    # your turn: replace this body
+    victims = [b for b in lru_order if refcount[b] == 0][:n]
+    if len(victims) < n:
+        raise OutOfBlocksError(n, len(victims), len(lru_order))
+    return victims
+
+
+print(check_safe_victims(safe_victims))
 
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang
