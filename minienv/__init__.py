@@ -26,6 +26,10 @@ _EXPORTS = {
     "SamplingParams": "minienv.sampling",
     "Sampler": "minienv.sampling",
     "generate": "minienv.generate",
+    # the KV cache: prefix-aware refcounting, copy-on-write, LRU eviction (notebooks 05-06)
+    "KVCacheManager": "minienv.kv.kv_cache_manager",
+    "copy_blocks": "minienv.kv.kv_cache_manager",
+    "make_extra_key": "minienv.kv.hashing",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
