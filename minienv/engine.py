@@ -228,7 +228,8 @@ class RequestView:
     num_prompt_tokens: int
     num_output_tokens: int
     max_tokens: int
-    num_computed_tokens: int
+    num_tokens: int  # prompt + generated so far
+    num_computed_tokens: int  # of them, with K/V in the cache now
     num_cached_tokens: int
     num_preemptions: int
     block_ids: tuple[int, ...]
@@ -255,6 +256,7 @@ class EngineSnapshot:
     block_states: tuple[str, ...]
     stats: EngineStats
     last_step: StepRecord | None
+    static_batch: tuple[str, ...] = ()  # static scheduling: the current batch's unfinished members
 
 
 @dataclass(frozen=True)
@@ -692,7 +694,7 @@ class InferenceEngine:
         return RequestView(
             request_id=req.request_id, status=req.status.value, prompt=req.prompt,
             num_prompt_tokens=req.num_prompt_tokens, num_output_tokens=req.num_output_tokens,
-            max_tokens=req.max_tokens, num_computed_tokens=req.num_computed_tokens,
+            max_tokens=req.max_tokens, num_tokens=req.num_tokens, num_computed_tokens=req.num_computed_tokens,
             num_cached_tokens=req.metrics.num_cached_tokens, num_preemptions=req.metrics.num_preemptions,
             block_ids=blocks, block_refcounts=refs, text=req.text, finish_reason=req.finish_reason,
         )
@@ -712,6 +714,7 @@ class InferenceEngine:
             block_states=tuple(mgr.block_state(b.block_id).value for b in mgr.pool.blocks),
             stats=self.stats,
             last_step=self.history[-1] if self.history else None,
+            static_batch=tuple(sch.static_batch),
         )
 
     def timeline(self) -> list[TimelineEntry]:
