@@ -38,7 +38,7 @@ __all__ = [
     "NanoVLLMBlockManager", "CacheRequest", "CacheStream", "CacheRunStats", "popular_prefix_workload", "simulate_cache",
     "hit_rate_sweep", "format_hit_rate_table", "POLICIES",
     "SavingResult", "parallel_sampling_saving", "beam_search_saving", "SharedPrefixResult", "shared_prefix_saving",
-    "PAPER_SHARING", "usable_prefix_after_evictions",
+    "PAPER_SHARING", "usable_prefix_after_evictions", "paper_sharing_results", "format_paper_table",
 ]
 
 
@@ -752,3 +752,32 @@ def shared_prefix_saving(prefix_len: int, *, num_requests: int = 64, block_size:
         result[caching] = (computed, mgr.stats().num_in_use)
     return SharedPrefixResult(label or f"{prefix_len}-token prefix", prefix_len, num_requests, result[False][0],
                               result[True][0], decode, result[False][1], result[True][1])
+
+
+def paper_sharing_results(*, parallel_requests: int = 100, beam_requests: int = 40):
+    """Everything notebook 05's table shows: parallel sampling (n = 2, 4, 6), beam search (width = 2, 4, 6), and the
+    1-shot (80-token) and 5-shot (341-token) shared prefixes."""
+    par = [parallel_sampling_saving(n, num_requests=parallel_requests) for n in (2, 4, 6)]
+    beam = [beam_search_saving(w, num_requests=beam_requests) for w in (2, 4, 6)]
+    shots = [shared_prefix_saving(80, label="1-shot"), shared_prefix_saving(341, label="5-shot")]
+    return par, beam, shots
+
+
+def format_paper_table(par: Sequence[SavingResult], beam: Sequence[SavingResult],
+                       shots: Sequence[SharedPrefixResult]) -> str:
+    """Ours beside the paper's numbers (Kwon et al., SOSP 2023, Fig. 15 and Fig. 16)."""
+    lines = [f"{'':<44}{'ours':>28}   paper",
+             f"{'parallel sampling memory saved (n = 2, 4, 6)':<44}"
+             f"{' / '.join(f'{r.saved_fraction:.1%}' for r in par):>28}   6.1 % – 9.8 %",
+             f"{'beam search memory saved (width = 2, 4, 6)':<44}"
+             f"{' / '.join(f'{r.saved_fraction:.1%}' for r in beam):>28}   37.6 % – 55.2 %"]
+    for r, paper in zip(shots, ("1.67×", "3.58×")):
+        lines += [f"{r.label + f' prefix ({r.prefix_len} tokens)':<44}{'':>28}   {paper} throughput vs Orca (Oracle)",
+                  f"{'   prefill tokens computed, off / on':<44}{r.prefill_ratio:>27.2f}×",
+                  f"{'   all tokens computed (prefill + decode)':<44}{r.work_ratio:>27.2f}×",
+                  f"{f'   KV blocks of a {r.num_requests}-request batch, off / on':<44}{r.memory_ratio:>27.2f}×"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m minienv.sharing_experiments: notebook 05's paper table
+    print(format_paper_table(*paper_sharing_results()))

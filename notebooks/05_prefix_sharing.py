@@ -395,22 +395,11 @@ assert fork_view.grid.cells[0].text()[0] == "0 ·rc3" and fork_view.grid.cells[0
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.sharing_experiments import (PAPER_SHARING, beam_search_saving, parallel_sampling_saving,
-                                         shared_prefix_saving)
+from minienv.sharing_experiments import format_paper_table, paper_sharing_results
 
-par = [parallel_sampling_saving(n, num_requests=100) for n in (2, 4, 6)]
-beam = [beam_search_saving(w, num_requests=40) for w in (2, 4, 6)]
-shots = [shared_prefix_saving(80, label="1-shot"), shared_prefix_saving(341, label="5-shot")]
-print(f"{'':<44}{'ours':>28}   paper")
-print(f"{'parallel sampling memory saved (n = 2, 4, 6)':<44}"
-      f"{' / '.join(f'{r.saved_fraction:.1%}' for r in par):>28}   6.1 % – 9.8 %")
-print(f"{'beam search memory saved (width = 2, 4, 6)':<44}"
-      f"{' / '.join(f'{r.saved_fraction:.1%}' for r in beam):>28}   37.6 % – 55.2 %")
-for r, paper in zip(shots, ("1.67×", "3.58×")):
-    print(f"{r.label + f' prefix ({r.prefix_len} tokens)':<44}{'':>28}   {paper} throughput vs Orca (Oracle)")
-    print(f"{'   prefill tokens computed, off / on':<44}{r.prefill_ratio:>27.2f}×")
-    print(f"{'   all tokens computed (prefill + decode)':<44}{r.work_ratio:>27.2f}×")
-    print(f"{'   KV blocks of a 64-request batch, off / on':<44}{r.memory_ratio:>27.2f}×")
+# the same numbers from a shell: .venv/bin/python -m minienv.sharing_experiments
+par, beam, shots = paper_sharing_results(parallel_requests=100, beam_requests=40)
+print(format_paper_table(par, beam, shots))
 
 # %%
 assert all(a.saved_fraction < b.saved_fraction for a, b in zip(par, par[1:]))  # more samples, more sharing
