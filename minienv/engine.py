@@ -50,7 +50,7 @@ import copy
 import dataclasses
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -74,7 +74,6 @@ from minienv.request import (
 from minienv.sampling import SamplingParams
 from minienv.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy, VictimPolicy, most_recently_admitted
 
-Prompt = "str | Sequence[int]"
 
 
 # ---------------------------------------------------------------------------------------------------- text

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
@@ -320,7 +320,3 @@ class Scheduler:
             assert not self.kv.has_request(r.request_id), f"waiting request {r.request_id} holds KV"
             r.check()
         self.kv.check_invariants()
-
-
-def iter_ids(requests: Iterable[Request]) -> list[str]:
-    return [r.request_id for r in requests]
