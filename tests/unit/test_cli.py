@@ -163,3 +163,11 @@ def test_empty_prompts_file_is_an_error(tiny, tmp_path):
     f.write_text("\n  \n")
     r = run("--prompts-file", str(f), "--model", str(model), "--tokenizer", str(tok))
     assert r.returncode == 1 and "holds no prompts" in r.stderr
+
+
+def test_help_lists_the_engine_flags():
+    r = run("--help")
+    assert r.returncode == 0
+    for flag in ("--prompts-file", "--kv-budget-tokens", "--block-size", "--max-num-seqs", "--max-num-batched-tokens",
+                 "--scheduling", "--no-prefix-caching", "--stop"):
+        assert flag in r.stdout
