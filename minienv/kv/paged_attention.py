@@ -25,8 +25,8 @@ property tests hold both to the dense reference:
   probabilities times its V, block outputs summed per sequence and normalised. This is the shape of the paper's
   CUDA kernel (thread blocks walk the block table and read blocks in place), written with numpy's batched matmul.
 
-``kernel="auto"`` uses views for small steps made of contiguous runs, in place for decode steps with enough K/V
-for the copy to matter, and gather otherwise. There is no loop over tokens, and decode needs no per-sequence
+``kernel="auto"`` uses in place for decode steps over long sequences, views for steps made of contiguous runs,
+and gather otherwise. There is no loop over tokens, and decode needs no per-sequence
 Python work.
 """
 
@@ -42,9 +42,10 @@ from minienv.kv.kv_pool import KVPool
 
 #: Gathered K+V bytes per tile: about a core's L2 on the machines this was tuned on (1 MiB L2 per core).
 DEFAULT_TILE_BYTES = 1 << 20
-#: ``kernel="auto"`` reads blocks in place when a decode step attends over at least this many K+V bytes (below
-#: it, the handful of extra numpy calls of the in-place kernel cost more than the copy they avoid) ...
-INPLACE_MIN_BYTES = 1 << 20
+#: ``kernel="auto"`` reads blocks in place when a decode step's sequences hold at least this many tokens on
+#: average: then block-sized matmuls beat one long matmul per sequence (measured on the benchmark's grid); for
+#: shorter sequences the in-place kernel's extra small steps cost as much as the copy they avoid ...
+INPLACE_MIN_MEAN_KEYS = 1024
 #: ... and the step's blocks span at most this many times as many pool blocks as they are (the in-place kernel
 #: computes over the whole range ``[min id, max id]``; blocks of other requests inside it are wasted work).
 INPLACE_MAX_SPAN_RATIO = 1.5
@@ -308,7 +309,7 @@ class _InplacePlan:
     onehot: np.ndarray | None
 
 
-def plan_inplace(meta: PagedAttentionMetadata, force: bool, kv_bytes_per_token: int) -> _InplacePlan | None:
+def plan_inplace(meta: PagedAttentionMetadata, force: bool = False) -> _InplacePlan | None:
     """The in-place plan for a decode step, or None when the gather kernel should run instead.
 
     Not eligible: prefill chunks (several queries per sequence), and blocks shared by two sequences (a block has
@@ -328,7 +329,7 @@ def plan_inplace(meta: PagedAttentionMetadata, force: bool, kv_bytes_per_token: 
     span = hi - lo
     if len(np.unique(ids)) != len(ids):
         return None
-    if not force and (int(meta.seq_lens.sum()) * kv_bytes_per_token < INPLACE_MIN_BYTES
+    if not force and (float(meta.seq_lens.mean()) < INPLACE_MIN_MEAN_KEYS
                       or span > INPLACE_MAX_SPAN_RATIO * len(ids)):
         return None
     rel = ids - lo
@@ -410,13 +411,13 @@ def paged_attention(
         tiles = plan_tiles(meta, hkv, d, tile_bytes, workspace)
         # views instead of copies when every tile is a physically contiguous run; for large steps the in-place
         # kernel's block-sized matmuls still beat one long strided matmul (measured), so it keeps priority there
-        small = int(meta.seq_lens.sum()) * 2 * hkv * d * 4 < INPLACE_MIN_BYTES
+        small = float(meta.seq_lens.mean()) < INPLACE_MIN_MEAN_KEYS
         planned = meta._plans[key] = (tiles, small and all(t.run_start is not None for t in tiles))
     tiles, use_views = planned
     if kernel == "inplace" or (kernel == "auto" and not use_views):
         ikey = ("inplace", kernel == "inplace", hkv, d)
         if ikey not in meta._plans:
-            meta._plans[ikey] = plan_inplace(meta, kernel == "inplace", 2 * hkv * d * 4)
+            meta._plans[ikey] = plan_inplace(meta, kernel == "inplace")
         plan = meta._plans[ikey]
         if plan is not None:
             return inplace_decode_attention(q, kv_layer, plan, workspace)

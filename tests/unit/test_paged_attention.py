@@ -142,15 +142,15 @@ def test_inplace_decode_reads_blocks_where_they_lie():
     kv, meta, q, new_k, new_v, dense_k, dense_v, _, pool = build_batch(
         rng, 4, [30, 5, 61, 12], [1] * 4, hkv=2, group=2, head_dim=8, scramble=3)
     kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
-    plan = plan_inplace(meta, force=True, kv_bytes_per_token=2 * 2 * 8 * 4)
+    plan = plan_inplace(meta, force=True)
     assert plan is not None and plan.span >= int((plan.seq_blocks < plan.span).sum()) == sum(-(-n // 4) for n in meta.seq_lens)
     got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), kernel="inplace")
     np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
     # not eligible: a prefill chunk, or a block shared by two sequences -> None (the gather kernel runs)
     shared = PagedAttentionMetadata(np.array([[3, 4], [3, 5]]), [5, 6], [1, 1], [9, 10], block_size=4)
-    assert plan_inplace(shared, force=True, kv_bytes_per_token=4) is None
+    assert plan_inplace(shared, force=True) is None
     prefill = PagedAttentionMetadata(np.array([[3, 4]]), [2], [3], [2, 3, 4], block_size=4)
-    assert plan_inplace(prefill, force=True, kv_bytes_per_token=4) is None
+    assert plan_inplace(prefill, force=True) is None
     with pytest.raises(ValueError, match="kernel"):
         paged_attention(q, kv.kv_cache[0], meta, kernel="magic")
 
