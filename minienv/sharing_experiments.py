@@ -39,6 +39,7 @@ __all__ = [
     "hit_rate_sweep", "format_hit_rate_table", "POLICIES",
     "SavingResult", "parallel_sampling_saving", "beam_search_saving", "SharedPrefixResult", "shared_prefix_saving",
     "PAPER_SHARING", "usable_prefix_after_evictions", "paper_sharing_results", "format_paper_table",
+    "EvictorDamage", "seed_evictor_damage",
 ]
 
 
@@ -781,3 +782,110 @@ def format_paper_table(par: Sequence[SavingResult], beam: Sequence[SavingResult]
 
 if __name__ == "__main__":  # python -m minienv.sharing_experiments: notebook 05's paper table
     print(format_paper_table(*paper_sharing_results()))
+
+
+# ====================================================================== the seed's evictor, measured in logits
+@dataclass(frozen=True)
+class EvictorDamage:
+    """Request A decodes; request B arrives after ``b_arrives_after`` of A's tokens under a budget that cannot hold
+    both. Per decode step of A, ``*_logit_error`` is max |logits served - dense logits of the same token sequence|:
+    ~1e-6 means A attended to its own K/V; anything large means it read someone else's.
+
+    ``seed_*``: the seed's ``PagedAttentionManager`` + ``TokenBudgetLRUEvictor`` (``minienv.seed_design``), which
+    evicts A's blocks while A runs (``seed_evicted_in_use``) and hands them to B (``seed_overwritten``: blocks that
+    A's and B's tables name at once). ``ours_*``: :class:`KVCacheManager` with the same budget, which refuses B
+    (``ours_b_refused``) until A is done. ``reference_ids``: A's greedy tokens alone with ample memory.
+    """
+
+    kv_budget_tokens: int
+    b_arrives_after: int
+    seed_evicted_in_use: tuple[int, ...]
+    seed_overwritten: tuple[int, ...]
+    seed_logit_error: tuple[float, ...]
+    seed_ids: tuple[int, ...]
+    ours_logit_error: tuple[float, ...]
+    ours_ids: tuple[int, ...]
+    ours_b_refused: bool
+    reference_ids: tuple[int, ...]
+
+
+def _paged_logits(model, backend, block_ids, num_tokens, new_tokens, block_size):
+    from minienv.kv.block_table import BlockTable
+
+    table = BlockTable(block_size, list(block_ids), num_tokens)
+    meta = PagedAttentionMetadata.from_block_tables([table], [len(new_tokens)])
+    backend.set_metadata(meta)
+    return model.forward_step(list(new_tokens), meta.positions, backend, logits_indices=[len(new_tokens) - 1])[0]
+
+
+def seed_evictor_damage(model, prompt_a: Sequence[int], prompt_b: Sequence[int], *, block_size: int = 4,
+                        max_new_tokens: int = 8, b_arrives_after: int = 3,
+                        kv_budget_tokens: int | None = None) -> EvictorDamage:
+    """Run the arrival of B during A's decode under the seed's design and under ours; measure A's logits.
+
+    The default budget holds either request alone (prompt + ``max_new_tokens``), not both. The dense logits of the
+    sequence each design actually produced come from one ``model.forward`` over it (teacher forcing), so a wrong
+    logit is caught even when the greedy token happens not to flip.
+    """
+    from minienv.seed_design import PagedAttentionManager, TokenBudgetLRUEvictor
+
+    pa, pb = [int(t) for t in prompt_a], [int(t) for t in prompt_b]
+    if kv_budget_tokens is None:
+        kv_budget_tokens = cdiv(max(len(pa), len(pb)) + max_new_tokens, block_size) * block_size
+    num_blocks = kv_budget_tokens // block_size
+
+    def errors(prompt, out, rows):
+        dense = model.forward(prompt + out[:-1])[len(prompt) - 1:]
+        return tuple(float(np.abs(r - d).max()) for r, d in zip(rows, dense))
+
+    # ---- the seed
+    kv = KVPool.for_model(model.config, num_blocks * block_size, block_size)
+    backend = PagedAttentionBackend(kv)
+    mgr = PagedAttentionManager(num_blocks, block_size)
+    evictor = TokenBudgetLRUEvictor(kv_budget_tokens, block_size)
+    evicted_in_use: list[int] = []
+
+    def seed_feed(rid, tokens):
+        evicted = evictor.evict_if_needed(mgr, len(tokens))
+        evicted_in_use.extend(b for b in evicted for other, t in mgr.block_tables.items() if other != rid and b in t)
+        evictor.touch(mgr.append_tokens(rid, len(tokens)))
+        evictor.touch(mgr.block_tables[rid])
+        return _paged_logits(model, backend, mgr.block_tables[rid], mgr.seq_lens[rid], tokens, block_size)
+
+    rows, out = [seed_feed("A", pa)], []
+    overwritten: set[int] = set()
+    while True:
+        out.append(int(np.argmax(rows[-1])))
+        if len(out) == max_new_tokens:
+            break
+        if len(out) == b_arrives_after:
+            seed_feed("B", pb)
+            overwritten |= set(mgr.block_tables["A"]) & set(mgr.block_tables["B"])
+        rows.append(seed_feed("A", [out[-1]]))
+    seed_ids, seed_err = tuple(out), errors(pa, out, rows)
+
+    # ---- ours: same budget, same arrival
+    kv = KVPool.for_model(model.config, num_blocks * block_size, block_size)
+    backend = PagedAttentionBackend(kv)
+    ours = KVCacheManager(num_blocks, block_size, kv_pool=kv)
+    alloc = ours.allocate("A", pa)
+    rows = [_paged_logits(model, backend, ours.block_ids("A"), ours.num_tokens("A"), alloc.token_ids, block_size)]
+    ours.commit("A")
+    out, refused = [], False
+    while True:
+        out.append(int(np.argmax(rows[-1])))
+        if len(out) == max_new_tokens:
+            break
+        if len(out) == b_arrives_after:
+            try:
+                ours.allocate("B", pb)
+                ours.free("B")
+            except OutOfBlocksError:
+                refused = True
+        ours.append_slots("A", [out[-1]])
+        rows.append(_paged_logits(model, backend, ours.block_ids("A"), ours.num_tokens("A"), [out[-1]], block_size))
+        ours.commit("A")
+    ours_ids, ours_err = tuple(out), errors(pa, out, rows)
+    reference = serve_greedy(model, [pa], max_new_tokens, block_size=block_size).outputs[0]
+    return EvictorDamage(kv_budget_tokens, b_arrives_after, tuple(sorted(set(evicted_in_use))), tuple(sorted(overwritten)),
+                         seed_err, seed_ids, ours_err, ours_ids, refused, tuple(reference))

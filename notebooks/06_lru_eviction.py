@@ -20,8 +20,8 @@
 # ## The problem, with a number
 #
 # A seeded stream of 150 requests: half use one popular 96-token system prompt, the rest one of 60 other system
-# prompts with a long tail (prompt `k` chosen with probability ∝ 1/k), each followed by its own question. Four
-# requests run at a time. How many prompt tokens can be served from cache depends on how much KV memory may hold
+# prompts with a long tail (prompt `k` chosen with probability ∝ 1/k), each followed by its own question. Up to
+# four requests run at a time, as many as the budget can hold. How many prompt tokens can be served from cache depends on how much KV memory may hold
 # cached blocks:
 
 # %%
@@ -41,8 +41,8 @@ none = sweep["no caching"][4]
 print(f"no prefix cache at all: hit rate {none.hit_rate:.1%}, {none.prefill_tokens_computed} prompt tokens computed")
 
 # %% [markdown]
-# A budget of 256 tokens holds little more than the four running requests, so only prefixes that a *running*
-# request holds can be hit; 1024 tokens keep a useful set of finished requests' blocks too. The order in which
+# A budget of 256 tokens (16 blocks of 16) holds one or two running requests, so little beyond what they hold can be
+# hit; 1024 tokens keep a useful set of finished requests' blocks too. The order in which
 # cached blocks are dropped decides which prefixes survive. The answer real engines converged on: drop the block
 # that was **freed longest ago** — least recently used.
 #
@@ -248,28 +248,44 @@ assert "head" in live["view"].queue.to_svg()
 #
 # The seed tutorial's `TokenBudgetLRUEvictor` kept used tokens under the budget by evicting the least recently
 # used block — **any** block. Request A is decoding when request B arrives under a budget that holds one of them:
-# the seed evicts one of A's blocks *while A is running*, hands it to B, B's prefill overwrites its K/V, and A
-# keeps decoding over B's K/V. `minienv.seed_design.demo_evict_in_use` runs both designs on the model:
+# the seed evicts A's oldest blocks *while A is running*, hands them to B, B's prefill overwrites their K/V, and A
+# keeps decoding over B's K/V. `minienv.sharing_experiments.seed_evictor_damage` runs the seed's classes
+# (`minienv.seed_design.PagedAttentionManager` + `TokenBudgetLRUEvictor`) and our manager on the model, and
+# measures A's logits at every step against the dense model's logits **for the same tokens** — so the damage shows
+# even when a greedy token happens not to flip.
 
 # %%
-from minienv.seed_design import demo_evict_in_use
-from minienv.sharing_experiments import load_demo_model
+from minienv.sharing_experiments import load_demo_model, seed_evictor_damage
 
 demo = load_demo_model()
 prompt_a = demo.encode("ROMEO: But soft, what light")
 prompt_b = demo.encode("HAMLET: To be, or not to be")
-ev = demo_evict_in_use(demo.model, prompt_a, prompt_b, block_size=B, max_new_tokens=8, b_arrives_after=4)
-print(f"model: {demo.name}; budget {ev.kv_budget_tokens} tokens")
-print(f"seed evicted A's in-use blocks {list(ev.seed_evicted_in_use)} when B arrived")
-print(f"A, reference (no cache): {demo.decode(list(ev.reference_a_ids))!r}")
-print(f"A, seed design:          {demo.decode(list(ev.seed_a_ids))!r}   first wrong token: {ev.seed_first_divergence}")
-print(f"A, minienv:              {demo.decode(list(ev.ours_a_ids))!r}")
-print(f"minienv refused B while A ran (OutOfBlocksError -> B waits): {ev.ours_b_refused}; "
-      f"B afterwards correct: {ev.ours_b_ids == ev.reference_b_ids}")
+ev = seed_evictor_damage(demo.model, prompt_a, prompt_b, block_size=B, max_new_tokens=8, b_arrives_after=3)
+print(f"model: {demo.name}; budget {ev.kv_budget_tokens} tokens; B arrives after A's token {ev.b_arrives_after}")
+print(f"seed: evicted A's in-use blocks {list(ev.seed_evicted_in_use)}; B's table now names A's blocks "
+      f"{list(ev.seed_overwritten)}")
+print(f"A, alone (reference): {demo.decode(list(ev.reference_ids))!r}")
+print(f"A, seed design:       {demo.decode(list(ev.seed_ids))!r}   text changed: {ev.seed_ids != ev.reference_ids}")
+print(f"A, minienv:           {demo.decode(list(ev.ours_ids))!r}   B refused while A ran: {ev.ours_b_refused}")
 
 # %%
-assert ev.seed_evicted_in_use and ev.seed_corrupted  # the seed handed a running request's block to B
-assert ev.ours_correct and ev.ours_b_refused  # ours: A exact, B waited for room and then was exact too
+import plotly.graph_objects as go
+
+steps = list(range(1, len(ev.seed_logit_error) + 1))
+damage = go.Figure([go.Bar(x=steps, y=ev.seed_logit_error, name="seed evictor"),
+                    go.Bar(x=steps, y=ev.ours_logit_error, name="minienv")])
+damage.add_vline(x=ev.b_arrives_after + 0.5, line_dash="dash", annotation_text="B arrives")
+damage.update_layout(title="request A: max |served logits − dense logits of the same tokens|", barmode="group",
+                     xaxis_title="A's output token", yaxis={"title": "max logit error", "type": "log"}, height=330,
+                     margin={"t": 50, "b": 40})
+damage
+
+# %%
+k = ev.b_arrives_after
+assert ev.seed_evicted_in_use and ev.seed_overwritten  # the seed handed a running request's blocks to B
+assert max(ev.seed_logit_error[:k]) < 1e-4 < 1e-2 < min(ev.seed_logit_error[k:])  # fine until B's prefill, then wrong
+assert max(ev.ours_logit_error) < 1e-4 and ev.ours_ids == ev.reference_ids and ev.ours_b_refused
+assert [t.name for t in damage.data] == ["seed evictor", "minienv"]
 
 # %% [markdown]
 # The fix is structural, not a check: a block enters the free queue only when its refcount reaches 0, and the
@@ -296,8 +312,6 @@ print(format_hit_rate_table(sweep))
 print(f"{'unbounded':>18} {ceiling:>24.1%}   (every block ever computed stays cached)")
 
 # %%
-import plotly.graph_objects as go
-
 fig = go.Figure()
 for policy, dash in zip(sweep, ("solid", "dot", "dash")):
     fig.add_trace(go.Scatter(x=BUDGETS, y=[100 * s.hit_rate for s in sweep[policy]], name=policy,
@@ -323,9 +337,9 @@ assert lru_rates[-1] <= ceiling + 1e-9 and ceiling - lru_rates[-1] < 0.05
 # that is exactly vLLM v1's `FreeKVCacheBlockQueue`, and ours. What differs is not the policy but the engineering:
 # `deque.remove` on a hit is O(n) in the number of free blocks (ours, an `OrderedDict`, is O(1)); stale entries
 # linger in `hash_to_block_id`; and a prompt whose every block is cached is hit *in full* (nano-vllm #144), while
-# ours recomputes the last token. The first budget already holds the popular prompt — a running request almost
-# always holds it, and in-use blocks cannot be evicted — so the budget buys the **tail**: the rarer system prompts
-# survive between their uses only if enough cached-free blocks are kept. Without a prefix cache, every prompt
+# ours recomputes the last token. Even the smallest budget hits the popular prompt often — half the requests use
+# it, so it is usually held by a running request or was freed a moment ago — and the budget buys the **tail**: the
+# rarer system prompts survive between their uses only if enough cached-free blocks are kept. Without a prefix cache, every prompt
 # token is computed.
 #
 # ## A chain's tail is evicted before its parent (LMCache #443)
@@ -408,7 +422,8 @@ try:
     t3.allocate("more", list(range(100, 105)))
 except OutOfBlocksError:
     trap["nothing evictable: typed error, no change"] = t3.snapshot() == before
-trap["seed evictor corrupted A, ours never"] = ev.seed_corrupted and ev.ours_correct
+trap["seed evictor corrupted A, ours never"] = (min(ev.seed_logit_error[k:]) > 1e-2
+                                               and max(ev.ours_logit_error) < 1e-4)
 trap["#443 tail evicted before parent"] = c.lookup(chain_prompt).num_cached_tokens == 3 * B
 for name, ok in trap.items():
     print(f"{name:<44} {'ok' if ok else 'FAILED'}")

@@ -20,6 +20,7 @@ from minienv.sharing_experiments import (
     paper_sharing_results,
     parallel_sampling_saving,
     popular_prefix_workload,
+    seed_evictor_damage,
     serve_greedy,
     shared_prefix_saving,
     simulate_cache,
@@ -183,3 +184,13 @@ def test_paper_table_puts_ours_beside_the_papers_numbers():
     for paper in ("6.1 % – 9.8 %", "37.6 % – 55.2 %", "1.67×", "3.58×"):
         assert paper in table
     assert f"{par[0].saved_fraction:.1%}" in table and f"{shots[1].prefill_ratio:.2f}×" in table
+
+
+def test_seed_evictor_damage_shows_wrong_logits_after_b_arrives_and_ours_never(model):
+    rng = np.random.default_rng(3)
+    a, b = list(map(int, rng.integers(0, 97, 10))), list(map(int, rng.integers(0, 97, 12)))
+    d = seed_evictor_damage(model, a, b, block_size=4, max_new_tokens=7, b_arrives_after=3)
+    assert d.seed_evicted_in_use and d.seed_overwritten
+    assert max(d.seed_logit_error[:3]) < 1e-4 and min(d.seed_logit_error[3:]) > 1e-2
+    assert max(d.ours_logit_error) < 1e-4 and d.ours_b_refused
+    assert d.ours_ids == d.reference_ids == tuple(dense_greedy(model, a, 7))
