@@ -147,10 +147,11 @@ assert not set(m.block_ids("X")) & set(m.block_ids("Y"))  # X's blocks (in use) 
 #
 # ## Live: a budget slider and a request stream
 #
-# Twelve requests (system prompts of two blocks, most of them the popular one — `r0`'s) run two at a time. Pick a
-# KV budget with the slider, then **Step** or ▶: the grid shows who holds each block (`·rcN` = refcount), the
-# queue below it is the free queue in LRU order with its **head** marked; each step's evictions are drawn leaving
-# the queue in red. Small budgets evict often and miss the popular prefix; larger ones keep it.
+# Twelve requests run two at a time. Each starts with a two-block system prompt — four different ones: one shared
+# by `r0`, `r7`, `r8`, `r11`, one by `r1`, `r4`, `r5`, `r6`, `r9` — then its own question. Pick a KV budget
+# with the slider, then **Step** or ▶: the grid shows who holds each block (`·rcN` = refcount), the queue below it
+# is the free queue in LRU order with its **head** marked; each step's evictions are drawn leaving the queue in
+# red. Small budgets evict cached system prompts before they are used again; larger ones keep them.
 
 # %%
 import ipywidgets as widgets
@@ -206,6 +207,7 @@ live_box
 
 # %%
 # NBVAL_CHECK_OUTPUT
+assert [r.prefix_id for r in live_requests] == [0, 1, 2, 3, 1, 1, 1, 0, 0, 1, 2, 0]  # as described above
 results = {}
 for budget in (48, 64, 96, 128):
     budget_slider.value = budget  # the observer resets the stepper with a new manager
