@@ -28,6 +28,7 @@ JupyterLab's news / update prompts and the kernel dialog away.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
@@ -133,12 +134,13 @@ class Expected:
     widget_views: int = 0  # widget-view outputs in the committed notebook
     plotly_figures: int = 0  # static plotly outputs + FigureWidgets (counted in the widget outputs' reprs)
     code_cells: int = 0
+    kernel_name: str = "python3"
 
 
 def expected_from_ipynb(path: Path) -> Expected:
     """What the committed (executed) notebook says the live run must show."""
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
-    exp = Expected()
+    exp = Expected(kernel_name=nb.get("metadata", {}).get("kernelspec", {}).get("name") or "python3")
     for cell in nb.get("cells", []):
         if cell.get("cell_type") != "code":
             continue
@@ -224,6 +226,7 @@ class LabServer:
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")
         self._log = open(self.log_path, "wb")
+        atexit.register(self.stop)  # never leave a server behind, even if the caller forgets
         self.proc = subprocess.Popen(cmd, cwd=self.root, env=self._env(), stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
@@ -245,9 +248,11 @@ class LabServer:
         q = "&".join([f"{k}={v}" if v != "" else k for k, v in query.items()] + [f"token={self.token}"])
         return f"{self.base}{path.lstrip('/')}?{q}"
 
-    def api(self, method: str, path: str):
+    def api(self, method: str, path: str, body: dict | None = None):
         req = urllib.request.Request(self.base + path.lstrip("/"), method=method,
-                                     headers={"Authorization": f"token {self.token}"})
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"token {self.token}",
+                                              "Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:
             body = r.read()
             return json.loads(body) if body else None
@@ -266,6 +271,7 @@ class LabServer:
             return ""
 
     def stop(self) -> None:
+        atexit.unregister(self.stop)
         if self.proc is not None and self.proc.poll() is None:
             try:
                 self.api("POST", "api/shutdown")
@@ -455,7 +461,8 @@ def _wait(page, predicate, timeout: float, what: str, dialogs: list[str], poll: 
 
 
 def check_notebook(browser: Browser, server: LabServer, rel_path: str, expected: Expected,
-                   screenshot: Path | None = None, run_timeout: float = 180, settle_timeout: float = 30) -> Result:
+                   screenshot: Path | None = None, run_timeout: float = 180, settle_timeout: float = 30,
+                   prestart_kernel: bool = True) -> Result:
     """Open `rel_path` (relative to the server root) on a fresh kernel, run all cells, check what renders."""
     res = Result(name=rel_path, expected=expected)
     t0 = time.monotonic()
@@ -472,6 +479,11 @@ def check_notebook(browser: Browser, server: LabServer, rel_path: str, expected:
     page.on("pageerror", lambda err: console.append((phase["now"], "pageerror", f"{err}")))
     try:
         # `reset`: start from an empty workspace (do not restore tabs of the previous notebook).
+        if prestart_kernel:
+            # Start the notebook's kernel (a fresh one, through the same REST API the UI uses) while the page
+            # boots; JupyterLab finds the session by path and connects to it instead of starting another.
+            server.api("POST", "api/sessions", {"path": rel_path, "type": "notebook", "name": Path(rel_path).name,
+                                                "kernel": {"name": expected.kernel_name}})
         page.goto(server.url(f"lab/tree/{rel_path}", reset=""), wait_until="domcontentloaded", timeout=60000)
         _wait(page, lambda s: s.get("ready") and s.get("kernel") == "idle", 90, "the notebook's kernel to be idle",
               res.dialogs)

@@ -14,6 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
 SELFTEST_DIR = "_lab_check_selftest"  # inside the served (temporary) root
+RESULTS: list = []  # lab_check.Result of every notebook checked in this session (timings in the summary)
 
 sys.path.insert(0, str(REPO / "tools"))
 import lab_check  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from browser_support import (  # noqa: E402
-    SELFTEST_DIR, lab_check, notebooks_dir, require_browser_tier, write_selftest_notebooks)
+    RESULTS, SELFTEST_DIR, lab_check, notebooks_dir, require_browser_tier, write_selftest_notebooks)
 
 
 @pytest.fixture(scope="module")
@@ -32,3 +32,15 @@ def lab(tmp_path_factory):
     log = tmp_path_factory.mktemp("lab_log") / "jupyter.log"
     with lab_check.LabServer(folders, log_path=log) as server, lab_check.Browser() as browser:
         yield server, browser
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not RESULTS:
+        return
+    terminalreporter.section("browser tier: seconds per notebook (screenshots in tests/browser/screenshots/)")
+    for res in RESULTS:
+        steps = ", ".join(f"{k} {v:.1f}" for k, v in res.timings.items())
+        status = "ok" if res.ok else "FAIL"
+        if res.name.startswith(SELFTEST_DIR):
+            status = "self-test, failures expected"
+        terminalreporter.line(f"{res.seconds:6.1f}s  {res.name}: {status}  ({steps})")

@@ -10,7 +10,8 @@ land in tests/browser/screenshots/ (git-ignored) -- look at them.
 from __future__ import annotations
 
 import pytest
-from browser_support import SCREENSHOTS, SELFTEST, SELFTEST_DIR, SELFTEST_EXPECT, lab_check, notebooks_dir
+from browser_support import (RESULTS, SCREENSHOTS, SELFTEST, SELFTEST_DIR, SELFTEST_EXPECT, lab_check,
+                             notebooks_dir)
 
 pytestmark = pytest.mark.browser
 
@@ -25,6 +26,7 @@ def test_notebook_renders_in_jupyterlab(lab, notebook, record_property):
     expected = lab_check.expected_from_ipynb(notebook)
     res = lab_check.check_notebook(browser, server, notebook.name, expected,
                                    screenshot=SCREENSHOTS / f"{notebook.stem}.png")
+    RESULTS.append(res)
     record_property("seconds", round(res.seconds, 1))
     print(res.summary())
     assert res.ok, res.summary()
@@ -41,6 +43,7 @@ def test_checker_sees_live_views_and_catches_every_kind_of_failure(lab):
     res = lab_check.check_notebook(browser, server, f"{SELFTEST_DIR}/{SELFTEST}",
                                    lab_check.Expected(**SELFTEST_EXPECT),
                                    screenshot=SCREENSHOTS / "_selftest.png", settle_timeout=5)
+    RESULTS.append(res)
     print(res.summary())
     p = {k: "\n".join(v) for k, v in res.problems.items()}
     assert res.counts["widget_views"] == 2 and res.counts["plotly_plots"] == 1, res.summary()  # slider, FigureWidget
