@@ -478,12 +478,12 @@ def check_notebook(browser: Browser, server: LabServer, rel_path: str, expected:
     page.on("console", on_console)
     page.on("pageerror", lambda err: console.append((phase["now"], "pageerror", f"{err}")))
     try:
-        # `reset`: start from an empty workspace (do not restore tabs of the previous notebook).
         if prestart_kernel:
             # Start the notebook's kernel (a fresh one, through the same REST API the UI uses) while the page
             # boots; JupyterLab finds the session by path and connects to it instead of starting another.
             server.api("POST", "api/sessions", {"path": rel_path, "type": "notebook", "name": Path(rel_path).name,
                                                 "kernel": {"name": expected.kernel_name}})
+        # `reset`: start from an empty workspace (do not restore tabs of the previous notebook).
         page.goto(server.url(f"lab/tree/{rel_path}", reset=""), wait_until="domcontentloaded", timeout=60000)
         _wait(page, lambda s: s.get("ready") and s.get("kernel") == "idle", 90, "the notebook's kernel to be idle",
               res.dialogs)
@@ -492,7 +492,7 @@ def check_notebook(browser: Browser, server: LabServer, rel_path: str, expected:
 
         phase["now"] = "run"
         t_run = time.monotonic()
-        # The kernel was started for this page a moment ago and has run nothing, so "clear all outputs" +
+        # The kernel was started for this notebook a moment ago and has run nothing, so "clear all outputs" +
         # "run all cells" is "Restart Kernel and Run All Cells" without the restart. (A restart right after
         # startup races the debugger's state restore, which then logs "Could not restore the debugger state:
         # Canceled future for debug_request" -- noise, not a notebook problem.) Clearing first matters: cells

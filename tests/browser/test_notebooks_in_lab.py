@@ -38,7 +38,8 @@ def test_notebook_renders_in_jupyterlab(lab, notebook, record_property):
 # ----------------------------------------------------------------------------------------- the checker itself
 def test_checker_sees_live_views_and_catches_every_kind_of_failure(lab):
     """A slider and a FigureWidget count as rendered live views; a cell that raises, the cell after it never
-    running, a widget that cannot render, a widget output without a model, a figure that is not a plot, and a console error are each reported."""
+    running, a widget that cannot render, a widget output without a model, a figure that is not a plot, and a
+    console error are each reported."""
     server, browser = lab
     res = lab_check.check_notebook(browser, server, f"{SELFTEST_DIR}/{SELFTEST}",
                                    lab_check.Expected(**SELFTEST_EXPECT),
