@@ -16,6 +16,13 @@
 # 4. map every minienv part to the file that does the same job in **vLLM** and in **SGLang**.
 
 # %%
+import os
+
+# Tiny matrices: one BLAS thread is faster, and spinning BLAS threads on a busy 2-core machine can make every
+# matmul far slower (see minienv/engine.py). Set before numpy loads.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import numpy as np
 
 from minienv.engine import InferenceEngine
