@@ -550,7 +550,7 @@ except AssertionError as err:
 # ## Summary
 #
 # * **Continuous batching** schedules every step: on a mixed-length workload it took about half the steps of
-#   static batching for the same tokens, and cut the mean TTFT several times over; TPOT in steps stays 1.0 (every
+#   static batching for the same tokens, and cut the mean TTFT by more than half; TPOT in steps stays 1.0 (every
 #   running request decodes every step).
 # * A **request timeline** (`RequestTimeline`) shows the schedule at a glance: static batches leave idle slots,
 #   continuous batching none.

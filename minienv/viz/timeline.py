@@ -17,7 +17,7 @@ resume after preemption — was computed; each chunk is its own segment, labelle
 ``decode`` (one token), ``paused`` (running, holds KV, but the step's token budget had nothing left for its
 prefill chunk), ``preempted`` (this step freed its KV; it is back at the front of the waiting queue). The engine
 marks a request's last step ``finished``; the view draws that step as the work it did (a decode, or a prefill
-chunk that sampled) and puts a end mark on the row.
+chunk that sampled) and puts an end mark on the row.
 
 ``live="figure"`` (default) makes the live view a plotly ``FigureWidget``; ``live="html"`` an ``ipywidgets.HTML``
 holding the SVG (for pages that already have a FigureWidget, e.g. the engine dashboard).
@@ -298,13 +298,7 @@ class RequestTimeline:
     def figure(self):
         """A plain (non-widget) plotly ``go.Figure`` of the current state."""
         go = S.require("plotly.graph_objects")
-        if self.fig is not None:
-            return go.Figure(self.fig)
-        saved = self.fig
-        try:
-            return go.Figure(self._make_figure())
-        finally:
-            self.fig = saved
+        return go.Figure(self.fig if self.fig is not None else self._make_figure())
 
     def to_svg(self) -> str:
         """The current state as a standalone SVG string (what ``static()`` shows)."""
