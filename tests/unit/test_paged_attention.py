@@ -175,6 +175,18 @@ def test_a_sequence_whose_blocks_are_consecutive_is_attended_without_a_copy():
 
 
 @pytest.mark.parametrize("kernel", ["gather", "inplace"])
+def test_batched_decode_of_many_sequences(kernel):
+    """More than 8 sequences: the in-place kernel sums block outputs with a gather instead of a one-hot matmul."""
+    rng = np.random.default_rng(6)
+    context = rng.integers(0, 70, 12).tolist()
+    kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
+        rng, 4, context, [1] * 12, hkv=1, group=4, head_dim=8, scramble=5)
+    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+    got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), tile_bytes=2048, kernel=kernel)
+    np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kernel", ["gather", "inplace"])
 def test_decode_over_long_contexts(kernel):
     """Contexts of more than a thousand keys (the benchmark's sizes) agree too."""
     LONG_KEYS = 1024
