@@ -108,8 +108,10 @@ def time_interleaved(fns: dict, min_seconds: float, min_rounds: int, clock=None)
     wall = {name: [] for name in fns}
     start = time.perf_counter()
     rounds = 0
+    items = list(fns.items())
     while rounds < min_rounds or time.perf_counter() - start < min_seconds:
-        for name, f in fns.items():
+        k = rounds % len(items)  # rotate who goes first: no path always runs right after the same neighbour
+        for name, f in items[k:] + items[:k]:
             w0, t0 = time.perf_counter(), clock()
             f()
             times[name].append(clock() - t0)
