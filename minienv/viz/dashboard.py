@@ -100,13 +100,13 @@ class EngineDashboard:
                               columns=columns, cell_px=cell_px, max_queue_items=48)
         self.grid = self.kv.grid
         self.free_queue = self.kv.queue
-        self.running_view = QueueView(title="running (admission order)", head_label="oldest",
-                                      tail_label="newest: preempted first", default_kind="owner",
-                                      colors_from=self.grid, item_px=58)
+        self.free_queue.tail_label = "tail"  # short: the head label is long, a long tail label would overlap it
+        self.running_view = QueueView(title="running", head_label="oldest first; the last is preempted first",
+                                      tail_label="", default_kind="owner", colors_from=self.grid, item_px=58)
         self.waiting_view = QueueView(title="waiting queue", head_label="head → admitted next", default_kind="owner",
                                       colors_from=self.grid, item_px=58)
-        self.tables = BlockTableView(title="block tables (running requests)", block_size=mgr.block_size,
-                                     num_blocks=mgr.num_blocks, colors_from=self.grid, cell_px=50)
+        self.tables = BlockTableView(title="block tables", block_size=mgr.block_size,
+                                     num_blocks=mgr.num_blocks, colors_from=self.grid, cell_px=50, min_columns=6)
         self.stats_view = StatsView(title="engine stats")
         self.text_view = w.HTML(value="")
         self.timeline = RequestTimeline(title="request timeline", live="html", step_px=12) if timeline else None
@@ -183,7 +183,7 @@ class EngineDashboard:
         step = snap.last_step
         scheduled = step.scheduler_output.num_scheduled_tokens if step else 0
         values = {
-            "engine step": s.num_steps,
+            "steps run": s.num_steps,
             "running / waiting / finished": f"{s.num_running} / {s.num_waiting} / {s.num_finished}",
             "KV blocks in use": f"{s.num_blocks_in_use} / {s.num_blocks}",
             "cached-free blocks": s.num_cached_free_blocks,
