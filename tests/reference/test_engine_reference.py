@@ -87,15 +87,17 @@ def test_engine_greedy_equals_transformers_on_a_random_checkpoint(random_checkpo
         assert list(o.token_ids) == hf_greedy(hf, p, n_new)
 
 
-@pytest.mark.skipif(not (ASSETS / "target" / "model.safetensors").is_file() or
-                    not (ASSETS / "tokenizer.json").is_file(), reason="bundled model not built yet")
-def test_engine_greedy_equals_transformers_on_the_bundled_model():
+@pytest.mark.parametrize("which", ["target", "draft"])
+def test_engine_greedy_equals_transformers_on_the_bundled_models(which):
+    if not (ASSETS / which / "model.safetensors").is_file() or not (ASSETS / "tokenizer.json").is_file():
+        pytest.skip(f"bundled model not built yet (assets/{which}, assets/tokenizer.json)")
     from minienv.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
-    hf = transformers.LlamaForCausalLM.from_pretrained(ASSETS / "target", dtype=torch.float32).eval()
+    hf = transformers.LlamaForCausalLM.from_pretrained(ASSETS / which, dtype=torch.float32).eval()
     prompts = ["ROMEO.\n", "To be, or not to be", "KING.\nWhat news", "\n\nACT II.\n\nScene I."]
-    engine = InferenceEngine(kv_budget_tokens=4096, max_num_seqs=4, max_num_batched_tokens=64)
+    engine = InferenceEngine(load_model(ASSETS / which), tok, kv_budget_tokens=4096, max_num_seqs=4,
+                             max_num_batched_tokens=64)
     outs = engine.generate(prompts, SamplingParams(max_tokens=32, temperature=0))
     for p, o in zip(prompts, outs):
         assert list(o.token_ids) == hf_greedy(hf, tok.encode(p), 32, tok.eos_token_id)

@@ -322,21 +322,24 @@ def test_step_listener_and_history(model, tok):
 
 
 # ------------------------------------------------------------------------------------------------ bundled model
-@pytest.mark.skipif(not (ASSETS / "target" / "config.json").is_file() or not (ASSETS / "tokenizer.json").is_file(),
-                    reason="bundled model not built yet (assets/target, assets/tokenizer.json)")
-def test_bundled_model_16_prompts_batched_equal_alone():
+@pytest.mark.parametrize("which", ["target", "draft"])
+def test_bundled_model_16_prompts_batched_equal_alone(which):
+    if not (ASSETS / which / "model.safetensors").is_file() or not (ASSETS / "tokenizer.json").is_file():
+        pytest.skip(f"bundled model not built yet (assets/{which}, assets/tokenizer.json)")
     from minienv.model import load_model
     from minienv.tokenizer import load_tokenizer
 
-    e = InferenceEngine(kv_budget_tokens=4096, max_num_seqs=16, max_num_batched_tokens=512)
-    model, tokz = load_model(), load_tokenizer()
+    model, tokz = load_model(ASSETS / which), load_tokenizer()
     prompts = ["ROMEO.\n", "To be, or not to be", "KING.\nWhat news", "The king"] * 4
     prompts = [p + " " * (i // 4) for i, p in enumerate(prompts)]
     params = SamplingParams(max_tokens=16, temperature=0)
-    outs = e.generate(prompts, params)
-    for p, o in zip(prompts, outs):
-        assert list(o.token_ids) == alone(model, tokz, p, params)
-    assert any(o.text.strip() for o in outs)
+    for budget in (4096, 192):  # ample, and tight enough to preempt
+        e = InferenceEngine(model, tokz, kv_budget_tokens=budget, max_num_seqs=16, max_num_batched_tokens=128)
+        outs = e.generate(prompts, params)
+        for p, o in zip(prompts, outs):
+            assert list(o.token_ids) == alone(model, tokz, p, params)
+        assert any(o.text.strip() for o in outs)
+    assert e.stats.num_preemptions > 0
 
 
 def test_incremental_detokenizer_equals_decoding_everything(tok):
