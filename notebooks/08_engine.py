@@ -45,15 +45,15 @@ except FileNotFoundError:  # not in this checkout yet: a random model of the sam
 print(SOURCE)
 print(model.config)
 
-PROMPTS = [
-    "ROMEO: But soft, what light through yonder window breaks?",
-    "JULIET: O Romeo, Romeo, wherefore art thou",
-    "HAMLET: To be, or not to be, that is the question:",
-    "ROMEO: But soft, what light",  # shares its first block of tokens with prompt 0
-    "MACBETH: Is this a dagger which I see before me,",
+PROMPTS = [  # the play-script format the model was trained on: "NAME." on its own line, then the speech
+    "ROMEO.\nBut soft, what light through yonder window breaks?",
+    "JULIET.\nO Romeo, Romeo, wherefore art thou",
+    "HAMLET.\nTo be, or not to be, that is the question:",
+    "ROMEO.\nBut soft, what light",  # shares its first block of tokens with prompt 0
+    "MACBETH.\nIs this a dagger which I see before me,",
 ]
 GREEDY = SamplingParams(max_tokens=16, temperature=0)
-ENGINE = dict(kv_budget_tokens=128, block_size=8, max_num_seqs=3, max_num_batched_tokens=32)
+ENGINE = dict(kv_budget_tokens=96, block_size=8, max_num_seqs=3, max_num_batched_tokens=32)
 print([len(tokenizer.encode(p)) for p in PROMPTS], "prompt tokens;", ENGINE)
 
 # %% [markdown]
@@ -121,7 +121,7 @@ by_hand.check_invariants()
 # %%
 mixed = [GREEDY, SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=1),
          SamplingParams(max_tokens=16, temperature=1.0, top_k=20, seed=7), GREEDY,
-         SamplingParams(max_tokens=12, stop=["\n"], temperature=0)]
+         SamplingParams(max_tokens=16, stop=["\n\n"], temperature=0)]
 gen_engine = InferenceEngine(model, tokenizer, **ENGINE)
 results = gen_engine.generate(PROMPTS, mixed)
 print(f"{'id':>3} {'finish':>7} {'tok':>4} {'TTFT':>11} {'TPOT':>11} {'e2e':>11} {'cached':>6} {'preempt':>7}  text")
@@ -161,7 +161,7 @@ from minienv.viz.dashboard import EngineDashboard
 
 REQUESTS = [(p, SamplingParams(max_tokens=28 if i == 0 else 16, temperature=0)) for i, p in enumerate(PROMPTS)]
 dash = EngineDashboard(lambda: InferenceEngine(model, tokenizer, **ENGINE), REQUESTS,
-                       title="minienv engine — 5 requests, 128-token KV budget", columns=8, interval_ms=900)
+                       title="minienv engine — 5 requests, 96-token KV budget", columns=8, interval_ms=900)
 dash
 
 # %% [markdown]
