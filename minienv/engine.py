@@ -461,6 +461,15 @@ class InferenceEngine:
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
         """Run one engine step; return an output for every request that produced a token or finished in it."""
+        reqs = self._step()
+        return [self._output(r) for r in reqs]
+
+    def _step(self) -> list[Request]:
+        """One engine step; returns the requests that sampled a token in it (finished ones included).
+
+        ``generate`` calls this directly: building a :class:`RequestOutput` per request per step is work only
+        streaming callers need.
+        """
         if not self.scheduler.has_unfinished_requests():
             return []
         t0 = time.perf_counter()
@@ -523,7 +532,6 @@ class InferenceEngine:
                 r.finish(reason, now, done_step)
                 self._num_finished += 1
                 finished[r.request_id] = reason
-        outputs = [self._output(r) for r in reqs]
         self._busy += time.perf_counter() - t0
         if self.record_history or self._step_listeners:
             record = StepRecord(plan.step, plan, sampled, finished, tuple(self._kv_events), self.stats,
@@ -532,7 +540,7 @@ class InferenceEngine:
                 self.history.append(record)
             for listener in self._step_listeners:
                 listener(record)
-        return outputs
+        return reqs
 
     def _process_token(self, req: Request, token: int, now: float, step: int) -> FinishReason | None:
         """Append a sampled token and decide whether the request ends (EOS / stop string / max_tokens)."""
@@ -572,7 +580,7 @@ class InferenceEngine:
         ids = tuple(req.output_token_ids)
         self._emitted[req.request_id] = (len(ids), len(text))
         return RequestOutput(
-            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=tuple(req.prompt_token_ids), text=text,
+            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_tuple, text=text,
             token_ids=ids, finished=req.is_finished, finish_reason=req.finish_reason,
             metrics=copy.copy(req.metrics), stop_reason=req.stop_reason,
             delta_text=text[n_chr:], delta_token_ids=ids[n_tok:],
@@ -614,9 +622,9 @@ class InferenceEngine:
         ids = [self._add(tok, text, sp, None) for tok, text, sp in checked]
         pending = set(ids)
         while pending and self.scheduler.has_unfinished_requests():
-            for out in self.step():
-                if out.finished:
-                    pending.discard(out.request_id)
+            for req in self._step():
+                if req.is_finished:
+                    pending.discard(req.request_id)
         return [self.output(i) for i in ids]
 
     def stream(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]],

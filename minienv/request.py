@@ -187,6 +187,14 @@ class Request:
         return self._all_token_ids
 
     @property
+    def prompt_token_tuple(self) -> tuple[int, ...]:
+        """The prompt as a tuple, built once (outputs share it instead of copying the prompt every step)."""
+        t = self.__dict__.get("_prompt_tuple")
+        if t is None:
+            t = self.__dict__["_prompt_tuple"] = tuple(self.prompt_token_ids)
+        return t
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
