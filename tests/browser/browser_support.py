@@ -36,6 +36,17 @@ def require_browser_tier() -> None:
     pytest.skip(msg)
 
 
+class MissingDependency(str):
+    """What the `lab` fixture yields when MINIENV_REQUIRE_TIERS=1 and a dependency is missing."""
+
+
+def started(lab):
+    """(server, browser) from the `lab` fixture, or fail the calling test saying what to install."""
+    if isinstance(lab, MissingDependency):
+        pytest.fail(str(lab), pytrace=False)
+    return lab
+
+
 SELFTEST = "selftest.ipynb"
 
 # Live views that must count as rendered, then every kind of failure the checker must report.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from browser_support import (RESULTS, SCREENSHOTS, SELFTEST, SELFTEST_DIR, SELFTEST_EXPECT, lab_check,
-                             notebooks_dir)
+                             notebooks_dir, started)
 
 pytestmark = pytest.mark.browser
 
@@ -22,7 +22,7 @@ NOTEBOOKS = sorted(notebooks_dir().glob("*.ipynb"))
 def test_notebook_renders_in_jupyterlab(lab, notebook, record_property):
     if notebook is None:
         pytest.skip(f"no *.ipynb in {notebooks_dir()}")
-    server, browser = lab
+    server, browser = started(lab)
     expected = lab_check.expected_from_ipynb(notebook)
     res = lab_check.check_notebook(browser, server, notebook.name, expected,
                                    screenshot=SCREENSHOTS / f"{notebook.stem}.png")
@@ -40,7 +40,7 @@ def test_checker_sees_live_views_and_catches_every_kind_of_failure(lab):
     """A slider and a FigureWidget count as rendered live views; a cell that raises, the cell after it never
     running, a widget that cannot render, a widget output without a model, a figure that is not a plot, and a
     console error are each reported."""
-    server, browser = lab
+    server, browser = started(lab)
     res = lab_check.check_notebook(browser, server, f"{SELFTEST_DIR}/{SELFTEST}",
                                    lab_check.Expected(**SELFTEST_EXPECT),
                                    screenshot=SCREENSHOTS / "_selftest.png", settle_timeout=5)
