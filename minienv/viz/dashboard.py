@@ -211,8 +211,6 @@ class EngineDashboard:
         self.text_view.value = self._text_html(views)
         if self.timeline is not None:
             self.timeline.update(self.engine.timeline(), num_steps=s.num_steps, caption=short)
-        self.header.value = (f"<h3 style='margin:2px 0'>{S.esc(self.title)}</h3>"
-                             f"<div style='font-size:12px;color:#444'>{S.esc(caption)}</div>")
 
     def _text_html(self, views: dict) -> str:
         rows = []
