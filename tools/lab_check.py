@@ -63,6 +63,7 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 VIEWPORT = {"width": 1400, "height": 900}
 MAX_SCREENSHOT_HEIGHT = 30000
+STABLE_SECONDS = 8.0  # after Run All: no change in rendered views for this long (and none loading) = settled
 
 # User settings for the throwaway JupyterLab (schema ids from jupyterlab 4.6's share/jupyter/lab/schemas).
 LAB_SETTINGS = {
@@ -521,16 +522,24 @@ def check_notebook(browser: Browser, server: LabServer, rel_path: str, expected:
         res.timings["run"] = time.monotonic() - t_run
         t_settle = time.monotonic()
 
-        # Widgets and plots render asynchronously after the kernel goes idle: wait until they settle.
+        # Widgets and plots render asynchronously after the kernel goes idle: wait until everything expected has
+        # rendered, or nothing has changed for `STABLE_SECONDS` with no view still loading (it never will), or
+        # `settle_timeout` has passed.
         deadline = time.monotonic() + settle_timeout
+        last, last_change = None, time.monotonic()
         while True:
             rep = page.evaluate(_JS_REPORT, [WIDGET_MIME, PLOTLY_MIME])
             visible = [w for w in rep["widgetOutputs"] if not w["hidden"]]
-            settled = (not any(w["loading"] for w in visible)
-                       and sum(w["rendered"] for w in visible) >= expected.widget_views
-                       and rep["plots"] >= expected.plotly_figures
+            # still on its way: a widget output saying "Loading widget...", a plotly output not yet drawn
+            loading = sum(w["loading"] for w in visible) + sum(not p["plots"] for p in rep["plotlyOutputs"])
+            rendered = sum(w["rendered"] for w in visible)
+            settled = (not loading and rendered >= expected.widget_views and rep["plots"] >= expected.plotly_figures
                        and all(p["plots"] for p in rep["plotlyOutputs"]))
-            if settled or time.monotonic() > deadline:
+            now = time.monotonic()
+            seen = (loading, rendered, rep["plots"], len(visible), len(rep["plotlyOutputs"]))
+            if seen != last:
+                last, last_change = seen, now
+            if settled or now > deadline or (not loading and now - last_change > STABLE_SECONDS):
                 break
             page.wait_for_timeout(300)
         page.wait_for_timeout(300)  # let a last console error (if any) arrive

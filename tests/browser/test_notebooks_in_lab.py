@@ -43,7 +43,7 @@ def test_checker_sees_live_views_and_catches_every_kind_of_failure(lab):
     server, browser = started(lab)
     res = lab_check.check_notebook(browser, server, f"{SELFTEST_DIR}/{SELFTEST}",
                                    lab_check.Expected(**SELFTEST_EXPECT),
-                                   screenshot=SCREENSHOTS / "_selftest.png", settle_timeout=5)
+                                   screenshot=SCREENSHOTS / "_selftest.png")
     RESULTS.append(res)
     print(res.summary())
     p = {k: "\n".join(v) for k, v in res.problems.items()}
