@@ -64,6 +64,7 @@ print([len(tokenizer.encode(p)) for p in PROMPTS], "prompt tokens;", ENGINE)
 # everyone scheduled in it:
 
 # %%
+# NBVAL_CHECK_OUTPUT
 import time
 
 engine = InferenceEngine(model, tokenizer, **ENGINE)
@@ -74,10 +75,10 @@ calls_one_by_one = sum(len(o.token_ids) + (o.finish_reason == "eos") for o in ou
 print(f"one request at a time: {calls_one_by_one} model calls; the engine: {engine.stats.num_steps} steps "
       f"({calls_one_by_one / engine.stats.num_steps:.1f}x fewer), with a KV budget of only "
       f"{engine.kv_budget_tokens} tokens")
-print(f"wall time {wall * 1e3:.0f} ms for {engine.stats.num_generated_tokens} tokens (not checked: machine-dependent)")
 
 # %%
 assert engine.stats.num_steps < calls_one_by_one and all(o.finished for o in outs)
+print(f"wall time {wall * 1e3:.0f} ms for {engine.stats.num_generated_tokens} tokens (not checked: machine-dependent)")
 
 # %% [markdown]
 # ## Build it small: the engine loop, by hand
@@ -204,6 +205,7 @@ assert len(dash.running_view.items) == 3 and list(dash.waiting_view.items) == ["
 # separate engine — the dashboard drives the same engine, it does not change what it does.
 
 # %%
+# NBVAL_CHECK_OUTPUT
 steps, shared_seen = 3, {}
 while dash.step():
     steps += 1
