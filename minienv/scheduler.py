@@ -33,6 +33,11 @@ The baseline is *charitable*: a finished member stops computing at once, whereas
 padded tensors (``transformers.generate`` on a batch, FasterTransformer) keeps computing its padding until the
 longest member ends — so the measured advantage of continuous batching is a lower bound.
 
+Why every request finishes (the default policy): the oldest running request can always get its block — every
+other block is free, cached-free (evictable) or held by a younger request that can be preempted, and the engine
+rejects up front any request that could not fit the whole budget alone. So each step makes progress, the oldest
+request finishes, and by induction all do; the property tests check it down to a budget of one request's size.
+
 Invariants (``check_invariants``): every running request holds KV in the manager with
 ``num_computed_tokens`` equal to the manager's; waiting requests hold none; ``len(running) <= max_num_seqs``;
 a step's scheduled tokens never exceed ``max_num_batched_tokens``.
