@@ -17,7 +17,8 @@
 # 5. prove that preemption **loses nothing**: under a tight budget every output equals the request run alone.
 #
 # Scheduling depends only on token *counts*, so this notebook drives the engine with a tiny seeded random model
-# (a step costs about a millisecond); notebook 08 runs the same engine on the bundled model. Every number printed
+# (a step costs about a millisecond) — the nothing-lost proof is repeated on the bundled model, and notebook 08 runs
+# the whole engine on it. Every number printed
 # here counts **engine steps and tokens** — deterministic on any machine; wall times appear only in cells that
 # are not checked.
 
@@ -594,4 +595,4 @@ except AssertionError as err:
 # * Under memory pressure the scheduler **preempts by recompute** — the most recently admitted request, by default.
 #   Its full blocks stay cached-free in the LRU, so the resume is mostly prefix hits.
 # * **Nothing is lost**: every output under a 128-token budget, with preemptions, equals the request run alone — for
-#   any victim policy. Notebook 08 puts the whole engine, on the bundled model, behind one dashboard.
+#   any victim policy, and on the bundled model under a 48-token budget with sampling. Notebook 08 puts the whole engine, on the bundled model, behind one dashboard.
