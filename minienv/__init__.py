@@ -30,6 +30,19 @@ _EXPORTS = {
     "KVCacheManager": "minienv.kv.kv_cache_manager",
     "copy_blocks": "minienv.kv.kv_cache_manager",
     "make_extra_key": "minienv.kv.hashing",
+    # the scheduler and the engine (notebooks 07-08)
+    "InferenceEngine": "minienv.engine",
+    "RequestOutput": "minienv.engine",
+    "EngineStats": "minienv.engine",
+    "EngineSnapshot": "minienv.engine",
+    "StepRecord": "minienv.engine",
+    "Scheduler": "minienv.scheduler",
+    "SchedulerOutput": "minienv.scheduler",
+    "InvalidRequestError": "minienv.request",
+    "RequestNotFoundError": "minienv.request",
+    # the tokenizer (notebook 01)
+    "BPETokenizer": "minienv.tokenizer",
+    "load_tokenizer": "minienv.tokenizer",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
