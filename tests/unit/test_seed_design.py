@@ -73,11 +73,14 @@ def test_seed_refcount_set_frees_a_block_still_in_use():
     assert not d.ours_block_reused
 
 
-def test_seed_pop0_is_linear_ours_is_flat():
-    d = demo_pop0_timing(sizes=(1_000, 100_000), ops=1_000, repeats=3)
-    assert d.seed_growth > 10, f"pop(0) should grow with the pool size, grew {d.seed_growth:.1f}x"
-    assert d.ours_growth < 4, f"the O(1) pool should stay flat, grew {d.ours_growth:.1f}x"
-    assert d.seed_ns_per_op[-1] > 5 * d.ours_ns_per_op[-1]
+def test_pop0_timing_demo_reports_every_size():
+    # Performance is measured (benchmarks/bench_prefix_cache.py, notebook 06), not asserted here: a timing ratio
+    # in a test flakes on a loaded machine. The O(n) claim is checked structurally below (the seed really pops
+    # index 0 of a Python list; ours takes the head of an OrderedDict).
+    d = demo_pop0_timing(sizes=(1_000, 10_000), ops=200, repeats=1)
+    assert d.sizes == (1_000, 10_000)
+    assert len(d.seed_ns_per_op) == len(d.ours_ns_per_op) == 2
+    assert all(t > 0 for t in d.seed_ns_per_op + d.ours_ns_per_op)
 
 
 def test_seed_free_list_really_uses_pop0():
