@@ -254,14 +254,15 @@ assert "head" in live["view"].queue.to_svg()
 # keeps decoding over B's K/V. `minienv.sharing_experiments.seed_evictor_damage` runs the seed's classes
 # (`minienv.seed_design.PagedAttentionManager` + `TokenBudgetLRUEvictor`) and our manager on the model, and
 # measures A's logits at every step against the dense model's logits **for the same tokens** — so the damage shows
-# even when a greedy token happens not to flip.
+# even on prompts where no greedy token happens to flip (a small model often shrugs off a few corrupted blocks for
+# a token or two).
 
 # %%
 from minienv.sharing_experiments import load_demo_model, seed_evictor_damage
 
 demo = load_demo_model()
-prompt_a = demo.encode("ROMEO: But soft, what light")
-prompt_b = demo.encode("HAMLET: To be, or not to be")
+prompt_a = demo.encode("JULIET.\nO Romeo, Romeo,")
+prompt_b = demo.encode("FIRST CITIZEN.\nBefore we proceed any further, hear me speak.")
 ev = seed_evictor_damage(demo.model, prompt_a, prompt_b, block_size=B, max_new_tokens=8, b_arrives_after=3)
 print(f"model: {demo.name}; budget {ev.kv_budget_tokens} tokens; B arrives after A's token {ev.b_arrives_after}")
 print(f"seed: evicted A's in-use blocks {list(ev.seed_evicted_in_use)}; B's table now names A's blocks "
@@ -286,6 +287,7 @@ damage
 k = ev.b_arrives_after
 assert ev.seed_evicted_in_use and ev.seed_overwritten  # the seed handed a running request's blocks to B
 assert max(ev.seed_logit_error[:k]) < 1e-4 < 1e-2 < min(ev.seed_logit_error[k:])  # fine until B's prefill, then wrong
+assert ev.seed_ids != ev.reference_ids  # ... and on this pair of prompts the text changes, too
 assert max(ev.ours_logit_error) < 1e-4 and ev.ours_ids == ev.reference_ids and ev.ours_b_refused
 assert [t.name for t in damage.data] == ["seed evictor", "minienv"]
 
