@@ -22,10 +22,9 @@ _EXPORTS = {
     "AttentionBackend": "minienv.model",
     "CheckpointError": "minienv.model",
     "ConfigError": "minienv.model",
-    # sampling and single-request generation
+    # sampling (single-request generation: minienv.generate.generate)
     "SamplingParams": "minienv.sampling",
     "Sampler": "minienv.sampling",
-    "generate": "minienv.generate",
     # the KV cache: prefix-aware refcounting, copy-on-write, LRU eviction (notebooks 05-06)
     "KVCacheManager": "minienv.kv.kv_cache_manager",
     "copy_blocks": "minienv.kv.kv_cache_manager",

@@ -67,7 +67,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-pio.renderers.default = "plotly_mimetype+notebook_connected"  # JupyterLab + an HTML copy for nbviewer
+pio.renderers.default = "plotly_mimetype"  # drawn by JupyterLab itself: no CDN, no network
 
 prompt_lens = np.array([r.prompt_len for r in requests])
 output_lens = np.array([r.output_len for r in requests])
