@@ -20,7 +20,8 @@
 # %% [markdown]
 # ## The problem, with a number
 #
-# Six requests to the bundled model share one system prompt and then ask different questions. Without sharing,
+# Six requests to the bundled model share one system prompt, then Hamlet asks Horatio a different question in
+# each. Without sharing,
 # each request computes and stores the system prompt's K/V again:
 
 # %%
@@ -32,10 +33,10 @@ from minienv.sharing_experiments import load_demo_model
 
 demo = load_demo_model()
 SYSTEM = ("You are the prompter of the Globe Theatre. Answer each question in the voice of Shakespeare, "
-          "in plain words and in one short sentence, and never break character. Question: ")
+          "in plain words and in one short sentence, and never break character.\n\n")
 QUESTIONS = ["Who is the king?", "Where is Romeo?", "What is the hour?", "Why weep you so?",
              "Who knocks at the gate?", "What news from Rome?"]
-prompts = {f"r{i}": demo.encode(SYSTEM + q) for i, q in enumerate(QUESTIONS)}
+prompts = {f"r{i}": demo.encode(SYSTEM + f"HAMLET.\n{q}\n\nHORATIO.\n") for i, q in enumerate(QUESTIONS)}
 B = 4  # a small block size, so the pictures stay readable (vLLM's default is 16)
 
 
@@ -115,16 +116,18 @@ for name, p in prompts.items():
 # ## The chain, drawn
 #
 # One row per prompt, one column per logical block. A block whose hash several prompts share is drawn once,
-# spanning them; where a group splits, the prompts diverge — and from there on *every* hash differs, because each
-# hash carries its parent's. The dashed box is the trailing partial block, which has no hash yet.
+# spanning them; where a group splits, the prompts diverge — and from there on the two groups never share a hash
+# again, even where later tokens agree, because each hash carries its parent's. (Questions that start with the same
+# word — "Who …", "What …" — share one more block in pairs.) The dashed box is the trailing partial block, which
+# has no hash yet.
 
 # %%
 from IPython.display import display
 
 from minienv.viz.kv_views import chain_hashes, hash_chain_svg, hash_chain_view
 
-chain_picture = hash_chain_svg(prompts, B, title=f"block-hash chains of the six prompts (B = {B})")
-hash_chain_view(prompts, B, title=f"block-hash chains of the six prompts (B = {B})")
+chain_picture = hash_chain_svg(prompts, B, title=f"block-hash chains of the six prompts (B = {B})", cell_w=66)
+hash_chain_view(prompts, B, title=f"block-hash chains of the six prompts (B = {B})", cell_w=66)
 
 # %%
 chains = {n: chain_hashes(p, B) for n, p in prompts.items()}
@@ -132,8 +135,9 @@ first_split = min(j for j in range(max(map(len, chains.values())))
                   if len({c[j] if j < len(c) else None for c in chains.values()}) > 1)
 assert first_split == shared // B  # the chains agree exactly on the full blocks of the common prefix
 assert chain_picture.count(f"×{len(prompts)}") == shared // B  # drawn once each, shared by all six
-assert all(len({c[j] for c in chains.values() if j < len(c)}) == sum(1 for c in chains.values() if j < len(c))
-           for j in range(first_split, max(map(len, chains.values()))))  # after the split: all different
+for x, y in [(x, y) for x in prompts for y in prompts if x < y]:  # equal hash <=> equal tokens up to that block
+    for j in range(min(len(chains[x]), len(chains[y]))):
+        assert (chains[x][j] == chains[y][j]) == (prompts[x][:(j + 1) * B] == prompts[y][:(j + 1) * B])
 
 # %% [markdown]
 # ## The seed's design: one hash for the whole prompt
@@ -450,7 +454,7 @@ assert all(r.memory_ratio > 1 for r in shots)
 # %%
 from minienv.sharing_experiments import serve_greedy
 
-NEW = 6
+NEW = 8
 plist = list(prompts.values())
 on = serve_greedy(demo.model, plist, NEW, block_size=B, caching=True, max_running=2)
 off = serve_greedy(demo.model, plist, NEW, block_size=B, caching=False, max_running=2)

@@ -202,8 +202,8 @@ def hash_chain_svg(prompts: Mapping[Hashable, Sequence[int]], block_size: int, *
 
     A block whose hash several prompts share is drawn **once**, spanning their rows (dark fill, "×n" = how many
     prompts share it); an arrow runs from each block to the next, because each hash is computed *from its parent's
-    hash*. The column where a group splits is where the prompts diverge: from there on every hash differs, even
-    if later tokens happen to agree. A trailing partial block (no hash: only full blocks are hashed) is dashed.
+    hash*. The column where a group splits is where the prompts diverge: from there on the split groups never
+    share a hash again, even if later tokens happen to agree. A trailing partial block (no hash: only full blocks are hashed) is dashed.
     ``show_tokens`` (a function ``ids -> str``) adds each row's text at the right.
     """
     if not prompts:
@@ -243,8 +243,11 @@ def hash_chain_svg(prompts: Mapping[Hashable, Sequence[int]], block_size: int, *
                 out.append(f'<rect x="{x}" y="{y0}" width="{cell_w - 16}" height="{y1 - y0}" rx="4" fill="{fill}" '
                            f'stroke="#555"/>')
                 ym = (y0 + y1) / 2
-                note = f" ×{r2 - r + 1}" if shared else ""
-                out.append(f'<text x="{x + 4}" y="{ym + 4}" fill="{ink}">{short_hash(h, 4)}{note}</text>')
+                if shared:  # a shared box spans >= 2 rows: hash on one line, "×n" (how many share it) below
+                    out.append(f'<text x="{x + 4}" y="{ym - 2}" fill="{ink}">{short_hash(h, 4)}</text>'
+                               f'<text x="{x + 4}" y="{ym + 12}" fill="{ink}">×{r2 - r + 1}</text>')
+                else:
+                    out.append(f'<text x="{x + 4}" y="{ym + 4}" fill="{ink}">{short_hash(h, 4)}</text>')
                 for rr in range(r, r2 + 1):
                     boxes[(rr, j)] = (x, y0, y1)
                 r = r2 + 1
