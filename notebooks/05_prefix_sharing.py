@@ -226,7 +226,7 @@ LIVE_BLOCKS = 48
 SCRIPT = [("+r0",), ("+r1",), ("d", "+r2"), ("d",), ("-r0", "+r3"), ("d",), ("-r1", "-r2"), ("d", "+r4"),
           ("-r3",), ("-r4",), ("+r5",), ("d",), ("-r5",)]
 live_mgr = KVCacheManager(LIVE_BLOCKS, B)
-view = ManagerView(live_mgr, title=f"KV pool: {LIVE_BLOCKS} blocks of {B} slots", columns=16, cell_px=50)
+view = ManagerView(live_mgr, title=f"KV pool: {LIVE_BLOCKS} blocks of {B} slots", columns=16, cell_px=56)
 live_log = []  # (step, {block: refcount} of the system prompt's blocks, hits of admitted requests)
 
 
@@ -313,7 +313,7 @@ assert sum(c.state == "cached" for c in view.grid.cells) > 0
 # %%
 FORK_PROMPT = prompts["r0"][:10]
 fork_mgr = KVCacheManager(16, B)
-fork_view = ManagerView(fork_mgr, title="fork: P and two children S1, S2", columns=16, cell_px=50)
+fork_view = ManagerView(fork_mgr, title="fork: P and two children S1, S2", columns=16, cell_px=56)
 FORK_SCRIPT = ["prefill P", "fork P -> S1, S2", "S1 writes its first token", "S2 writes its first token",
                "P writes its first token", "each writes one more (fills its block)",
                "each writes two more (a new block each)", "each writes one more"]
