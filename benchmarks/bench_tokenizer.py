@@ -24,11 +24,12 @@ from minienv.tokenizer import BPETokenizer, load_tokenizer  # noqa: E402
 
 
 def corpus_text(folder: Path | None) -> str:
-    candidates = [folder] if folder else [Path("/tmp/minienv-corpus"), Path.home() / ".cache/minienv/corpus-prepared"]
+    default = [Path.home() / ".cache/minienv/corpus-prepared", Path("/tmp/minienv-corpus")]
+    candidates = [folder] if folder else default
     for c in candidates:
         if c and (c / "train.txt").is_file():
             return (c / "train.txt").read_text(encoding="utf-8")
-    sys.exit("corpus not found: run  python training/prepare_corpus.py --out /tmp/minienv-corpus  first")
+    sys.exit("corpus not found: run  python training/prepare_corpus.py  first (or pass --corpus DIR)")
 
 
 def best_of(fn, repeats: int) -> tuple[float, object]:

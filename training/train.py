@@ -278,7 +278,7 @@ def main(argv=None) -> None:
         deadline = now.replace(hour=hh, minute=mm, second=0, microsecond=0).timestamp()
     corpus = args.corpus
     if corpus is None:
-        corpus = Path("/tmp/minienv-corpus")
+        corpus = prepare_corpus.DEFAULT_OUT
         pa = ["--out", str(corpus)] + (["--source", str(args.source)] if args.source else [])
         prepare_corpus.main(pa)
     train_text = (corpus / "train.txt").read_text(encoding="utf-8")
