@@ -136,4 +136,7 @@ def test_batched_greedy_paged_equals_dense_on_the_bundled_model():
         for prompt, got_ids, got_logits in zip(prompts, ids, logits):
             want_logits = model.forward(list(prompt) + got_ids[:-1])[len(prompt) - 1:]
             assert got_ids == np.argmax(want_logits, axis=-1).tolist(), kernel
-            np.testing.assert_allclose(got_logits, want_logits, atol=1e-5, rtol=0)
+            # The trained model's logits reach ~17: float32 rounding of a different summation order (chunked
+            # prefill, one query at a time) is then ~1e-5 absolute — the model package's own contiguous cache
+            # differs from dense by 9.5e-6 on these prompts. Hence 1e-5 plus 1e-6 relative.
+            np.testing.assert_allclose(got_logits, want_logits, atol=1e-5, rtol=1e-6)
