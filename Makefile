@@ -9,6 +9,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 LAB_ARGS ?=
+# minienv's matrices are tiny: a second OpenBLAS thread costs more in hand-off than it saves, and on a busy machine
+# spinning BLAS threads made small matmuls 10-300x slower (measured; see benchmarks/). Kernels and tests inherit it.
+export OPENBLAS_NUM_THREADS ?= 1
 # Jupyter refuses to run as root without --allow-root (containers, CI); never needed otherwise.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 MINIENV_TIERS ?=

@@ -25,6 +25,14 @@ _EXPORTS = {
     # sampling (single-request generation: minienv.generate.generate)
     "SamplingParams": "minienv.sampling",
     "Sampler": "minienv.sampling",
+    # the paged KV cache: block pool, block tables, KV pool, paged attention (notebooks 03-04)
+    "BlockPool": "minienv.kv",
+    "BlockTable": "minienv.kv",
+    "KVPool": "minienv.kv",
+    "PagedAttentionBackend": "minienv.kv",
+    "PagedAttentionMetadata": "minienv.kv",
+    "OutOfBlocksError": "minienv.kv",
+    "KVBudgetError": "minienv.kv",
     # the KV cache: prefix-aware refcounting, copy-on-write, LRU eviction (notebooks 05-06)
     "KVCacheManager": "minienv.kv.kv_cache_manager",
     "copy_blocks": "minienv.kv.kv_cache_manager",
