@@ -92,7 +92,10 @@ def time_transformers(model_dir: Path, ids: list[int], n: int, threads: int) -> 
     torch.set_num_threads(threads)  # note: torch's own OpenMP pool, independent of OPENBLAS_NUM_THREADS
     hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     x = torch.tensor([ids])
-    kw = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
+    # An explicit all-ones mask: without one, generate() infers it from pad_token_id and would mask every prompt
+    # token that happens to be id 0 (there is no padding here: one unpadded prompt).
+    kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+              eos_token_id=None)
     with torch.no_grad():
         hf.generate(x, **dict(kw, max_new_tokens=8, min_new_tokens=8))  # warm-up
         start = time.perf_counter()

@@ -74,7 +74,8 @@ def test_greedy_generation_matches_transformers(tmp_path):
     ours = load_model(path)
     prompt = [3, 14, 15, 9, 26]
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+        x = torch.tensor([prompt])  # explicit all-ones mask: never infer padding from pad_token_id
+        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
                           pad_token_id=0, eos_token_id=None)[0].tolist()[len(prompt):]
     cache = ours.new_kv_cache(64)
     logits = ours.forward_step(prompt, np.arange(len(prompt)), cache)[-1]
