@@ -4,7 +4,11 @@
 
 1. **Continuous vs static batching**, same mixed-length workload (``minienv.workload``: log-normal prompt and
    output lengths, seeded), same budgets: generated tokens/s and engine steps. Static batching admits a batch of
-   ``max_num_seqs`` and waits for its longest member; continuous refills a slot the step it frees.
+   ``max_num_seqs`` and waits for its longest member; continuous refills a slot the step it frees. Two static
+   baselines: **static** (faithful, ``static_padding=True``: a finished member keeps its row and computes one
+   discarded token per step until the batch ends, like ``transformers.generate`` on a padded batch — what the
+   Orca and vLLM papers compared against) and **static, charitable** (``static_padding=False``: finished members
+   stop computing, so only the idle-slot loss remains). The must-show ratio is against the faithful one.
 2. **Prefix caching on vs off**, a 5-shot workload: 16 requests = one shared 5-example prefix + their own question.
    Prompt tokens computed, time to first token, tokens/s.
 3. **minienv's batched engine vs transformers ``generate``** on the same weights, 16 prompts x 64 new tokens,
@@ -134,34 +138,58 @@ def bench_batching(model, tok, n_requests: int, max_num_seqs: int) -> dict:
     make_engine(model, tok, **kw).generate(prompts[:4], SamplingParams(max_tokens=4, temperature=0))  # warm-up
     res = {}
     outs = {}
-    for mode in ("static", "continuous"):
-        e = make_engine(model, tok, scheduling=mode, **kw)
+    modes = {"static": dict(scheduling="static"),
+             "static-charit.": dict(scheduling="static", static_padding=False),
+             "continuous": dict(scheduling="continuous")}
+    for mode, mkw in modes.items():
+        e = make_engine(model, tok, **mkw, **kw)
         t, outs[mode] = timed(e, prompts, params)
-        n = e.stats.num_generated_tokens
-        res[mode] = dict(seconds=t, steps=e.stats.num_steps, tokens=n, tok_s=n / t,
-                         step_ms=1e3 * t / e.stats.num_steps, tokens_per_step=e.stats.num_computed_tokens / e.stats.num_steps,
+        st = e.stats
+        n = st.num_generated_tokens
+        res[mode] = dict(seconds=t, steps=st.num_steps, tokens=n, tok_s=n / t, computed=st.num_computed_tokens,
+                         padding=st.num_padding_tokens, step_ms=1e3 * t / st.num_steps,
+                         tokens_per_step=st.num_computed_tokens / st.num_steps,
                          ttft_steps=mean(o.metrics.ttft_steps for o in outs[mode]),
                          e2e_steps=mean(o.metrics.e2e_steps for o in outs[mode]))
-    same = [o.token_ids for o in outs["static"]] == [o.token_ids for o in outs["continuous"]]
-    s, c = res["static"], res["continuous"]
+    same = all([o.token_ids for o in outs[m]] == [o.token_ids for o in outs["continuous"]] for m in modes)
+    s, ch, c = res["static"], res["static-charit."], res["continuous"]
+    ratio, ratio_ch = c["tok_s"] / s["tok_s"], c["tok_s"] / ch["tok_s"]
     print(f"1. continuous vs static batching — {n_requests} requests, prompt len mean {ws['prompt_mean']:.0f} "
           f"(max {ws['prompt_max']:.0f}), output len mean {ws['output_mean']:.0f} (max {ws['output_max']:.0f}); "
           f"max_num_seqs={max_num_seqs}")
-    print(f"   {'':<12}{'seconds':>9}{'steps':>7}{'tokens/s':>10}{'mean TTFT':>11}{'mean e2e':>10}{'ms/step':>9}"
-          f"{'tokens/step':>13}  (latencies in steps)")
-    for mode in ("static", "continuous"):
+    print(f"   {'':<15}{'seconds':>8}{'steps':>7}{'tokens/s':>10}{'computed':>10}{'padding':>9}{'mean TTFT':>11}"
+          f"{'mean e2e':>10}{'ms/step':>9}{'tok/step':>10}  (latencies in steps)")
+    for mode in modes:
         r = res[mode]
-        print(f"   {mode:<12}{r['seconds']:>9.2f}{r['steps']:>7}{r['tok_s']:>10.1f}{r['ttft_steps']:>11.1f}"
-              f"{r['e2e_steps']:>10.1f}{r['step_ms']:>9.2f}{r['tokens_per_step']:>13.1f}")
-    print(f"   continuous / static: {c['tok_s'] / s['tok_s']:.2f}x tokens/s, {s['steps'] / c['steps']:.2f}x fewer steps;"
-          f" outputs identical: {same}")
-    print(f"   (tokens/s gains less than steps because a CPU step's cost grows with the tokens in it: "
-          f"{s['step_ms']:.2f} -> {c['step_ms']:.2f} ms/step\n    here; a GPU decode step costs about the same for 1 or "
-          f"16 sequences. Static is charitable: finished members stop computing.)\n")
+        print(f"   {mode:<15}{r['seconds']:>8.2f}{r['steps']:>7}{r['tok_s']:>10.1f}{r['computed']:>10}{r['padding']:>9}"
+              f"{r['ttft_steps']:>11.1f}{r['e2e_steps']:>10.1f}{r['step_ms']:>9.2f}{r['tokens_per_step']:>10.1f}")
+    print(f"   continuous / static (faithful): {ratio:.2f}x tokens/s, {s['steps'] / c['steps']:.2f}x fewer steps "
+          f"-> tokens/s >= 2x: {'yes' if ratio >= 2 else 'NO'}")
+    print(f"   continuous / static (charitable): {ratio_ch:.2f}x tokens/s, {ch['steps'] / c['steps']:.2f}x fewer "
+          f"steps; outputs identical in all three: {same}")
+    print(f"   (\"computed\" = tokens through the model; \"padding\" = of them, finished members' discarded tokens.\n"
+          f"    A CPU step's cost grows with the tokens in it: the charitable baseline's steps are nearly empty "
+          f"({ch['step_ms']:.2f} ms/step\n    vs {c['step_ms']:.2f} continuous), so it loses far less in tokens/s than "
+          f"in steps. Faithful static keeps every row of\n    the batch busy ({s['step_ms']:.2f} ms/step), so its "
+          f"extra steps cost nearly in full. Not modelled, in static's favour:\n    prompts padded to the batch's "
+          f"longest one.)")
+    if ratio < 2:
+        print(f"   Below 2x in this run: the faithful static's steps carry {s['tokens_per_step']:.1f} tokens against "
+              f"continuous's\n    {c['tokens_per_step']:.1f} (continuous steps also hold the prefills of newly "
+              f"admitted requests), and a CPU step costs per\n    token, so tokens/s gains less than the "
+              f"{s['steps'] / c['steps']:.2f}x in steps; timing noise on a shared machine moves this ratio by\n"
+              f"    several percent. The workload is not tuned to reach 2x.")
+    print()
     return {"static_tok_s": round(s["tok_s"], 1), "continuous_tok_s": round(c["tok_s"], 1),
+            "static_charitable_tok_s": round(ch["tok_s"], 1),
             "static_steps": s["steps"], "continuous_steps": c["steps"],
-            "throughput_ratio": round(c["tok_s"] / s["tok_s"], 2), "steps_ratio": round(s["steps"] / c["steps"], 2),
-            "ms_per_step": {"static": round(s["step_ms"], 2), "continuous": round(c["step_ms"], 2)},
+            "throughput_ratio": round(ratio, 2), "steps_ratio": round(s["steps"] / c["steps"], 2),
+            "throughput_ratio_vs_charitable": round(ratio_ch, 2),
+            "static_padding_tokens": s["padding"],
+            "computed_tokens": {"static": s["computed"], "static_charitable": ch["computed"],
+                                "continuous": c["computed"]},
+            "ms_per_step": {"static": round(s["step_ms"], 2), "static_charitable": round(ch["step_ms"], 2),
+                            "continuous": round(c["step_ms"], 2)},
             "outputs_identical": same}
 
 

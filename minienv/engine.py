@@ -188,6 +188,8 @@ class EngineStats:
     num_computed_tokens: int  # tokens run through the model: prefill chunks + decodes + recomputation
     num_generated_tokens: int
     busy_time_s: float  # wall time inside step()
+    #: static padding: tokens computed for finished members still in their batch (thrown away; in computed tokens)
+    num_padding_tokens: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -290,6 +292,11 @@ class InferenceEngine:
         Most tokens computed in one step (decodes + prefill chunks); must be >= ``max_num_seqs``.
     scheduling:
         ``"continuous"`` (refill the batch every step) or ``"static"`` (fixed batches; the baseline).
+    static_padding:
+        Only for ``"static"``: a finished member keeps its batch slot (and its KV blocks) until the batch ends,
+        computing one discarded token per step in the same batched model call — what a padded batch
+        (``transformers.generate``) does. Default True; False is the charitable baseline where finished members
+        stop computing. Outputs are identical either way; ``stats.num_padding_tokens`` counts the wasted tokens.
     record_history:
         Keep a :class:`StepRecord` per step in ``history`` (small; turn off for very long runs).
     victim_policy:
@@ -310,6 +317,7 @@ class InferenceEngine:
         scheduling: SchedulingPolicy = "continuous",
         record_history: bool = True,
         victim_policy: VictimPolicy | None = None,
+        static_padding: bool = True,
     ):
         if model is None:
             from minienv.model import load_model
@@ -332,7 +340,9 @@ class InferenceEngine:
                                                kv_pool=self.kv_pool)
         self.scheduler = Scheduler(self.kv_cache_manager, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens, scheduling=scheduling,
-                                   victim_policy=victim_policy or most_recently_admitted)
+                                   victim_policy=victim_policy or most_recently_admitted,
+                                   static_padding=static_padding,
+                                   max_position=model.config.max_position_embeddings)
         self.backend = PagedAttentionBackend(self.kv_pool)
         self.record_history = record_history
         self.history: list[StepRecord] = []
@@ -374,8 +384,12 @@ class InferenceEngine:
     def __repr__(self) -> str:
         return (f"InferenceEngine(kv_budget_tokens={self.kv_budget_tokens}, block_size={self.block_size}, "
                 f"max_num_seqs={self.max_num_seqs}, max_num_batched_tokens={self.max_num_batched_tokens}, "
-                f"scheduling={self.scheduling!r}, prefix_caching="
+                f"scheduling={self.scheduling!r}{self._padding_repr()}, prefix_caching="
                 f"{'on' if self.kv_cache_manager.enable_prefix_caching else 'off'})")
+
+    def _padding_repr(self) -> str:
+        charitable = self.scheduling == "static" and not self.scheduler.static_padding
+        return ", static_padding=False" if charitable else ""
 
     # ------------------------------------------------------------------ validation
     def _validate(self, prompt: Any, params: Any) -> tuple[list[int], str | None, SamplingParams]:
@@ -450,7 +464,7 @@ class InferenceEngine:
         ids raise :class:`RequestNotFoundError` and change nothing."""
         if request_id not in self.scheduler.requests:
             raise RequestNotFoundError(request_id)
-        req = self.scheduler.finish_request(request_id)
+        req = self.scheduler.finish_request(request_id, pad=False)
         req.finish("abort", time.perf_counter(), self.scheduler.num_steps)
         self._num_finished += 1
         return self._output(req)
@@ -689,6 +703,7 @@ class InferenceEngine:
             evicted_blocks=kv.evicted_blocks, evicted_tokens=kv.evicted_tokens, num_preemptions=sch.num_preemptions,
             num_prompt_tokens=self._num_prompt_tokens, num_computed_tokens=self._num_computed_tokens,
             num_generated_tokens=self._num_generated_tokens, busy_time_s=self._busy,
+            num_padding_tokens=sch.num_padding_tokens,
         )
 
     def _view(self, req: Request) -> RequestView:
@@ -728,13 +743,16 @@ class InferenceEngine:
         """Per request and step (from ``history``): waiting / prefill / decode / preempted / finished.
 
         A request that is neither scheduled nor waiting in a step while unfinished is running but got no budget
-        (a long prefill paused); it appears as ``"paused"``.
+        (a long prefill paused); it appears as ``"paused"``. Static padding (a finished member's discarded tokens)
+        is not a request's work and is left out; ``SchedulerOutput.num_padding_tokens`` counts it per step.
         """
         out: list[TimelineEntry] = []
         for rec in self.history:
             plan = rec.scheduler_output
             seen = set()
             for s in plan.scheduled:
+                if s.kind == "padding":
+                    continue
                 state = "finished" if s.request_id in rec.finished else s.kind
                 out.append(TimelineEntry(s.request_id, rec.step, state, s.num_new_tokens))
                 seen.add(s.request_id)

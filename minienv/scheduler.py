@@ -29,9 +29,21 @@ Static batching (``scheduling="static"``), the baseline: a *batch* is the first 
 requests, fixed when the running set is empty; only members of the current batch are admitted, and the next batch
 forms only after every member has finished. Budgets, chunking and preemption are the same, so the comparison
 measures exactly one thing: refilling the batch as soon as a slot frees versus waiting for the longest member.
-The baseline is *charitable*: a finished member stops computing at once, whereas classic static batching over
-padded tensors (``transformers.generate`` on a batch, FasterTransformer) keeps computing its padding until the
-longest member ends — so the measured advantage of continuous batching is a lower bound.
+
+**Padding** (``static_padding=True``, the default for ``"static"``): classic static batching runs the batch as one
+padded tensor (``transformers.generate`` on a batch, FasterTransformer — what the Orca and vLLM papers measured
+against), so a member that has finished keeps its row: it is computed every step, its token thrown away, until the
+longest member ends. minienv does that work for real: a finished member becomes a *padding slot* — it leaves the
+request queues (its output is final and unchanged) but keeps its KV blocks, and in every step that runs live work
+of its batch it feeds its last token at its next position through the same batched model call (kind
+``"padding"``: one token, never sampled, its K/V appended and committed like any token). When the batch's last
+member finishes, every padding slot frees its blocks. Padding tokens count against ``max_num_batched_tokens``
+(scheduled after the live work) and their blocks against the KV budget, as a padded batch's rows do. Two
+departures, both in static batching's favour: under memory pressure a padding slot is released (most recent first)
+before any live request is preempted, and a padding slot that would pass the model's last position stops; prompts
+are *not* padded to the batch's longest prompt (a left-padded prefill would compute ``longest - own`` extra tokens
+per member). ``static_padding=False`` is the *charitable* baseline: a finished member stops computing at once, so
+only the idle-slot loss is measured.
 
 Why every request finishes (the default policy): the oldest running request can always get its block — every
 other block is free, cached-free (evictable) or held by a younger request that can be preempted, and the engine
@@ -56,7 +68,7 @@ from minienv.kv.kv_cache_manager import KVCacheManager, SlotAllocation
 from minienv.request import Request, RequestNotFoundError, RequestStatus
 
 SchedulingPolicy = Literal["continuous", "static"]
-StepKind = Literal["prefill", "decode"]
+StepKind = Literal["prefill", "decode", "padding"]
 #: Picks the preemption victim among candidates (oldest first; ``candidates[0]`` is the request that needs a block).
 VictimPolicy = Callable[[Sequence[Request]], Request]
 
@@ -71,8 +83,10 @@ class ScheduledRequest:
     """One request's part of a step.
 
     ``kind`` is ``"decode"`` for one token after the prompt is in the cache, ``"prefill"`` for a chunk of a prompt
-    (or of a resume: prompt + tokens generated before preemption). ``num_computed_tokens`` is the count *before*
-    this step, so the chunk covers positions ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``.
+    (or of a resume: prompt + tokens generated before preemption), ``"padding"`` for the discarded token of a
+    finished static-batch member (``request_id`` is the finished request's; static padding, see the module doc).
+    ``num_computed_tokens`` is the count *before* this step, so the chunk covers positions
+    ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``.
     ``samples`` is True when the chunk reaches the last known token: the step's logits for it give a new token.
     ``num_cached_tokens`` is the prefix-cache hit taken when the request was admitted in this step (else 0).
     """
@@ -120,6 +134,11 @@ class SchedulerOutput:
         return sum(s.num_new_tokens for s in self.scheduled if s.kind == "decode")
 
     @property
+    def num_padding_tokens(self) -> int:
+        """Tokens computed and thrown away (static padding): finished members still in their batch's rows."""
+        return sum(s.num_new_tokens for s in self.scheduled if s.kind == "padding")
+
+    @property
     def is_empty(self) -> bool:
         return not self.scheduled
 
@@ -142,6 +161,8 @@ class Scheduler:
         max_num_batched_tokens: int,
         scheduling: SchedulingPolicy = "continuous",
         victim_policy: VictimPolicy = most_recently_admitted,
+        static_padding: bool = True,
+        max_position: int | None = None,
     ):
         for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -164,11 +185,19 @@ class Scheduler:
         self.num_steps = 0
         self.num_preemptions = 0
         self._static_batch: set[str] = set()  # static mode: ids of the current batch's unfinished members
+        #: static padding on? (only meaningful with scheduling="static")
+        self.static_padding = bool(static_padding) and scheduling == "static"
+        self.max_position = max_position  # padding never feeds a position >= this (the model's limit)
+        #: padding slots: finished members of the current static batch -> the token they keep feeding
+        self._padding: dict[str, int] = {}
+        self.num_padding_tokens = 0  # padding tokens computed so far (each one wasted work)
 
     # ------------------------------------------------------------------ queues
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        if request.request_id in self._padding:  # an id reused while its finished namesake still pads
+            self._release_padding(request.request_id)
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
         self.requests[request.request_id] = request
@@ -188,6 +217,11 @@ class Scheduler:
     def static_batch(self) -> list[str]:
         """Static mode: the current batch's unfinished members (empty in continuous mode)."""
         return [r.request_id for r in (*self.running, *self.waiting) if r.request_id in self._static_batch]
+
+    @property
+    def padding_slots(self) -> list[str]:
+        """Static padding: ids of finished members that still hold their KV and compute a discarded token per step."""
+        return list(self._padding)
 
     # ------------------------------------------------------------------ the step
     def schedule(self) -> SchedulerOutput:
@@ -219,6 +253,8 @@ class Scheduler:
                     alloc = self.kv.append_slots(req.request_id, tokens)
                     break
                 except OutOfBlocksError:
+                    if self._release_padding():
+                        continue  # a padding slot gave its blocks back before any live request is preempted
                     candidates = self.running[i:]  # not yet scheduled in this step; req first
                     victim = self.victim_policy(candidates)
                     if not any(victim is c for c in candidates):
@@ -249,6 +285,8 @@ class Scheduler:
                 try:
                     alloc = self.kv.allocate(req.request_id, tokens, num_new_tokens=n)
                 except OutOfBlocksError:
+                    if self._release_padding():
+                        continue
                     break  # FCFS: the head waits for memory; nobody overtakes it
                 self.waiting.popleft()
                 is_resume = req.status is RequestStatus.PREEMPTED
@@ -261,6 +299,24 @@ class Scheduler:
                 budget -= n
                 scheduled.append(self._scheduled(req, alloc, n, req.num_computed_tokens, is_new=True,
                                                  is_resume=is_resume, num_cached=alloc.num_cached_tokens))
+
+        # 3. static padding: every finished member of the batch computes one discarded token (after the live work)
+        if self._padding and scheduled:
+            for rid, token in list(self._padding.items()):
+                if budget < 1:
+                    break
+                pos = self.kv.request(rid).num_tokens
+                if self.max_position is not None and pos >= self.max_position:
+                    self._release_padding(rid)
+                    continue
+                try:
+                    alloc = self.kv.append_slots(rid, [token])
+                except OutOfBlocksError:
+                    self._release_padding(rid)  # padding never takes memory from live work
+                    continue
+                budget -= 1
+                scheduled.append(ScheduledRequest(rid, "padding", 1, pos, False, token_ids=alloc.token_ids,
+                                                  slot_mapping=alloc.slot_mapping))
 
         out = SchedulerOutput(
             step=self.num_steps, scheduled=scheduled, preempted=preempted, admitted=admitted,
@@ -291,24 +347,49 @@ class Scheduler:
     def update_from_output(self, output: SchedulerOutput) -> None:
         """After the model step: the scheduled tokens' K/V exist. Commit them (full blocks become findable)."""
         for s in output.scheduled:
+            if s.kind == "padding":
+                self.kv.commit(s.request_id)
+                self.num_padding_tokens += s.num_new_tokens
+                continue
             req = self.requests[s.request_id]
             self.kv.commit(s.request_id)
             req.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens
             req.metrics.num_computed_tokens_total += s.num_new_tokens
 
     # ------------------------------------------------------------------ leaving
-    def finish_request(self, request_id: str) -> Request:
-        """Remove a request that has finished (or is aborted) from whichever queue holds it; free its KV."""
+    def finish_request(self, request_id: str, *, pad: bool = True) -> Request:
+        """Remove a request that has finished (or is aborted) from whichever queue holds it; free its KV.
+
+        Static padding: a running member whose batch has other unfinished members keeps its KV as a padding slot
+        instead (``pad=False``, e.g. an abort, frees at once). The batch's last member frees every padding slot.
+        """
         req = self.requests.pop(request_id, None)
         if req is None:
             raise RequestNotFoundError(request_id, "finish")
+        in_batch = request_id in self._static_batch
+        self._static_batch.discard(request_id)
         if req in self.running:
             self.running.remove(req)
-            self.kv.free(request_id)
+            if pad and self.static_padding and in_batch and self._static_batch and req.all_token_ids:
+                self._padding[request_id] = int(req.all_token_ids[-1])
+            else:
+                self.kv.free(request_id)
         else:
             self.waiting.remove(req)
-        self._static_batch.discard(request_id)
+        if not self._static_batch:
+            while self._release_padding():
+                pass
         return req
+
+    def _release_padding(self, request_id: str | None = None) -> bool:
+        """Free one padding slot's KV (the given one, else the most recent); False if there is none."""
+        if not self._padding:
+            return False
+        if request_id is None:
+            request_id = next(reversed(self._padding))
+        del self._padding[request_id]
+        self.kv.free(request_id)
+        return True
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
@@ -320,6 +401,9 @@ class Scheduler:
             kv = self.kv.request(r.request_id)
             assert kv.num_computed_tokens == r.num_computed_tokens == kv.num_tokens, r.request_id
             r.check()
+        for rid in self._padding:
+            assert rid not in self.requests and self.kv.has_request(rid), f"padding slot {rid} is not a finished member"
+        assert not self._padding or self._static_batch, "padding slots outlived their static batch"
         for r in self.waiting:
             assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
             assert not self.kv.has_request(r.request_id), f"waiting request {r.request_id} holds KV"

@@ -92,9 +92,11 @@ assert speedup > 1.5
 
 # %% [markdown]
 # Same tokens, far fewer steps. In static batching, a batch of four runs until its **longest** member is done: the
-# other three slots sit idle for the rest of the batch, and the next requests wait outside. Continuous batching
-# (Orca, OSDI 2022: "iteration-level scheduling") decides who runs **every step**, so a freed slot is refilled at
-# the next step.
+# other three slots do no useful work for the rest of the batch, and the next requests wait outside. (They are
+# not even free: a padded batch — `transformers.generate`, FasterTransformer — keeps computing a finished row's
+# token and throws it away; minienv's static baseline does the same by default, more on that cost below.)
+# Continuous batching (Orca, OSDI 2022: "iteration-level scheduling") decides who runs **every step**, so a freed
+# slot is refilled at the next step.
 #
 # ## Build it small: both policies in a dozen lines
 #
@@ -177,7 +179,8 @@ assert all(first[r] == starts[k] for k, b in enumerate(batches) for r in b)
 
 # %% [markdown]
 # Read the static picture by batches: four rows start together, and the next four start only after the longest of
-# them ends — the white gaps after short requests are idle slots. The continuous picture has no gaps: each time a
+# them ends — the white gaps after short requests are slots doing no useful work (the timeline shows each request's
+# own work; the padding a finished row still computes is not drawn). The continuous picture has no gaps: each time a
 # row ends, a waiting row starts in the next step.
 #
 # ## Throughput and latency
@@ -228,17 +231,50 @@ assert metrics["continuous"]["ttft_mean"] < metrics["static"]["ttft_mean"] / 2
 assert metrics["static"]["tpot_mean"] == metrics["continuous"]["tpot_mean"] == 1.0
 
 # %% [markdown]
-# In seconds (not checked: it depends on the machine and its load). Continuous steps carry more requests each, so
-# a step costs a little more, but there are far fewer of them:
+# ### What a static step computes: padding
+#
+# Steps are not free on a CPU: a step's cost grows with the tokens in it. So count tokens *computed*, not only
+# steps. Classic static batching runs the batch as one padded tensor: a finished member keeps its row and computes
+# a token every step, thrown away, until the longest member ends. `scheduling="static"` does exactly that
+# (`static_padding=True`, the default: the finished request's output is final, but it keeps its KV blocks and feeds
+# its last token at its next position in the same batched model call — `engine.stats.num_padding_tokens` counts
+# them). `static_padding=False` is a *charitable* baseline whose finished members stop at once: only the idle-slot
+# loss remains. Same steps, same outputs, different work:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+runs["static, charitable"] = run("static", static_padding=False)
+for mode in ("static", "static, charitable", "continuous"):
+    s = runs[mode][0].stats
+    print(f"{mode:>18}: {s.num_steps:>3} steps, {s.num_computed_tokens:>4} tokens computed = "
+          f"{s.num_computed_tokens - s.num_padding_tokens:>4} useful + {s.num_padding_tokens:>3} padding "
+          f"({s.num_computed_tokens / s.num_steps:5.2f} per step)")
+
+# %%
+static_stats, charitable_stats, cont_stats = (runs[m][0].stats for m in ("static", "static, charitable", "continuous"))
+assert [o.token_ids for o in runs["static, charitable"][1]] == [o.token_ids for o in runs["continuous"][1]]
+assert static_stats.num_steps == charitable_stats.num_steps
+assert charitable_stats.num_computed_tokens == cont_stats.num_computed_tokens  # the same useful work ...
+assert static_stats.num_computed_tokens == cont_stats.num_computed_tokens + static_stats.num_padding_tokens
+# ... and padding by hand: each batch lasts as long as its longest member; every other member pads the difference
+batches = [lens[i:i + 4] for i in range(0, len(lens), 4)]
+assert static_stats.num_padding_tokens == sum(max(b) - n for b in batches for n in b)
+
+# %% [markdown]
+# In seconds (not checked: it depends on the machine and its load). Continuous steps carry more tokens each, so a
+# step costs more, but there are far fewer of them. Padding makes each static step carry more tokens than the
+# charitable baseline's; with this tiny model a step's fixed overhead dominates, so the padding costs little here —
+# `benchmarks/bench_engine.py` measures both baselines on the bundled model, where a step's cost grows with its
+# tokens:
 
 # %%
 import time
 
-for mode in ("static", "continuous"):
+for mode, kw in (("static", {}), ("static, charitable", dict(static_padding=False)), ("continuous", {})):
     t0 = time.perf_counter()
-    engine, outs = run(mode)
+    engine, outs = run(mode.split(",")[0], **kw)
     wall = time.perf_counter() - t0
-    print(f"{mode:>10}: {wall * 1e3:6.0f} ms, {engine.stats.num_generated_tokens / wall:7.0f} tokens/s, mean TTFT "
+    print(f"{mode:>18}: {wall * 1e3:6.0f} ms, {engine.stats.num_generated_tokens / wall:7.0f} tokens/s, mean TTFT "
           f"{np.mean([o.ttft for o in outs]) * 1e3:5.1f} ms, mean TPOT {np.mean([o.tpot for o in outs]) * 1e3:5.2f} ms")
 
 # %% [markdown]
@@ -294,6 +330,9 @@ for mode in ("static", "continuous"):
     engine = live["engine"]
     for rec in engine.history:  # every decode the engine ran is a blue cell in the live picture
         for s in rec.scheduler_output.scheduled:
+            if s.kind == "padding":  # a finished static member's thrown-away token: its row has ended, nothing drawn
+                assert live_tl.state_at(s.request_id, rec.step) is None and mode == "static"
+                continue
             assert live_tl.state_at(s.request_id, rec.step) in (s.kind, "decode" if s.num_new_tokens == 1 else "prefill")
     print(f"{mode:>10}: the stepper took {taken} steps; the timeline shows {live_tl.num_steps} steps, "
           f"{live_tl.count('decode')} decode cells, {live_tl.count('waiting')} waiting cells")
@@ -589,7 +628,8 @@ except AssertionError as err:
 #   static batching for the same tokens, and cut the mean TTFT by more than half; TPOT in steps stays 1.0 (every
 #   running request decodes every step).
 # * A **request timeline** (`RequestTimeline`) shows the schedule at a glance: static batches leave idle slots,
-#   continuous batching none.
+#   continuous batching none. And a static slot is not even idle: a padded batch computes a thrown-away token for
+#   every finished member until the longest ends (`static_padding`, minienv's default for `"static"`).
 # * **Chunked prefill** gives each running request its decode token first and spends the rest of the step budget on
 #   the next chunk of a long prompt: decodes never stall and no step exceeds the budget.
 # * Under memory pressure the scheduler **preempts by recompute** — the most recently admitted request, by default.

@@ -386,3 +386,51 @@ def test_continuous_batching_needs_at_least_2x_fewer_steps_than_static_on_mixed_
     assert s_stats.num_steps >= 2 * c_stats.num_steps, (s_stats.num_steps, c_stats.num_steps)
     mean_ttft = {k: np.mean([o.metrics.ttft_steps for o in v[0]]) for k, v in runs.items()}
     assert mean_ttft["continuous"] < mean_ttft["static"]
+
+
+def test_static_padding_computes_discarded_tokens_and_leaves_outputs_unchanged(model, tok):
+    """The faithful static baseline really computes a finished member's row until its batch ends: more tokens go
+    through the model than come out, the waste is exactly what a hand count gives, and no output changes."""
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14], [15, 16, 17, 18]]
+    lens = [2, 5, 3, 4]  # batch 1 = the first three (max_num_seqs=3), batch 2 = the last alone
+    params = [SamplingParams(max_tokens=m, temperature=0) for m in lens]
+    runs = {}
+    for name, kw in (("padded", dict(scheduling="static")),
+                     ("charitable", dict(scheduling="static", static_padding=False)),
+                     ("continuous", dict(scheduling="continuous"))):
+        e = engine(model, tok, max_num_seqs=3, **kw)
+        e.eos_token_id = None
+        runs[name] = (e, e.generate(prompts, params))
+        e.check_invariants()
+        assert e.kv_cache_manager.pool.num_used_blocks == 0  # padding slots freed their blocks at the batch's end
+    outs = {k: [o.token_ids for o in v[1]] for k, v in runs.items()}
+    assert outs["padded"] == outs["charitable"] == outs["continuous"]
+    assert [len(t) for t in outs["padded"]] == lens
+    pad, cha = runs["padded"][0].stats, runs["charitable"][0].stats
+    # by hand: batch 1 lasts 5 steps; the member of 2 tokens pads 3 steps, the member of 3 tokens pads 2
+    assert pad.num_padding_tokens == (5 - 2) + (5 - 5) + (5 - 3) == 5 and cha.num_padding_tokens == 0
+    live = sum(map(len, prompts)) + sum(m - 1 for m in lens)  # prompts + every decode but the first token's
+    assert cha.num_computed_tokens == live and pad.num_computed_tokens == live + 5
+    assert pad.num_computed_tokens > pad.num_prompt_tokens + pad.num_generated_tokens
+    assert pad.num_steps == cha.num_steps == 5 + 4 and pad.num_generated_tokens == cha.num_generated_tokens
+    # every padded step of batch 1 carried its three rows: one model call, three sequences
+    rows = [len(r.scheduler_output.scheduled) for r in runs["padded"][0].history]
+    assert rows == [3] * 5 + [1] * 4
+    assert "static_padding=False" in repr(runs["charitable"][0]) and "static_padding" not in repr(runs["padded"][0])
+    # the timeline shows requests' own work only: padding is not a request's decode
+    assert [t for t in runs["padded"][0].timeline()] == [t for t in runs["charitable"][0].timeline()]
+
+
+def test_static_padding_holds_kv_until_the_batch_ends_and_abort_frees_at_once(model, tok):
+    e = engine(model, tok, max_num_seqs=2, scheduling="static")
+    e.eos_token_id = None
+    short = e.add_request([1, 2, 3], SamplingParams(max_tokens=1, temperature=0))
+    long = e.add_request([4, 5, 6], SamplingParams(max_tokens=6, temperature=0))
+    e.step()
+    assert e.output(short).finished and e.kv_cache_manager.has_request(short)  # finished, still in its row
+    assert e.scheduler.padding_slots == [short]
+    e.step()
+    assert e.history[-1].scheduler_output.num_padding_tokens == 1 and e.stats.num_padding_tokens == 1
+    e.abort(long)  # the batch's last member leaves: the padding slot goes with it
+    assert e.scheduler.padding_slots == [] and e.kv_cache_manager.pool.num_used_blocks == 0
+    e.check_invariants()

@@ -113,11 +113,13 @@ def test_seeded_sampling_survives_preemption(model, tok, workload):
     assert [o.token_ids for o in tight] == [o.token_ids for o in loose]
 
 
-def test_static_batching_under_pressure_loses_nothing_either(model, tok, workload, reference):
+@pytest.mark.parametrize("static_padding", [True, False], ids=["padded", "charitable"])
+def test_static_batching_under_pressure_loses_nothing_either(model, tok, workload, reference, static_padding):
     prompts, params = workload
     e, outs = serve(model, tok, prompts, params, kv_budget_tokens=budget_for(workload, 0.10, 4), block_size=4,
-                    max_num_seqs=8, max_num_batched_tokens=32, scheduling="static")
+                    max_num_seqs=8, max_num_batched_tokens=32, scheduling="static", static_padding=static_padding)
     assert e.stats.num_preemptions > 0
+    assert (e.stats.num_padding_tokens > 0) == static_padding
     assert [list(o.token_ids) for o in outs] == reference
 
 

@@ -248,3 +248,42 @@ def test_property_any_workload_any_budget_every_request_finishes_with_invariants
         assert sch.kv.pool.num_used_blocks == 0
 
     check()
+
+
+def test_static_padding_keeps_a_finished_member_computing_until_its_batch_ends():
+    """The faithful baseline: `short` finishes after step 0 but keeps its row (and KV) while `long` runs steps
+    1..5 — five discarded tokens at its next positions, counted by hand; the lone third batch pads nothing."""
+    sch = make_scheduler(max_num_seqs=2, max_num_batched_tokens=64, scheduling="static")
+    short, long, third = make_request(3, max_tokens=1), make_request(3, max_tokens=6), make_request(3, max_tokens=1)
+    for r in (short, long, third):
+        sch.add_request(r)
+    outs = [drive_step(sch)]
+    assert sch.padding_slots == [short.request_id] and sch.kv.has_request(short.request_id)
+    outs += run_all(sch)
+    assert len(outs) == 7  # padding never changes the schedule of live work
+    pads = [(o.step, s.num_computed_tokens) for o in outs for s in o.scheduled if s.kind == "padding"]
+    assert all(s.request_id == short.request_id for o in outs for s in o.scheduled if s.kind == "padding")
+    assert pads == [(step, 3 + step - 1) for step in range(1, 6)]  # steps 1..5, positions 3, 4, 5, 6, 7
+    assert sch.num_padding_tokens == sum(o.num_padding_tokens for o in outs) == 5
+    assert short.output_token_ids == [1] and long.output_token_ids == [1, 2, 3, 4, 5, 6]
+    assert sch.padding_slots == [] and sch.kv.pool.num_used_blocks == 0  # the batch's end freed the padding KV
+
+    charitable = make_scheduler(max_num_seqs=2, max_num_batched_tokens=64, scheduling="static", static_padding=False)
+    for r in (make_request(3, max_tokens=1), make_request(3, max_tokens=6), make_request(3, max_tokens=1)):
+        charitable.add_request(r)
+    c_outs = run_all(charitable)
+    assert len(c_outs) == 7 and charitable.num_padding_tokens == 0
+    # the same live work step by step; padding is on top of it
+    assert [o.num_scheduled_tokens - o.num_padding_tokens for o in outs] == [o.num_scheduled_tokens for o in c_outs]
+
+
+def test_static_padding_gives_its_blocks_back_before_a_live_request_is_preempted():
+    """Padding holds KV, but it is the first thing to go under memory pressure: `long` never gets preempted."""
+    sch = make_scheduler(num_blocks=5, block_size=4, max_num_seqs=2, max_num_batched_tokens=64, scheduling="static")
+    short, long = make_request(4, max_tokens=1), make_request(4, max_tokens=12)  # 1 block + 4 blocks at the end
+    sch.add_request(short)
+    sch.add_request(long)
+    outs = run_all(sch)
+    assert sch.num_preemptions == 0 and long.output_token_ids == list(range(1, 13))
+    assert 0 < sch.num_padding_tokens < 11  # it padded, then was released when `long` needed its blocks
+    assert sch.kv.pool.num_used_blocks == 0 and all(not o.preempted for o in outs)
