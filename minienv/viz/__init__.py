@@ -28,6 +28,7 @@ _style.require("ipywidgets")
 _style.require("anywidget")
 _style.require("plotly.graph_objects")
 
+from ._view import SvgView, View  # noqa: E402
 from .block_grid import BlockCell, BlockGrid, block_cells  # noqa: E402
 from .block_table import BlockTableView  # noqa: E402
 from .diagram import Stage, flow_diagram, flow_svg  # noqa: E402
@@ -52,7 +53,7 @@ __all__ = [
 ]
 
 
-class Panel:
+class Panel(View):
     """Several views stacked in one live widget (a ``VBox``), e.g. ``panel(stepper, grid, queue)``.
 
     ``static()`` renders every view's static picture one under the other (HTML).
@@ -71,23 +72,8 @@ class Panel:
         self.widget = box([v.widget for v in views])
 
     def to_html(self) -> str:
-        parts = []
-        for v in self.views:
-            if hasattr(v, "to_html"):
-                parts.append(v.to_html())
-            else:
-                parts.append(v.static().data)
+        parts = [v.to_html() if hasattr(v, "to_html") else v.static().data for v in self.views]
         return "<div>" + "".join(f"<div>{p}</div>" for p in parts) + "</div>"
-
-    def static(self):
-        from IPython.display import HTML
-
-        return HTML(self.to_html())
-
-    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs) or {})
-        bundle["text/plain"] = repr(self)
-        return bundle
 
     def __repr__(self) -> str:
         return "Panel(" + ", ".join(repr(v) for v in self.views) + ")"

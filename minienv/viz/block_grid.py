@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from . import _style as S
+from ._view import SvgView
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def _as_cell(block_id: int, value: Any) -> BlockCell:
     raise ValueError(f"block {block_id}: expected a BlockCell, a mapping of its fields or None, got {value!r}")
 
 
-class BlockGrid:
+class BlockGrid(SvgView):
     """A live grid of ``num_blocks`` physical blocks (plotly ``FigureWidget``, updated in place).
 
     Parameters
@@ -155,6 +156,8 @@ class BlockGrid:
     cell_px:    size of one cell in pixels.
     owner_colors: fixed colours for some owners (``{"A": "#4e79a7"}``); others get the palette, first seen first.
     """
+
+    css_class = "minienv-blockgrid"
 
     def __init__(
         self,
@@ -468,27 +471,12 @@ class BlockGrid:
         width = max(width, lx + pad)
         return S.svg_doc(width, height, body, title=self._title_text() or "block grid")
 
-    def to_html(self) -> str:
-        """The static SVG wrapped in a small HTML block."""
-        return f'<div class="minienv-blockgrid">{self.to_svg()}</div>'
-
-    def static(self):
-        """A static picture of the current state for readers without a kernel (GitHub, nbviewer)."""
-        display = S.require("IPython.display")
-        return display.SVG(data=self.to_svg())
-
     def figure(self):
         """A plain (non-widget) ``go.Figure`` copy of the current state."""
         go = S.require("plotly.graph_objects")
         return go.Figure(self.fig)
 
     # ------------------------------------------------------------------ display
-    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        bundle = self.fig._repr_mimebundle_(include=include, exclude=exclude, **kwargs)
-        bundle = dict(bundle)
-        bundle["text/plain"] = repr(self)
-        return bundle
-
     def __repr__(self) -> str:
         used = sum(c.state == "used" for c in self._cells)
         return (

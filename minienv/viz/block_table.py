@@ -18,9 +18,10 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from . import _style as S
+from ._view import SvgView
 
 
-class BlockTableView:
+class BlockTableView(SvgView):
     """A live picture of block tables (request → physical block ids in logical order).
 
     Parameters
@@ -32,6 +33,8 @@ class BlockTableView:
     cell_px:     size of one cell in pixels.
     min_columns: draw at least this many logical-block columns (keeps the width steady while tables grow).
     """
+
+    css_class = "minienv-blocktables"
 
     def __init__(
         self,
@@ -214,18 +217,6 @@ class BlockTableView:
                 + "</g>"
             )
         return S.svg_doc(width, top + rows * cell + 8, body, title=self._title_text() or "block tables")
-
-    def to_html(self) -> str:
-        return f'<div class="minienv-blocktables">{self.to_svg()}</div>'
-
-    def static(self):
-        display = S.require("IPython.display")
-        return display.SVG(data=self.to_svg())
-
-    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs) or {})
-        bundle["text/plain"] = repr(self)
-        return bundle
 
     def __repr__(self) -> str:
         return f"BlockTableView(requests={list(self._tables)})"

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _style as S
+from ._view import View
 from .block_table import BlockTableView
 from .kv_views import ManagerView
 from .queue_view import QueueView
@@ -65,7 +66,7 @@ def step_caption(record: Any) -> str:
     return "; ".join(parts)
 
 
-class EngineDashboard:
+class EngineDashboard(View):
     """One live widget over an engine: Stepper + BlockGrid + free queue + queues + block tables + stats + text.
 
     Parameters
@@ -252,16 +253,6 @@ class EngineDashboard:
         if self.timeline is not None:
             parts.append(self.timeline.to_html())
         return "<div class='minienv-dashboard'>" + "".join(f"<div>{p}</div>" for p in parts) + "</div>"
-
-    def static(self):
-        """A static picture of the dashboard now, for readers without a kernel (GitHub, nbviewer)."""
-        display = S.require("IPython.display")
-        return display.HTML(self.to_html())
-
-    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs) or {})
-        bundle["text/plain"] = repr(self)
-        return bundle
 
     def __repr__(self) -> str:
         step = self.snapshot.step if self.snapshot is not None else 0

@@ -27,6 +27,7 @@ from typing import Any
 from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
 
 from . import _style as S
+from ._view import View
 from .block_grid import BlockCell, BlockGrid
 from .queue_view import QueueView
 
@@ -91,7 +92,7 @@ def free_queue_items(mgr) -> tuple[list[int], dict[int, str], dict[int, str]]:
     return items, kinds, labels
 
 
-class ManagerView:
+class ManagerView(View):
     """A live :class:`BlockGrid` of a manager's pool and a :class:`QueueView` of its free queue (LRU order).
 
     The view registers a listener on the manager and keeps the events (``evict``, ``cow``, ``hit``, ``cache``,
@@ -168,17 +169,6 @@ class ManagerView:
     def to_html(self) -> str:
         parts = [self.grid.to_html()] + ([self.queue.to_html()] if self.queue is not None else [])
         return "<div>" + "".join(f"<div>{p}</div>" for p in parts) + "</div>"
-
-    def static(self):
-        """The grid and the queue as static SVG/HTML (what GitHub and nbviewer readers see)."""
-        from IPython.display import HTML
-
-        return HTML(self.to_html())
-
-    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs) or {})
-        bundle["text/plain"] = repr(self)
-        return bundle
 
     def __repr__(self) -> str:
         return f"ManagerView({self.mgr!r})"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _style as S
+from ._view import SvgView
 
 KINDS = ("free", "cached", "used", "owner")
 
@@ -33,7 +34,7 @@ class QueueChange:
     moved: tuple = ()  # items still queued whose relative position changed (e.g. re-freed to the tail)
 
 
-class QueueView:
+class QueueView(SvgView):
     """A live picture of an ordered queue, head first.
 
     Parameters
@@ -47,6 +48,8 @@ class QueueView:
                  everywhere).
     per_row, max_items, item_px: layout. Queues longer than ``max_items`` show their head and a "+k more".
     """
+
+    css_class = "minienv-queue"
 
     def __init__(
         self,
@@ -274,20 +277,7 @@ class QueueView:
     def _redraw(self) -> None:
         self.widget.value = self.to_svg()
 
-    def to_html(self) -> str:
-        return f'<div class="minienv-queue">{self.to_svg()}</div>'
-
-    def static(self):
-        """A static picture of the current state for readers without a kernel (GitHub, nbviewer)."""
-        display = S.require("IPython.display")
-        return display.SVG(data=self.to_svg())
-
     # ------------------------------------------------------------------ display
-    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs) or {})
-        bundle["text/plain"] = repr(self)
-        return bundle
-
     def __repr__(self) -> str:
         head = list(self._items[:6])
         more = ", ..." if len(self._items) > 6 else ""

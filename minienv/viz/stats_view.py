@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import _style as S
+from ._view import View
 
 
 def _fmt(value: Any) -> str:
@@ -27,7 +28,7 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-class StatsView:
+class StatsView(View):
     """A live name → value table; values that changed in the last update are highlighted."""
 
     def __init__(self, *, title: str = "stats") -> None:
@@ -108,15 +109,6 @@ class StatsView:
             f'<div class="minienv-stats"><div style="font-weight:bold;margin-bottom:4px">{S.esc(title)}</div>'
             f'<table style="border-collapse:collapse;font-size:12px">{body}</table></div>'
         )
-
-    def static(self):
-        display = S.require("IPython.display")
-        return display.HTML(self.to_html())
-
-    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs) or {})
-        bundle["text/plain"] = repr(self)
-        return bundle
 
     def __repr__(self) -> str:
         return f"StatsView(title={self.title!r}, values={self._values!r})"

@@ -26,11 +26,12 @@ import numbers
 from typing import Any, Callable
 
 from . import _style as S
+from ._view import View
 
 _UNBOUNDED = 10**6
 
 
-class Stepper:
+class Stepper(View):
     """Step / play / reset controls around ``on_step(step_index)`` and ``on_reset()``.
 
     Parameters
@@ -207,15 +208,9 @@ class Stepper:
             finally:
                 self._syncing = False
 
-    def static(self):
+    def to_html(self) -> str:
         """A one-line static rendering: where the stepper stands."""
-        display = S.require("IPython.display")
-        return display.HTML(f"<p><b>{S.esc(self._counter_text())}</b> {S.esc(self._caption)}</p>")
-
-    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs) or {})
-        bundle["text/plain"] = repr(self)
-        return bundle
+        return f"<p><b>{S.esc(self._counter_text())}</b> {S.esc(self._caption)}</p>"
 
     def __repr__(self) -> str:
         return f"Stepper(position={self._position}, n_steps={self.n_steps}, done={self._done})"

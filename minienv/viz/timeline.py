@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _style as S
+from ._view import SvgView
 
 #: Drawing order and legend order.
 STATES = ("waiting", "prefill", "decode", "paused", "preempted")
@@ -131,7 +132,7 @@ def timeline_segments(entries: Iterable[Any]) -> tuple[list[Hashable], list[Segm
     return rows, segments
 
 
-class RequestTimeline:
+class RequestTimeline(SvgView):
     """A live request timeline (rows = requests, x = engine steps), updated in place.
 
     Parameters
@@ -142,6 +143,8 @@ class RequestTimeline:
     live:     ``"figure"`` (plotly FigureWidget) or ``"html"`` (the SVG in an ``ipywidgets.HTML``).
     max_width: the widest the SVG may be, in pixels.
     """
+
+    css_class = "minienv-timeline"
 
     def __init__(self, *, title: str = "request timeline", step_px: int = 16, row_px: int = 22,
                  live: str = "figure", max_width: int = 900) -> None:
@@ -347,20 +350,7 @@ class RequestTimeline:
         width = max(width, lx + pad, 360)
         return S.svg_doc(width, ly + 14, body, title=self._title_text() or "request timeline")
 
-    def to_html(self) -> str:
-        return f'<div class="minienv-timeline">{self.to_svg()}</div>'
-
-    def static(self):
-        """A static picture of the current state for readers without a kernel (GitHub, nbviewer)."""
-        display = S.require("IPython.display")
-        return display.SVG(data=self.to_svg())
-
     # ------------------------------------------------------------------ display
-    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs) or {})
-        bundle["text/plain"] = repr(self)
-        return bundle
-
     def __repr__(self) -> str:
         inner = "fig=FigureWidget(...)" if self.fig is not None else "html"
         return f"RequestTimeline(rows={len(self._rows)}, steps={self._num_steps}, {inner})"

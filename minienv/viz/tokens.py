@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._style import FONT, PALETTE, esc, require, text_color
+from ._view import View
 
 __all__ = ["TokenSpan", "TokenView", "token_spans", "tokens_html"]
 
@@ -102,7 +103,7 @@ def tokens_html(tokenizer: Any, text: str, *, max_tokens: int = 2000) -> str:
             f'<div>{"".join(parts)}</div></div>')
 
 
-class TokenView:
+class TokenView(View):
     """A live view: a text box and, under it, the text's tokens; updates as you type.
 
     ``view.update(text)`` sets the text from code (and the box follows). ``view.ids`` / ``view.spans`` are what
@@ -146,16 +147,6 @@ class TokenView:
 
     def to_html(self) -> str:
         return tokens_html(self.tokenizer, self.text)
-
-    def static(self):
-        from IPython.display import HTML
-
-        return HTML(self.to_html())
-
-    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs) or {})
-        bundle["text/plain"] = repr(self)
-        return bundle
 
     def __repr__(self) -> str:
         return f"TokenView({len(self.spans)} tokens, {len(self.text)} chars)"
