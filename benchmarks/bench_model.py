@@ -23,20 +23,9 @@ import time
 from pathlib import Path
 
 
-def _blas_threads_from_argv(default: str = "1") -> str:
-    """Read --blas-threads before numpy is imported (OpenBLAS reads its thread count once, at load)."""
-    argv = sys.argv[1:]
-    for i, a in enumerate(argv):
-        if a.startswith("--blas-threads="):
-            return a.split("=", 1)[1]
-        if a == "--blas-threads" and i + 1 < len(argv):
-            return argv[i + 1]
-    return default
+from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
-
-BLAS_THREADS = _blas_threads_from_argv()
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = BLAS_THREADS
+BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
 
