@@ -343,21 +343,12 @@ assert not any(np.all(np.diff(t.block_ids) == 1) for t in p_tables if t.num_bloc
 #
 # %%
 from minienv.kv import PagedAttentionBackend
-from minienv.model import LlamaConfig, LlamaModel, random_weights
+from minienv.model import load_model
+from minienv.tokenizer import load_tokenizer
 
-try:
-    from minienv.model import load_model
-    from minienv.tokenizer import load_tokenizer
-
-    model, tokenizer = load_model(), load_tokenizer()
-    prompts = [tokenizer.encode(s) for s in ["To be, or not to be", "ROMEO:", "The king is dead", "O"]]
-    MODEL_NAME = "the bundled target model"
-except FileNotFoundError:  # the bundled model is not in this checkout yet: a small random model instead
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
-    model, tokenizer = LlamaModel(cfg, random_weights(cfg, seed=0, scale=0.2)), None
-    prompts = [np.random.default_rng(i).integers(0, 97, n).tolist() for i, n in enumerate((6, 11, 3, 1))]
-    MODEL_NAME = "a small random model (assets/target not found)"
+model, tokenizer = load_model(), load_tokenizer()  # the bundled target model, trained on Shakespeare
+prompts = [tokenizer.encode(s) for s in ["To be, or not to be", "ROMEO:", "The king is dead", "O"]]
+MODEL_NAME = "the bundled target model"
 NEW_TOKENS, CHUNK, MODEL_B = 8, 4, 16
 
 

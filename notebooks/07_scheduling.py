@@ -505,10 +505,7 @@ tight.check_invariants()
 from minienv.model import load_model
 from minienv.tokenizer import load_tokenizer
 
-try:
-    real_model, real_tok = load_model(), load_tokenizer()
-except FileNotFoundError:  # the bundled model is not in this checkout: the tiny model and its ids again
-    real_model, real_tok = model, tok
+real_model, real_tok = load_model(), load_tokenizer()  # the bundled target model
 speeches = ["ROMEO.\nBut soft, what light", "JULIET.\nO Romeo, Romeo", "HAMLET.\nTo be, or not to be",
             "MACBETH.\nIs this a dagger", "KING LEAR.\nBlow, winds", "PORTIA.\nThe quality of mercy"]
 speech_params = [SamplingParams(max_tokens=24, temperature=0) if i % 2 == 0 else

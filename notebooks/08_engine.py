@@ -26,22 +26,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 
 from minienv.engine import InferenceEngine
-from minienv.model import LlamaConfig, LlamaModel, load_model
+from minienv.model import load_model
 from minienv.sampling import SamplingParams
 from minienv.tokenizer import load_tokenizer
 
 tokenizer = load_tokenizer()
-try:
-    model = load_model()  # assets/target: the bundled model, trained on Shakespeare
-    SOURCE = "the bundled model (assets/target)"
-except FileNotFoundError:  # not in this checkout yet: a random model of the same shape (the text is noise)
-    from minienv.model import random_weights
-
-    shape = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=640, num_hidden_layers=4,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
-                        rms_norm_eps=1e-5, tie_word_embeddings=True)
-    model = LlamaModel(shape, random_weights(shape, seed=0, scale=0.05))
-    SOURCE = "a random stand-in with the bundled model's shape (assets/target not found: the text is noise)"
+model = load_model()  # assets/target: the bundled model, trained on Shakespeare
+SOURCE = "the bundled model (assets/target)"
 print(SOURCE)
 print(model.config)
 
