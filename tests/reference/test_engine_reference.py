@@ -58,6 +58,9 @@ def hf_greedy(hf, prompt_ids: list[int], n: int, eos_token_id=None) -> list[int]
 
 @pytest.fixture(scope="module")
 def random_checkpoint(tmp_path_factory):
+    # Module-scoped fixtures run before the autouse one above, so skip here too when the tier's deps are missing.
+    for module in ("torch", "transformers", "safetensors"):
+        pytest.importorskip(module)
     path = tmp_path_factory.mktemp("hf_llama")
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=12,
