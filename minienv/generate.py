@@ -145,3 +145,15 @@ class TextStream:
         text = self.decode(self.ids)
         new, self.emitted = text[self.emitted :], len(text)
         return new
+
+
+def dense_greedy(model: LlamaModel, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """The reference every cache is checked against: greedy tokens with no cache at all.
+
+    The whole sequence is recomputed by the dense ``model.forward`` for every new token, and generation does not
+    stop at an end-of-sequence token, so any cached, paged, shared or preempted path must give exactly these ids.
+    """
+    ids = [int(t) for t in prompt_ids]
+    for _ in range(max_new_tokens):
+        ids.append(int(np.argmax(model.forward(ids)[-1])))
+    return ids[len(prompt_ids):]

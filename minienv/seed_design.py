@@ -29,6 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
+from minienv.generate import dense_greedy
 from minienv.kv.block_pool import BlockPool
 from minienv.kv.block_table import BlockTable, cdiv
 from minienv.kv.errors import OutOfBlocksError
@@ -167,14 +168,6 @@ def _paged_step(model, backend: PagedAttentionBackend, block_ids: Sequence[int],
     meta = PagedAttentionMetadata.from_block_tables([table], [len(new_tokens)])
     backend.set_metadata(meta)
     return model.forward_step(list(new_tokens), meta.positions, backend, logits_indices=[len(new_tokens) - 1])[0]
-
-
-def dense_greedy(model, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
-    """The reference: greedy tokens with no cache at all (the whole sequence recomputed each step)."""
-    ids = list(prompt)
-    for _ in range(max_new_tokens):
-        ids.append(int(np.argmax(model.forward(ids)[-1])))
-    return ids[len(prompt):]
 
 
 def _first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

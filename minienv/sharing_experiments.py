@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from minienv.generate import dense_greedy
 from minienv.kv import KVPool, OutOfBlocksError, PagedAttentionBackend, PagedAttentionMetadata
 from minienv.kv.block_table import cdiv
 from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
@@ -84,14 +85,6 @@ def load_demo_model() -> DemoModel:
         return DemoModel(model, encode, decode, "a small random model (assets/ not found)", False)
 
 
-def dense_greedy(model, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
-    """The reference: greedy tokens with no cache at all (the whole sequence recomputed for every token)."""
-    ids = [int(t) for t in prompt]
-    for _ in range(max_new_tokens):
-        ids.append(int(np.argmax(model.forward(ids)[-1])))
-    return ids[len(prompt):]
-
-
 # ====================================================================== a minimal serving loop
 @dataclass
 class ServeResult:
@@ -116,6 +109,7 @@ def serve_greedy(
     caching: bool = True,
     max_running: int = 4,
     before_admit: Callable[[KVCacheManager, KVPool, int], None] | None = None,
+    check_invariants: bool = False,
 ) -> ServeResult:
     """Serve ``prompts`` first come first served, greedy, one batched model call per step, over the paged backend.
 
@@ -123,7 +117,8 @@ def serve_greedy(
     prefill, minus the prefix-cache hit) while at most ``max_running`` run and the request's whole life
     (prompt + ``max_new_tokens``) fits in the free blocks — so no running request ever runs out of blocks (the
     scheduler of notebook 07 preempts instead). ``before_admit(manager, kv_pool, i)`` is a hook called before
-    request ``i`` is admitted (the MinivLLM #98 check poisons cached K/V there).
+    request ``i`` is admitted (the MinivLLM #98 check poisons cached K/V there). ``check_invariants`` (tests)
+    re-checks the manager's invariants and the step's slot mapping after every step.
     """
     prompts = [[int(t) for t in p] for p in prompts]
     if num_blocks is None:
@@ -158,6 +153,8 @@ def serve_greedy(
             raise ValueError(f"a budget of {num_blocks} blocks of {block_size} cannot hold one request's life")
         meta = PagedAttentionMetadata.from_block_tables([mgr.block_table(r) for r, _ in batch],
                                                         [a.num_new_tokens for _, a in batch])
+        if check_invariants:  # the manager's slot mapping is the one attention will read through
+            np.testing.assert_array_equal(meta.slot_mapping, np.concatenate([a.slot_mapping for _, a in batch]))
         backend.set_metadata(meta)
         tokens = [t for _, a in batch for t in a.token_ids]
         logits = model.forward_step(tokens, meta.positions, backend, logits_indices=meta.query_start_loc[1:] - 1)
@@ -170,6 +167,8 @@ def serve_greedy(
         for rid in [r for r in running if len(outputs[r]) == max_new_tokens]:
             mgr.free(rid)
             running.remove(rid)
+        if check_invariants:
+            mgr.check_invariants()
     return ServeResult(outputs, computed, sum(len(p) for p in prompts), cached, mgr.stats().evicted_blocks, steps,
                        mgr)
 

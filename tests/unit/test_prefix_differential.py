@@ -15,17 +15,18 @@ real scheduler and engine come in the next issue.
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from minienv.kv import KVPool, OutOfBlocksError, PagedAttentionBackend, PagedAttentionMetadata
+from minienv.generate import dense_greedy
+from minienv.kv import KVPool, PagedAttentionBackend, PagedAttentionMetadata
 from minienv.kv.block_table import cdiv
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.model import LlamaConfig, LlamaModel, random_weights
+from minienv.sharing_experiments import serve_greedy
+
 
 def _bundled_target() -> Path:
     try:
@@ -45,78 +46,10 @@ def small_model(seed: int = 0) -> LlamaModel:
     return LlamaModel(cfg, random_weights(cfg, seed=seed, scale=0.3))
 
 
-def dense_greedy(model, prompt, max_new_tokens):
-    ids = list(prompt)
-    for _ in range(max_new_tokens):
-        ids.append(int(np.argmax(model.forward(ids)[-1])))
-    return ids[len(prompt):]
-
-
-@dataclass
-class ServeResult:
-    outputs: list[list[int]]
-    prefill_tokens_computed: int
-    manager: KVCacheManager
-    evictions_between_requests: int = 0
-    steps: int = 0
-    hits_per_request: list[int] = field(default_factory=list)
-
-
 def serve(model, prompts, max_new_tokens, *, block_size, num_blocks, caching, max_running=3, poison=None):
-    """Serve ``prompts`` FCFS with up to ``max_running`` at a time; greedy; one batched model call per step.
-
-    Admission reserves a request's whole life (prompt + max_new_tokens blocks, minus its prefix hit) against the
-    free blocks, so running requests never run out mid-decode (no preemption needed in this loop). ``poison``,
-    if given, is called with (manager, kv_pool, request index) just before each admission.
-    """
-    kv = KVPool.for_model(model.config, num_blocks * block_size, block_size)
-    mgr = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching, kv_pool=kv)
-    backend = PagedAttentionBackend(kv)
-    waiting = deque(range(len(prompts)))
-    running: dict[int, list[int]] = {}
-    outputs: list[list[int]] = [[] for _ in prompts]
-    hits = [0] * len(prompts)
-    computed = steps = 0
-    while waiting or running:
-        batch: list[tuple[int, object]] = []
-        for rid in running:  # decode: one token each
-            batch.append((rid, mgr.append_slots(rid, [outputs[rid][-1]])))
-        reserved = sum(cdiv(len(prompts[r]) + max_new_tokens, block_size) - len(mgr.block_ids(r)) for r in running)
-        while waiting and len(running) + sum(1 for r, _ in batch if r not in running) < max_running:
-            rid = waiting[0]
-            if poison is not None:
-                poison(mgr, kv, rid)
-            hit = mgr.lookup(prompts[rid])
-            life = cdiv(len(prompts[rid]) + max_new_tokens, block_size) - len(hit.block_ids)
-            if life + reserved > mgr.num_free_blocks:
-                break
-            try:
-                alloc = mgr.allocate(rid, prompts[rid])
-            except OutOfBlocksError:  # pragma: no cover - the reservation above prevents it
-                break
-            waiting.popleft()
-            reserved += life - (len(mgr.block_ids(rid)) - len(hit.block_ids))
-            hits[rid] = alloc.num_cached_tokens
-            computed += alloc.num_new_tokens
-            batch.append((rid, alloc))
-        assert batch, "nothing runnable: the budget cannot hold one request"
-        tables = [mgr.block_table(rid) for rid, _ in batch]
-        query_lens = [a.num_new_tokens for _, a in batch]
-        meta = PagedAttentionMetadata.from_block_tables(tables, query_lens)
-        np.testing.assert_array_equal(meta.slot_mapping, np.concatenate([a.slot_mapping for _, a in batch]))
-        backend.set_metadata(meta)
-        tokens = [t for _, a in batch for t in a.token_ids]
-        logits = model.forward_step(tokens, meta.positions, backend, logits_indices=meta.query_start_loc[1:] - 1)
-        steps += 1
-        for (rid, _), row in zip(batch, logits):
-            mgr.commit(rid)
-            outputs[rid].append(int(np.argmax(row)))
-            running.setdefault(rid, outputs[rid])
-        for rid in [r for r in running if len(outputs[r]) == max_new_tokens]:
-            mgr.free(rid)
-            del running[rid]
-        mgr.check_invariants()
-    return ServeResult(outputs, computed, mgr, mgr.stats().evicted_blocks, steps, hits)
+    """minienv's small FCFS greedy serving loop over the paged backend, with every invariant checked each step."""
+    return serve_greedy(model, prompts, max_new_tokens, block_size=block_size, num_blocks=num_blocks,
+                        caching=caching, max_running=max_running, before_admit=poison, check_invariants=True)
 
 
 def shared_prefix_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
@@ -163,9 +96,9 @@ def test_prefix_cache_on_off_equal_dense(model, prompts, reference, block_size, 
     assert s.prefix_hits_tokens > 0 and on.prefill_tokens_computed < off.prefill_tokens_computed
     assert off.prefill_tokens_computed == sum(len(p) for p in prompts)
     assert on.prefill_tokens_computed == sum(len(p) for p in prompts) - s.prefix_hits_tokens
-    assert all(h < len(p) for h, p in zip(on.hits_per_request, prompts))  # never the whole prompt
+    assert all(h < len(p) for h, p in zip(on.cached_tokens_per_request, prompts))  # never the whole prompt
     if budget == "tight":
-        assert on.evictions_between_requests > 0, "the tight budget must force evictions"
+        assert on.evicted_blocks > 0, "the tight budget must force evictions"
     assert s.num_in_use == 0
 
 
@@ -179,7 +112,7 @@ def test_minivllm_98_prefix_hit_reads_the_cached_kv(model, prompts, reference):
                     kv.kv_cache[:, :, bid] = 3.0
 
     res = serve(model, prompts, MAX_NEW, block_size=4, num_blocks=400, caching=True, max_running=1, poison=poison)
-    assert res.hits_per_request[2] > 0
+    assert res.cached_tokens_per_request[2] > 0
     assert res.outputs[2] != reference[2], "attention ignored the cached K/V of the prefix hit"
     assert res.outputs[1] == reference[1]
 
@@ -252,4 +185,4 @@ def test_prefix_cache_on_off_equal_dense_on_the_bundled_model(budget):
     assert off.outputs == ref and on.outputs == ref
     assert on.manager.stats().prefix_hits_tokens > 0
     if budget == "tight":
-        assert on.evictions_between_requests > 0
+        assert on.evicted_blocks > 0
