@@ -30,14 +30,14 @@ import argparse
 import json
 import platform
 import time
-from collections import deque
 from pathlib import Path
 
 import numpy as np
 
-from minienv.kv import BlockPool, KVPool, PagedAttentionBackend, PagedAttentionMetadata
+from minienv.kv import BlockPool
 from minienv.kv.block_table import cdiv
 from minienv.kv.kv_cache_manager import KVCacheManager
+from minienv.sharing_experiments import serve_greedy
 
 REPO = Path(__file__).resolve().parent.parent
 BLOCK_SIZE = 16
@@ -65,44 +65,16 @@ def five_shot_prompts(vocab: int, num_requests: int, seed: int = 0) -> tuple[lis
 
 
 def serve(model, prompts, max_new_tokens, *, caching, max_running=4):
-    """FCFS, up to ``max_running`` at once, one batched model step at a time; returns outputs and counters.
+    """minienv's FCFS greedy serving loop (``sharing_experiments.serve_greedy``), up to ``max_running`` at once.
 
     Request ``i`` arrives at step ``i`` (one arrival per step, like a steady request rate), so a request's prompt
     can hit the blocks of every request admitted before it — blocks become findable once the step that computed
     them has run (:meth:`KVCacheManager.commit`).
     """
     need = sum(cdiv(len(p) + max_new_tokens, BLOCK_SIZE) for p in prompts) + 1
-    kv = KVPool.for_model(model.config, need * BLOCK_SIZE, BLOCK_SIZE)
-    mgr = KVCacheManager(need, BLOCK_SIZE, enable_prefix_caching=caching, kv_pool=kv)
-    backend = PagedAttentionBackend(kv)
-    waiting = deque(range(len(prompts)))
-    running: list[int] = []
-    outputs: list[list[int]] = [[] for _ in prompts]
-    computed = step = 0
-    while waiting or running:
-        batch = [(rid, mgr.append_slots(rid, [outputs[rid][-1]])) for rid in running]
-        while waiting and waiting[0] <= step and len(batch) < max_running:
-            rid = waiting.popleft()
-            alloc = mgr.allocate(rid, prompts[rid])
-            computed += alloc.num_new_tokens
-            batch.append((rid, alloc))
-        step += 1
-        if not batch:
-            continue
-        meta = PagedAttentionMetadata.from_block_tables([mgr.block_table(r) for r, _ in batch],
-                                                        [a.num_new_tokens for _, a in batch])
-        backend.set_metadata(meta)
-        tokens = [t for _, a in batch for t in a.token_ids]
-        logits = model.forward_step(tokens, meta.positions, backend, logits_indices=meta.query_start_loc[1:] - 1)
-        running = []
-        for (rid, _), row in zip(batch, logits):
-            mgr.commit(rid)
-            outputs[rid].append(int(np.argmax(row)))
-            if len(outputs[rid]) == max_new_tokens:
-                mgr.free(rid)
-            else:
-                running.append(rid)
-    return outputs, computed, mgr.stats()
+    res = serve_greedy(model, prompts, max_new_tokens, block_size=BLOCK_SIZE, num_blocks=need, caching=caching,
+                       max_running=max_running, arrival_steps=range(len(prompts)))
+    return res.outputs, res.prefill_tokens_computed, res.manager.stats()
 
 
 def bench_workload(model, num_requests: int, max_new_tokens: int, repeats: int) -> dict:

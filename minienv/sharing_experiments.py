@@ -110,6 +110,7 @@ def serve_greedy(
     max_running: int = 4,
     before_admit: Callable[[KVCacheManager, KVPool, int], None] | None = None,
     check_invariants: bool = False,
+    arrival_steps: Sequence[int] | None = None,
 ) -> ServeResult:
     """Serve ``prompts`` first come first served, greedy, one batched model call per step, over the paged backend.
 
@@ -118,7 +119,9 @@ def serve_greedy(
     (prompt + ``max_new_tokens``) fits in the free blocks — so no running request ever runs out of blocks (the
     scheduler of notebook 07 preempts instead). ``before_admit(manager, kv_pool, i)`` is a hook called before
     request ``i`` is admitted (the MinivLLM #98 check poisons cached K/V there). ``check_invariants`` (tests)
-    re-checks the manager's invariants and the step's slot mapping after every step.
+    re-checks the manager's invariants and the step's slot mapping after every step. ``arrival_steps[i]`` (default
+    all 0) is the step at which request ``i`` arrives: e.g. ``range(n)`` for one arrival per step, a steady rate
+    under which each prompt can hit the blocks of every request computed before it.
     """
     prompts = [[int(t) for t in p] for p in prompts]
     if num_blocks is None:
@@ -130,11 +133,14 @@ def serve_greedy(
     running: list[int] = []
     outputs: list[list[int]] = [[] for _ in prompts]
     cached = [0] * len(prompts)
-    computed = steps = 0
+    arrivals = [0] * len(prompts) if arrival_steps is None else [int(a) for a in arrival_steps]
+    if len(arrivals) != len(prompts) or any(a < 0 for a in arrivals):
+        raise ValueError(f"arrival_steps needs one step >= 0 per prompt ({len(prompts)}), got {list(arrivals)}")
+    computed = steps = clock = 0
     while waiting or running:
         batch = [(rid, mgr.append_slots(rid, [outputs[rid][-1]])) for rid in running]
         reserved = sum(cdiv(len(prompts[r]) + max_new_tokens, block_size) - len(mgr.block_ids(r)) for r in running)
-        while waiting and len(batch) < max_running:
+        while waiting and arrivals[waiting[0]] <= clock and len(batch) < max_running:
             rid = waiting[0]
             if before_admit is not None:
                 before_admit(mgr, kv, rid)
@@ -149,7 +155,10 @@ def serve_greedy(
             cached[rid] = alloc.num_cached_tokens
             computed += alloc.num_new_tokens
             batch.append((rid, alloc))
+        clock += 1
         if not batch:
+            if waiting and arrivals[waiting[0]] >= clock:  # idle until the next arrival
+                continue
             raise ValueError(f"a budget of {num_blocks} blocks of {block_size} cannot hold one request's life")
         meta = PagedAttentionMetadata.from_block_tables([mgr.block_table(r) for r, _ in batch],
                                                         [a.num_new_tokens for _, a in batch])

@@ -55,6 +55,23 @@ def test_serve_greedy_cache_on_equals_off_equals_dense(model, num_blocks):
     on.manager.check_invariants()
 
 
+def test_serve_greedy_arrivals_one_per_step(model):
+    """Staggered arrivals: each request arrives after the one before was computed, so it can hit its prefix;
+    idle steps before a late arrival are skipped, and the outputs do not change."""
+    prompts = prompts_with_system(n=4)
+    late = serve_greedy(model, prompts, 3, block_size=4, caching=True, arrival_steps=[0, 1, 2, 9],
+                        check_invariants=True)
+    together = serve_greedy(model, prompts, 3, block_size=4, caching=True)
+    assert late.outputs == together.outputs == [dense_greedy(model, p, 3) for p in prompts]
+    assert late.cached_tokens_per_request[0] == 0 and all(c > 0 for c in late.cached_tokens_per_request[1:])
+    assert together.cached_tokens_per_request == [0, 0, 0, 0]  # all admitted in step 0: nothing committed yet
+    # together: one 3-step batch. late: requests 0-2 overlap over steps 0-4 (request 2 arrives at 2, needs 3),
+    # steps 5-8 are idle and skipped, request 3 runs its 3 steps alone from step 9: 5 + 3 model steps.
+    assert together.steps == 3 and late.steps == 8
+    with pytest.raises(ValueError, match="one step >= 0 per prompt"):
+        serve_greedy(model, prompts, 3, block_size=4, arrival_steps=[0, 1])
+
+
 def test_serve_greedy_poisoned_cache_changes_the_output(model):
     prompts = prompts_with_system(1)
 
