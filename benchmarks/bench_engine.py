@@ -99,7 +99,7 @@ def resolve(arg: str | None):
 
 
 def make_engine(model, tok, **kw) -> InferenceEngine:
-    e = InferenceEngine(model, tok, record_history=False, **kw)
+    e = InferenceEngine(model, tok, history_size=0, **kw)
     e.eos_token_id = None  # benchmarks generate exactly max_tokens per request
     return e
 

@@ -29,7 +29,7 @@ from typing import Literal, Sequence
 
 from minienv.sampling import Sampler, SamplingParams
 
-FinishReason = Literal["length", "stop", "eos", "abort"]
+FinishReason = Literal["length", "stop", "eos", "abort", "error"]
 
 
 class RequestStatus(enum.Enum):
@@ -42,6 +42,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"  # a stop string appeared in the output
     FINISHED_EOS = "finished_eos"  # the model produced the end-of-sequence token
     FINISHED_ABORTED = "finished_aborted"  # abort(request_id)
+    FINISHED_ERROR = "finished_error"  # a failure that belonged to this request alone (its message in ``error``)
 
     @property
     def is_finished(self) -> bool:
@@ -53,6 +54,7 @@ _FINISHED_STATUS: dict[str, RequestStatus] = {
     "stop": RequestStatus.FINISHED_STOPPED,
     "eos": RequestStatus.FINISHED_EOS,
     "abort": RequestStatus.FINISHED_ABORTED,
+    "error": RequestStatus.FINISHED_ERROR,
 }
 
 
@@ -170,6 +172,13 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | None = None  # the stop string that ended the request
     text: str = ""
+    error: str | None = None  # why the request finished with "error"
+    #: output routing (kept by the engine's output processor): the consumer that owns this request's outputs and
+    #: how much of ``output_token_ids`` / ``text`` it has been given so far
+    consumer: object = field(default=None, repr=False)
+    delivered_tokens: int = 0
+    delivered_chars: int = 0
+    detokenizer: object = field(default=None, repr=False)
     sampler: Sampler = field(init=False, repr=False)
     _all_token_ids: list[int] = field(init=False, repr=False)
 
@@ -230,9 +239,10 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    def finish(self, reason: FinishReason, time: float, step: int) -> None:
+    def finish(self, reason: FinishReason, time: float, step: int, error: str | None = None) -> None:
         self.status = _FINISHED_STATUS[reason]
         self.finish_reason = reason
+        self.error = error
         self.metrics.finished_time = time
         self.metrics.finished_step = step
 
@@ -250,8 +260,8 @@ class Request:
 def kv_tokens_needed(num_prompt_tokens: int, max_tokens: int) -> int:
     """Token slots a request may hold at its largest: ``prompt + max_tokens``.
 
-    (Strictly the last sampled token is never fed back, so ``- 1`` would do; the engine uses the plain sum, as
-    DESIGN §4 states it, which keeps the rule easy to check by hand.)
+    (Strictly the last sampled token is never fed back, so ``- 1`` would do; the engine uses the plain sum, which
+    keeps the rule easy to check by hand.)
     """
     return num_prompt_tokens + max_tokens
 

@@ -11,7 +11,7 @@ Continuous batching (``scheduling="continuous"``; vLLM v1's ``Scheduler.schedule
    long prompt, or a resume) computes the next chunk: as much of what is left of ``max_num_batched_tokens`` as it
    can use, minus one token reserved for each decode still to be scheduled after it — so a long prefill never
    starves the decodes ("chunked prefill keeps decodes flowing").
-2. **Preemption by recompute.** If a running request cannot get a block (:class:`OutOfBlocksError`), the most
+2. **Preemption by recompute.** If a running request cannot get a block (``append_slots`` returns None), the most
    recently admitted running request is preempted: its blocks are freed (last block first; its full blocks stay
    cached-free in the LRU, so resuming is mostly prefix hits), ``num_computed_tokens`` is reset to 0, and it goes
    to the *front* of the waiting queue, keeping its generated tokens and its sampler. Repeat until the block is
@@ -63,7 +63,6 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
-from minienv.kv.errors import OutOfBlocksError
 from minienv.kv.kv_cache_manager import KVCacheManager, SlotAllocation
 from minienv.request import Request, RequestNotFoundError, RequestStatus
 
@@ -101,6 +100,8 @@ class ScheduledRequest:
     num_cached_tokens: int = 0
     token_ids: tuple[int, ...] = field(default=(), repr=False)
     slot_mapping: np.ndarray = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    #: copy-on-write copies ``(src, dst)`` the KV pool must apply before this step writes (the pool's owner does)
+    blocks_to_copy: tuple[tuple[int, int], ...] = field(default=(), repr=False)
 
 
 @dataclass
@@ -225,11 +226,52 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the step
     def schedule(self) -> SchedulerOutput:
-        """Plan the next step: decode/continue running requests, preempt on block shortage, admit waiting ones."""
+        """Plan the next step: decode/continue running requests, preempt on block shortage, admit waiting ones.
+
+        If planning raises (a ``victim_policy`` that fails, say), what it reserved so far is rolled back first.
+        """
+        out = SchedulerOutput(step=self.num_steps, scheduled=[], preempted=[], admitted=[], waiting=[], running=[],
+                              max_num_batched_tokens=self.max_num_batched_tokens, scheduling=self.scheduling)
+        self.num_steps += 1
+        try:
+            self._plan(out)
+        except BaseException:
+            self.rollback(out)
+            raise
+        out.waiting = [r.request_id for r in self.waiting]
+        out.running = [r.request_id for r in self.running]
+        return out
+
+    def rollback(self, plan: SchedulerOutput) -> None:
+        """Undo a plan whose step failed before it committed: every scheduled request back where it was.
+
+        Reserved slots are given back (``truncate`` to the tokens computed before the step), requests admitted by
+        the plan return to the head of the waiting queue in their order, and the step count is restored. The
+        prefix-cache counters of undone admissions are taken back. Preemptions the plan made stand: a preempted
+        request is a valid waiting request, and its resume gives the same output.
+        """
+        for s in reversed(plan.scheduled):
+            if s.kind == "padding":
+                self.kv.truncate(s.request_id, s.num_computed_tokens)
+                continue
+            req = self.requests[s.request_id]
+            if s.is_new:
+                stats = self.kv.prefix_stats
+                stats.requests -= 1
+                stats.queries -= req.num_tokens
+                stats.hits -= s.num_cached_tokens
+                self.kv.free(s.request_id)
+                self.running.remove(req)
+                req.status = RequestStatus.PREEMPTED if s.is_resume else RequestStatus.WAITING
+                req.num_computed_tokens = 0
+                self.waiting.appendleft(req)
+            else:
+                self.kv.truncate(s.request_id, s.num_computed_tokens)
+        self.num_steps = plan.step
+
+    def _plan(self, out: SchedulerOutput) -> None:
         budget = self.max_num_batched_tokens
-        scheduled: list[ScheduledRequest] = []
-        preempted: list[str] = []
-        admitted: list[str] = []
+        scheduled, preempted, admitted = out.scheduled, out.preempted, out.admitted
 
         # 1. running requests, oldest first. `decodes_after` = decodes not yet scheduled (reserved budget).
         decodes_after = sum(1 for r in self.running if not r.is_prefilling)
@@ -247,24 +289,19 @@ class Scheduler:
                     continue  # no budget left for this prefill chunk this step; it keeps its blocks
             start = req.num_computed_tokens
             tokens = req.all_token_ids[start:start + n]
-            alloc = None
-            while True:
-                try:
-                    alloc = self.kv.append_slots(req.request_id, tokens)
+            while (alloc := self.kv.append_slots(req.request_id, tokens)) is None:
+                if self._release_padding():
+                    continue  # a padding slot gave its blocks back before any live request is preempted
+                candidates = self.running[i:]  # not yet scheduled in this step; req first
+                victim = self.victim_policy(candidates)
+                if not any(victim is c for c in candidates):
+                    raise ValueError(f"victim_policy returned {victim!r}, which is not one of its candidates")
+                if not victim.is_prefilling:
+                    decodes_after -= victim is not req
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
                     break
-                except OutOfBlocksError:
-                    if self._release_padding():
-                        continue  # a padding slot gave its blocks back before any live request is preempted
-                    candidates = self.running[i:]  # not yet scheduled in this step; req first
-                    victim = self.victim_policy(candidates)
-                    if not any(victim is c for c in candidates):
-                        raise ValueError(f"victim_policy returned {victim!r}, which is not one of its candidates")
-                    if not victim.is_prefilling:
-                        decodes_after -= victim is not req
-                    self._preempt(victim)
-                    preempted.append(victim.request_id)
-                    if victim is req:
-                        break
             if alloc is None:
                 continue  # the request preempted itself; running[i] is now the next one (default policy: none)
             budget -= n
@@ -282,9 +319,8 @@ class Scheduler:
                 tokens = req.all_token_ids
                 hit = self.kv.lookup(tokens).num_cached_tokens
                 n = min(len(tokens) - hit, budget)
-                try:
-                    alloc = self.kv.allocate(req.request_id, tokens, num_new_tokens=n)
-                except OutOfBlocksError:
+                alloc = self.kv.allocate(req.request_id, tokens, num_new_tokens=n)
+                if alloc is None:
                     if self._release_padding():
                         continue
                     break  # FCFS: the head waits for memory; nobody overtakes it
@@ -309,22 +345,15 @@ class Scheduler:
                 if self.max_position is not None and pos >= self.max_position:
                     self._release_padding(rid)
                     continue
-                try:
-                    alloc = self.kv.append_slots(rid, [token])
-                except OutOfBlocksError:
+                alloc = self.kv.append_slots(rid, [token])
+                if alloc is None:
                     self._release_padding(rid)  # padding never takes memory from live work
                     continue
                 budget -= 1
                 scheduled.append(ScheduledRequest(rid, "padding", 1, pos, False, token_ids=alloc.token_ids,
-                                                  slot_mapping=alloc.slot_mapping))
+                                                  slot_mapping=alloc.slot_mapping,
+                                                  blocks_to_copy=alloc.blocks_to_copy))
 
-        out = SchedulerOutput(
-            step=self.num_steps, scheduled=scheduled, preempted=preempted, admitted=admitted,
-            waiting=[r.request_id for r in self.waiting], running=[r.request_id for r in self.running],
-            max_num_batched_tokens=self.max_num_batched_tokens, scheduling=self.scheduling,
-        )
-        self.num_steps += 1
-        return out
 
     def _scheduled(self, req: Request, alloc: SlotAllocation, n: int, start: int, *, is_new: bool,
                    is_resume: bool = False, num_cached: int = 0) -> ScheduledRequest:
@@ -332,7 +361,7 @@ class Scheduler:
         kind: StepKind = "decode" if (n == 1 and samples and start >= req.num_prompt_tokens and not is_new) \
             else "prefill"
         return ScheduledRequest(req.request_id, kind, n, start, samples, is_new, is_resume, num_cached,
-                                alloc.token_ids, alloc.slot_mapping)
+                                alloc.token_ids, alloc.slot_mapping, alloc.blocks_to_copy)
 
     def _preempt(self, req: Request) -> None:
         """Free the request's KV (full blocks stay cached-free) and put it at the front of the waiting queue."""
@@ -409,3 +438,10 @@ class Scheduler:
             assert not self.kv.has_request(r.request_id), f"waiting request {r.request_id} holds KV"
             r.check()
         self.kv.check_invariants()
+
+
+def make_scheduler(kv_cache_manager: KVCacheManager, *, scheduling: SchedulingPolicy = "continuous",
+                   victim_policy: VictimPolicy | None = None, **kwargs) -> Scheduler:
+    """The scheduler for a policy name (``"continuous"`` or ``"static"``)."""
+    return Scheduler(kv_cache_manager, scheduling=scheduling, victim_policy=victim_policy or most_recently_admitted,
+                     **kwargs)

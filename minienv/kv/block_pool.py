@@ -9,8 +9,8 @@ needs:
 
 * every block is a small :class:`KVCacheBlock` record with its id, a **refcount** and room for a content hash;
 * the **free queue** keeps free blocks in eviction order and supports, all in O(1): take the head (allocate),
-  append at the tail (free), and remove from the middle (a prefix-cache hit on a cached-free block). The seed
-  tutorial's ``free_list.pop(0)`` is O(n) — every allocation shifts the whole list — and ``deque.remove`` is O(n)
+  append at the tail (free), and remove from the middle (a prefix-cache hit on a cached-free block). The naive
+  naive design's ``free_list.pop(0)`` is O(n) — every allocation shifts the whole list — and ``deque.remove`` is O(n)
   too, so neither appears here.
 
 Invariants (kept by :meth:`BlockPool.allocate` and :meth:`BlockPool.free`, checked by
@@ -80,18 +80,9 @@ class FreeBlockQueue:
         """Take the head block. O(1)."""
         return self._queue.popitem(last=False)[1]
 
-    def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        """Take the ``n`` head blocks (caller checked there are enough). O(n)."""
-        pop = self._queue.popitem
-        return [pop(False)[1] for _ in range(n)]
-
     def append(self, block: KVCacheBlock) -> None:
         """Put a block at the tail (freed most recently, so allocated / evicted last). O(1)."""
         self._queue[block.block_id] = block
-
-    def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
-        for block in blocks:
-            self._queue[block.block_id] = block
 
     def remove(self, block: KVCacheBlock) -> None:
         """Take a block out of the middle of the queue (a prefix-cache hit on a cached-free block). O(1)."""
@@ -153,9 +144,6 @@ class BlockPool:
     def free_block_ids(self) -> list[int]:
         """Free block ids in queue order (head first): the order in which ``allocate`` will hand them out."""
         return self.free_block_queue.block_ids()
-
-    def used_block_ids(self) -> list[int]:
-        return [b.block_id for b in self.blocks if b.ref_cnt > 0]
 
     def snapshot(self) -> PoolSnapshot:
         return PoolSnapshot(tuple(self.free_block_queue.block_ids()), tuple(b.ref_cnt for b in self.blocks))

@@ -1,14 +1,15 @@
 """The KV cache manager: per-request block tables over one block pool, with prefix sharing, copy-on-write forks
-and the token-budget LRU evictor.
+and the token-budget LRU evictor. Bookkeeping only: it hands out block ids and copy instructions; the owner of
+the K/V arrays (the engine) applies them.
 
-This is the seed tutorial's "KV Cache Manager (prefix-aware refcounter, token-budget LRU evictor)" box, built the
-way vLLM v1 converged on (``vllm/v1/core/kv_cache_manager.py`` + ``block_pool.py``). Its parts:
+Its parts:
 
 * **Block pool** (:class:`~minienv.kv.block_pool.BlockPool`): refcounts and the free queue, all O(1). The budget is
   the pool: ``num_blocks = kv_budget_tokens // block_size`` bounds in-use *plus* cached-free blocks, so
   ``resident tokens <= budget`` holds by construction, never by a check that could be forgotten.
 * **Prefix index** (:class:`~minienv.kv.prefix_cache.PrefixIndex`): chain hash of a full block -> the block.
-* **Block tables**, one per request, owned here (the pool knows nothing of requests).
+* **Block tables**, one per request (:class:`RequestKV`), owned here and only here (the pool knows nothing of
+  requests; the scheduler and the engine read them).
 
 Every block is in exactly one of three states (:class:`BlockState`):
 
@@ -20,40 +21,33 @@ CACHED_FREE    0           yes               yes (K/V and hash kept, evictable)
 IN_USE         >= 1        no                maybe (a full, committed block)
 =============  ==========  ================  ============================================
 
-The free queue is the LRU order: blocks join its tail when their refcount drops to 0; allocation takes its head.
-**Eviction is allocation**: when the head block carries a hash, that hash leaves the index in the same step, so a
-block can never be reused while still findable (vLLM PR #4761's bug). A block with refcount > 0 is never in the
-queue, so it can never be evicted (the seed's bug). A request's blocks are freed last-block-first, so among blocks
-freed together the chain's tail is evicted before its parent (LMCache #443): a prefix never loses its middle while
-its tail survives.
+Invariants (``check_invariants``):
 
-The request life cycle, as the engine (next issue) drives it::
+1. a block's refcount equals the number of block tables holding it;
+2. a block is indexed iff it carries a hash, and its hash is its key's chain hash;
+3. **eviction is allocation**: a block leaves the index in the same call that hands it out, so a block can never
+   be reused while it is still findable;
+4. a block with refcount > 0 is never in the free queue, so it can never be evicted;
+5. a cached-free block's parent is in use or *later* in the free queue: requests free last block first, so
+   eviction cuts a cached prefix from its tail, never from its middle.
+
+The request life cycle, as the scheduler drives it::
 
     a = mgr.allocate("r1", prompt_ids)        # prefix lookup, take hit blocks, slots for the rest of the prompt
-    # ... model step writes K/V of a.token_ids at a.slot_mapping (blocks table: mgr.block_table("r1")) ...
+    # ... the step writes K/V of a.token_ids at a.slot_mapping, after applying a.blocks_to_copy ...
     mgr.commit("r1")                           # those K/V now exist: newly full blocks enter the prefix index
     a = mgr.append_slots("r1", [next_token])   # one decode token (copy-on-write if its block is shared)
     mgr.commit("r1")
     mgr.fork("r1", ["r1.1", "r1.2"])           # parallel sampling: children share every block
-    mgr.truncate("r1.1", n)                    # roll back to n tokens (rejected speculative tokens)
+    mgr.truncate("r1.1", n)                    # roll back to n tokens (a failed step, rejected speculation)
     mgr.free("r1")                             # refcounts -1, last block first; cached blocks stay findable
 
-Observers for views and metrics: ``stats()`` (counts by state, prefix queries/hits in tokens, evictions, CoW
-copies), ``sharing()`` (memory saved), ``free_queue()`` (LRU order, head first), ``block_state(b)``,
-``ref_cnt(b)``, ``block_table(rid)``, ``add_listener(fn)`` (a :class:`KVEvent` per eviction / cache / hit / CoW /
-free), ``snapshot()`` and ``check_invariants()``.
+``allocate`` and ``append_slots`` return ``None`` when the free blocks do not suffice (an expected outcome: the
+scheduler preempts and retries); errors are for misuse. Every public method validates first and raises before
+changing anything, so after any error the manager equals its :meth:`KVCacheManager.snapshot` from before the call.
 
-Where this lives in vLLM (v1): ``vllm/v1/core/kv_cache_manager.py`` (``get_computed_blocks``, ``allocate_slots``,
-``free``), ``vllm/v1/core/block_pool.py`` (``BlockPool``: ``touch``, ``get_new_blocks`` evicting via
-``_maybe_evict_cached_block``, ``cache_full_blocks``), ``vllm/v1/core/kv_cache_utils.py`` (``hash_block_tokens``,
-``FreeKVCacheBlockQueue``). Differences, on purpose: blocks enter the index at :meth:`KVCacheManager.commit`
-(after the step that wrote them) rather than at allocation; one block per hash (duplicates are deduplicated on
-commit); every hit is verified against the stored tokens; forks share blocks with copy-on-write, as vLLM v0's block
-manager did (``vllm/core/block_manager.py``: ``fork``, copy-on-write ``blocks_to_copy``) — v1 instead runs
-parallel sampling as n requests that share the prompt through the prefix cache.
-
-Every public method validates first and raises before changing anything, so after any error the manager equals
-its :meth:`KVCacheManager.snapshot` from before the call.
+Observers for views and metrics: ``stats()``, ``sharing()``, ``free_queue()``, ``block_state(b)``, ``ref_cnt(b)``,
+``add_listener(fn)`` (a :class:`KVEvent` per eviction / cache / hit / CoW / free), ``snapshot()``.
 """
 
 from __future__ import annotations
@@ -66,7 +60,7 @@ import numpy as np
 
 from minienv.kv.block_pool import BlockPool, KVCacheBlock, PoolSnapshot
 from minienv.kv.block_table import BlockTable, cdiv
-from minienv.kv.errors import KVBudgetError, KVCacheError, OutOfBlocksError
+from minienv.kv.errors import KVBudgetError, KVCacheError
 from minienv.kv.hashing import ROOT_HASH, BlockHash, hash_block_tokens
 from minienv.kv.kv_pool import KVPool, num_blocks_for_budget
 from minienv.kv.prefix_cache import CachedBlockKey, PrefixCacheStats, PrefixIndex
@@ -147,7 +141,7 @@ class SlotAllocation:
 
     ``positions[i]`` and ``slot_mapping[i]`` are token ``i``'s absolute position and its KV pool slot.
     ``blocks_to_copy`` lists copy-on-write copies that must be applied to the KV pool *before* the step writes
-    (:func:`copy_blocks`; already applied if the manager was given the ``kv_pool``). ``num_cached_tokens`` is the
+    (:func:`copy_blocks`, by whoever owns the pool). ``num_cached_tokens`` is the
     prefix-cache hit of a newly allocated request (0 for later steps).
     """
 
@@ -196,7 +190,7 @@ class SharingStats:
 @dataclass(frozen=True)
 class KVCacheStats:
     """A point-in-time summary. Block counts are *physical* blocks, each counted once however many requests share
-    it (SGLang #35270 double-counted shared pages as evictable and reported a false leak)."""
+    it: counting a shared block once per holder would report blocks that do not exist."""
 
     num_blocks: int
     block_size: int
@@ -300,8 +294,6 @@ class KVCacheManager:
         Off: no hashing, no index, every freed block is free-empty — the baseline the differential test compares.
     extra_key:
         Bytes mixed into every block hash (:func:`minienv.kv.hashing.make_extra_key`: model id, dtype, cache salt).
-    kv_pool:
-        Optional :class:`~minienv.kv.kv_pool.KVPool`; when given, copy-on-write copies are applied to it at once.
     """
 
     def __init__(
@@ -311,20 +303,13 @@ class KVCacheManager:
         *,
         enable_prefix_caching: bool = True,
         extra_key: bytes = b"",
-        kv_pool: KVPool | None = None,
     ):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise KVBudgetError(f"block_size must be a positive int, got {block_size!r}")
-        if kv_pool is not None and (kv_pool.num_blocks != num_blocks or kv_pool.block_size != block_size):
-            raise ValueError(
-                f"kv_pool has {kv_pool.num_blocks} blocks of {kv_pool.block_size} slots but the manager was asked "
-                f"for {num_blocks} blocks of {block_size}"
-            )
         self.pool = BlockPool(num_blocks)  # raises KVBudgetError for num_blocks < 1
         self.block_size = block_size
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.extra_key = bytes(extra_key)
-        self.kv_pool = kv_pool
         self.index = PrefixIndex()
         self.prefix_stats = PrefixCacheStats()
         self.cow_copies = 0
@@ -332,32 +317,10 @@ class KVCacheManager:
         self._listeners: list[Callable[[KVEvent], None]] = []
 
     @classmethod
-    def for_model(
-        cls,
-        config,
-        kv_budget_tokens: int,
-        block_size: int,
-        *,
-        model_id: str = "",
-        cache_salt: str | None = None,
-        enable_prefix_caching: bool = True,
-    ) -> "KVCacheManager":
-        """A manager *and* its KV pool for a :class:`~minienv.model.LlamaConfig` (``mgr.kv_pool``).
-
-        The extra key of every block hash is ``make_extra_key(model_id, cache_salt=cache_salt)``, so two models
-        (or two tenants with different salts) never share blocks.
-        """
-        from minienv.kv.hashing import make_extra_key
-
-        kv_pool = KVPool.for_model(config, kv_budget_tokens, block_size)  # KVBudgetError below one block
-        return cls(kv_pool.num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
-                   extra_key=make_extra_key(model_id, cache_salt=cache_salt), kv_pool=kv_pool)
-
-    @classmethod
     def from_budget(cls, kv_budget_tokens: int, block_size: int, **kwargs) -> "KVCacheManager":
         """A manager whose pool holds ``kv_budget_tokens // block_size`` blocks.
 
-        A budget of zero, a negative one, or one smaller than a block is a :class:`KVBudgetError` (DESIGN §2).
+        A budget of zero, a negative one, or one smaller than a block is a :class:`KVBudgetError`.
         """
         return cls(num_blocks_for_budget(kv_budget_tokens, block_size), block_size, **kwargs)
 
@@ -427,7 +390,7 @@ class KVCacheManager:
         return [(b.block_id, b.block_hash is not None) for b in self.pool.free_block_queue]
 
     def stats(self) -> KVCacheStats:
-        """Counts by state (O(indexed blocks)); each physical block counted once (SGLang #35270)."""
+        """Counts by state (O(indexed blocks)); each physical block counted once."""
         cached_free = sum(1 for entry in self.index if self.pool.blocks[entry.block_id].ref_cnt == 0)
         free = self.pool.num_free_blocks
         s = self.prefix_stats
@@ -462,7 +425,7 @@ class KVCacheManager:
         """The longest cached run of full blocks of a prompt — without taking them or counting stats.
 
         Never covers the whole prompt: at most ``(len - 1) // block_size`` blocks, so at least the last prompt
-        token is computed and there are logits to sample from (nano-vllm #144 crashed on a fully cached prompt
+        token is computed and there are logits to sample from (a fully cached prompt would leave zero tokens
         with zero tokens to run). Block-granular: a prompt of exactly k full blocks, all cached, recomputes its
         last block.
         """
@@ -480,8 +443,8 @@ class KVCacheManager:
         """Allocate ``n`` blocks from the head of the free queue; evict (un-index) any that carry a hash.
 
         This is the token-budget LRU evictor: the head is the least recently freed block, and dropping its hash
-        happens here, in the same step as handing it out (vLLM PR #4761 left the popped block indexed, so a later
-        lookup "hit" a block already holding another request's K/V). Raises OutOfBlocksError before any change.
+        happens here, in the same call as handing it out (invariant 3: a reused block is never findable). The
+        caller has checked there are ``n`` free blocks.
         """
         if n == 0:
             return []
@@ -518,11 +481,11 @@ class KVCacheManager:
 
     def allocate(
         self, request_id: RequestId, prompt_token_ids: Sequence[int], *, num_new_tokens: int | None = None
-    ) -> SlotAllocation:
+    ) -> SlotAllocation | None:
         """Admit a new request: take its cached prefix blocks and reserve slots for the tokens to compute now.
 
         ``num_new_tokens`` (default: the rest of the prompt) lets a scheduler prefill in chunks; later chunks come
-        through :meth:`append_slots`. All or nothing: if the blocks do not fit, :class:`OutOfBlocksError` and the
+        through :meth:`append_slots`. All or nothing: if the blocks do not fit, it returns ``None`` and the
         manager is unchanged (no stats counted either). Hit blocks that are cached-free count against the free
         blocks, because taking them removes them from the free queue.
         """
@@ -544,7 +507,7 @@ class KVCacheManager:
         num_new_blocks = cdiv(total, self.block_size) - len(hit.block_ids)
         hit_free = sum(1 for bid in hit.block_ids if self.pool.blocks[bid].ref_cnt == 0)
         if num_new_blocks + hit_free > self.pool.num_free_blocks:
-            raise OutOfBlocksError(num_new_blocks + hit_free, self.pool.num_free_blocks, self.pool.num_blocks)
+            return None
         # --- validated; from here nothing can fail
         self._touch(hit.block_ids, request_id)  # first: allocation below must not evict a block we just hit
         new_ids = self._take_free_blocks(num_new_blocks, request_id)
@@ -557,14 +520,15 @@ class KVCacheManager:
         s.hits += n_cached
         return self._slot_allocation(req, n_cached, tuple(new_ids), (), n_cached)
 
-    def append_slots(self, request_id: RequestId, token_ids: Sequence[int]) -> SlotAllocation:
+    def append_slots(self, request_id: RequestId, token_ids: Sequence[int]) -> SlotAllocation | None:
         """Reserve slots for ``token_ids`` appended to a request (a decode token, or the next prefill chunk).
 
         **Copy-on-write**: if the first new token lands in the last block, and that block is *not full* and
         *shared* (refcount > 1, after a fork) or indexed (after :meth:`truncate`), the request gets a private copy
         first: a new block, the pair ``(old, new)`` in ``blocks_to_copy``, one reference moved from old to new. A
         shared block that is full is never written again (new tokens go to a new block), so it is not copied —
-        vLLM #417 got this condition wrong and produced wrong text. All or nothing, like :meth:`allocate`.
+        Copying a full shared block instead would be waste; not copying a partial one would corrupt the other
+        holders' text. All or nothing, like :meth:`allocate` (``None`` when the blocks do not fit).
         """
         req = self._requests.get(request_id)
         if req is None:
@@ -579,7 +543,7 @@ class KVCacheManager:
         num_new_blocks = cdiv(start + len(new_tokens), self.block_size) - len(req.block_ids)
         needed = num_new_blocks + (1 if needs_cow else 0)
         if needed > self.pool.num_free_blocks:
-            raise OutOfBlocksError(needed, self.pool.num_free_blocks, self.pool.num_blocks)
+            return None
         # --- validated; from here nothing can fail
         copies: BlockCopies = []
         if needs_cow:
@@ -590,8 +554,6 @@ class KVCacheManager:
             req.block_ids[-1] = private
             copies.append((last, private))
             self.cow_copies += 1
-            if self.kv_pool is not None:
-                copy_blocks(self.kv_pool, copies)
             self._emit("cow", private, request_id, None, last)
         new_ids = self._take_free_blocks(num_new_blocks, request_id)
         req.block_ids.extend(new_ids)
@@ -659,7 +621,7 @@ class KVCacheManager:
         """Create ``len(child_ids)`` children sharing every block of ``parent_id`` (parallel sampling, beams).
 
         Each shared block's refcount goes up by exactly the number of children — once per new table holding it
-        (vLLM #1556 / PR #3347 over-incremented, so blocks were never freed). Nothing is copied now; the first
+        (invariant 1; one more and the blocks would never be freed). Nothing is copied now; the first
         write into a shared, not-full last block copies it (:meth:`append_slots`). The parent must be committed.
         """
         parent = self._requests.get(parent_id)
@@ -700,9 +662,9 @@ class KVCacheManager:
 
         Each refcount drops by one; a block reaching 0 joins the free queue's tail — cached-free if indexed (K/V and
         hash kept, findable until evicted), free-empty otherwise. Reverse order puts a chain's tail ahead of its
-        parent in the queue, so eviction cuts a cached prefix from its end (LMCache #443). Freeing an unknown or
+        parent in the queue, so eviction cuts a cached prefix from its end (invariant 5). Freeing an unknown or
         already freed request raises :class:`UnknownRequestError` and changes nothing (a double free must never
-        decrement someone else's refcount — vLLM PR #3347).
+        decrement someone else's refcount).
         """
         req = self._requests.get(request_id)
         if req is None:
@@ -782,7 +744,7 @@ class KVCacheManager:
                 assert entry.block_hash == block.block_hash == entry.key.block_hash()
         if not self.enable_prefix_caching:
             assert len(self.index) == 0
-        # LMCache #443: a cached-free block's parent is in use, or later in the free queue (evicted after it).
+        # Invariant 5: a cached-free block's parent is in use, or later in the free queue (evicted after it).
         position = {bid: i for i, bid in enumerate(pool.free_block_queue.block_ids())}
         for entry in indexed.values():
             if pool.blocks[entry.block_id].ref_cnt == 0 and entry.key.parent_hash != ROOT_HASH:

@@ -70,8 +70,9 @@ def test_free_queue_pops_head_appends_tail_and_removes_from_middle():
     q.remove(blocks[2])  # a prefix-cache hit on a cached-free block in the middle
     q.append(blocks[0])
     assert q.block_ids() == [1, 3, 4, 0]
-    assert [b.block_id for b in q.popleft_n(2)] == [1, 3]
-    q.append_n([blocks[2], blocks[1]])
+    assert [q.popleft().block_id, q.popleft().block_id] == [1, 3]
+    q.append(blocks[2])
+    q.append(blocks[1])
     assert q.block_ids() == [4, 0, 2, 1] and len(q) == 4 and 2 in q and 3 not in q
 
 

@@ -45,7 +45,7 @@ def agrees(dash):
     assert list(dash.waiting_view.items) == [r.request_id for r in eng.scheduler.waiting]
     assert dash.tables.tables == {rid: tuple(mgr.block_ids(rid)) for rid in dash.tables.tables}
     assert set(dash.tables.tables) == {r.request_id for r in eng.scheduler.running}
-    assert dash.texts == {rid: eng.requests[rid].text for rid in dash.request_ids}
+    assert dash.texts == {rid: eng.output(rid).text for rid in dash.request_ids}
     assert dash.snapshot.step == eng.stats.num_steps
 
 

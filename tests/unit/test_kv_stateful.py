@@ -20,7 +20,6 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from minienv.kv.errors import OutOfBlocksError
 from minienv.kv.hashing import ROOT_HASH
 from minienv.kv.kv_cache_manager import BlockState, KVCacheManager, UnknownRequestError
 
@@ -78,13 +77,12 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.shadow[alloc.slot_mapping] = [encode(t, int(p)) for t, p in zip(alloc.token_ids, alloc.positions)]
 
     def attempt(self, fn):
-        """Run an operation; on OutOfBlocksError the manager must be exactly as before."""
+        """Run an operation; when it finds no room (None) the manager must be exactly as before."""
         before = self.mgr.snapshot()
-        try:
-            return fn()
-        except OutOfBlocksError:
+        out = fn()
+        if out is None:
             assert self.mgr.snapshot() == before, "a failed allocation changed state"
-            return None
+        return out
 
     # ------------------------------------------------------------------ rules
     @rule(prompt=tokens_st, chunk=st.integers(1, 10))

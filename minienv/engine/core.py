@@ -1,0 +1,508 @@
+"""``InferenceEngine``: model + tokenizer + KV cache manager + scheduler, driven one batched step at a time.
+
+One step (vLLM's ``EngineCore.step``)::
+
+    plan = scheduler.schedule()          # who runs, how many tokens each, preemptions, admissions
+    logits = model.forward_step(...)     # ONE batched call for every scheduled token (paged attention)
+    scheduler.update_from_output(plan)   # the K/V now exist: commit (full blocks become prefix-cache hits)
+    sample -> append -> stop checks      # per request, each with its own seeded sampler
+    router.notify(request)               # its owner reads the progress when it next asks
+
+**A step is a transaction.** Scheduling reserves slots before the model runs; if anything raises before the
+step commits (the model, an out-of-memory, the stop button's ``KeyboardInterrupt``), ``scheduler.rollback``
+gives the reserved slots back and puts admitted requests back at the head of the queue, and the exception
+propagates. Every request is then exactly where it was before the step, so resuming gives each one the output it
+has alone. (Cached-free blocks evicted while planning stay evicted, and a preemption the plan made stands: both
+leave valid states, and neither changes any output.) The bookkeeping phases run with Ctrl-C deferred, so an
+interrupt lands in the model call or between steps, never halfway through a refcount update.
+
+**Failures that belong to one request stay with it.** A token the tokenizer cannot decode, a sampler that
+raises, non-finite logits for one row: that request finishes with ``finish_reason="error"`` (message in
+``output.error``), its blocks are freed, and every other request goes on.
+
+**Outputs are routed per consumer** (:mod:`minienv.engine.outputs`): ``step()`` returns outputs of requests added
+with ``add_request``; each ``generate()`` call and each ``stream()`` iterator reads only its own. They interleave
+in any order; each consumer receives every token of its requests exactly once, and one final output per request.
+
+**Memory is bounded.** A request is forgotten once its final output has been read by its consumer, apart from the
+``finished_retention`` most recent ones kept for ``engine.output(id)`` and dashboards; ``history`` keeps the last
+``history_size`` step records.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import threading
+import time
+from collections import OrderedDict, deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from minienv.engine.inputs import build_step_inputs
+from minienv.engine.observe import (
+    EngineSnapshot,
+    EngineStats,
+    StepRecord,
+    TimelineEntry,
+    engine_snapshot,
+    engine_stats,
+    timeline,
+)
+from minienv.engine.outputs import Consumer, IncrementalDetokenizer, OutputRouter, RequestOutput, append_token, \
+    make_output
+from minienv.engine.validation import validate_batch, validate_request
+from minienv.kv.kv_cache_manager import KVCacheManager, KVEvent
+from minienv.kv.kv_pool import KVPool, num_blocks_for_budget
+from minienv.kv.paged_attention import PagedAttentionBackend
+from minienv.request import FinishReason, InvalidRequestError, Request, RequestMetrics, RequestNotFoundError
+from minienv.sampling import SamplingParams
+from minienv.scheduler import SchedulingPolicy, VictimPolicy, make_scheduler
+
+Prompts = "str | Sequence[int] | Sequence[str | Sequence[int]]"
+
+
+@contextmanager
+def _interrupt_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block until its end, then raise it.
+
+    Only in the main thread with Python's default handler (what the JupyterLab stop button and a terminal
+    deliver); elsewhere signals cannot interrupt this thread's bookkeeping anyway.
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+@dataclass
+class EngineCounters:
+    """Running totals the engine keeps itself (the KV manager and scheduler count the rest)."""
+
+    prompt_tokens: int = 0
+    computed_tokens: int = 0
+    generated_tokens: int = 0
+    finished: int = 0
+    errors: int = 0
+    failed_steps: int = 0
+    busy_s: float = 0.0
+
+
+def _check_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
+class InferenceEngine:
+    """A continuous-batching engine over a paged, prefix-cached KV pool of ``kv_budget_tokens`` tokens.
+
+    Parameters
+    ----------
+    model, tokenizer:
+        A :class:`~minienv.model.LlamaModel` and a tokenizer (``encode`` / ``decode`` / ``eos_token_id``);
+        ``None`` loads the bundled ones. A tokenizer with fewer ids than the model's (padded) vocabulary is
+        fine: logits past the tokenizer's last id are masked, so the engine never samples an id it cannot
+        decode. One with more ids than the model is refused.
+    kv_budget_tokens:
+        Token slots of KV for all requests together: ``kv_budget_tokens // block_size`` blocks, preallocated.
+        ``engine.kv_budget_tokens`` reports the budget rounded down to whole blocks.
+    block_size:
+        Tokens per KV block.
+    enable_prefix_caching:
+        Reuse the K/V of full blocks whose prefix was computed before (and keep freed ones, LRU-evicted).
+    max_num_seqs, max_num_batched_tokens:
+        Most requests running at once; most tokens computed in one step (must be >= ``max_num_seqs``).
+    scheduling:
+        ``"continuous"`` (refill the batch every step) or ``"static"`` (fixed batches; the baseline).
+    static_padding:
+        Only for ``"static"``: finished members keep computing a discarded token until their batch ends, as a
+        padded batch does (default True; False is the charitable baseline).
+    victim_policy:
+        Which request to preempt when a running one cannot get a block (default: the most recently admitted).
+    history_size:
+        Step records kept in ``history`` (a ring; 0 = none). Dashboards and ``timeline()`` read it.
+    finished_retention:
+        Finished requests remembered after their consumer has read their final output (for ``output(id)``,
+        ``snapshot()``).
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        tokenizer: Any = None,
+        *,
+        kv_budget_tokens: int = 8192,
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        max_num_seqs: int = 16,
+        max_num_batched_tokens: int = 512,
+        scheduling: SchedulingPolicy = "continuous",
+        victim_policy: VictimPolicy | None = None,
+        static_padding: bool = True,
+        history_size: int = 256,
+        finished_retention: int = 256,
+    ):
+        if not isinstance(enable_prefix_caching, (bool, np.bool_)):
+            raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
+        if not isinstance(static_padding, (bool, np.bool_)):
+            raise ValueError(f"static_padding must be True or False, got {static_padding!r}")
+        history_size = _check_count("history_size", history_size)
+        self.finished_retention = _check_count("finished_retention", finished_retention)
+        if model is None:
+            from minienv.model import load_model
+
+            model = load_model()
+        if tokenizer is None:
+            from minienv.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer()
+        vocab = getattr(tokenizer, "vocab_size", None)
+        if vocab is not None and vocab > model.config.vocab_size:
+            raise ValueError(f"the tokenizer has {vocab} ids but the model only {model.config.vocab_size}: "
+                             "it would encode ids the model has no embedding for")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_id: int | None = getattr(tokenizer, "eos_token_id", None)
+        #: sampled ids stop here: past the tokenizer's vocabulary a padded model's logits mean nothing
+        self.num_sampled_ids = int(vocab) if vocab is not None else int(model.config.vocab_size)
+        num_blocks = num_blocks_for_budget(kv_budget_tokens, block_size)  # KVBudgetError below one block
+        self.block_size = int(block_size)
+        self.kv_pool = KVPool.for_model(model.config, num_blocks * block_size, block_size)
+        self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size,
+                                               enable_prefix_caching=bool(enable_prefix_caching))
+        self.scheduler = make_scheduler(
+            self.kv_cache_manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            scheduling=scheduling, victim_policy=victim_policy, static_padding=bool(static_padding),
+            max_position=model.config.max_position_embeddings)
+        self.backend = PagedAttentionBackend(self.kv_pool)
+        self.history: deque[StepRecord] = deque(maxlen=history_size)
+        self.requests: dict[str, Request] = {}  # live: unfinished, or finished with the final output unread
+        self.retained: OrderedDict[str, Request] = OrderedDict()  # finished and read, most recent last
+        self.counters = EngineCounters()
+        self.router = OutputRouter()
+        self._step_consumer = Consumer("step")
+        self._ids = itertools.count()
+        self._step_listeners: list[Callable[[StepRecord], None]] = []
+        self._kv_events: list[KVEvent] = []
+        if history_size:
+            self.kv_cache_manager.add_listener(self._kv_events.append)
+
+    # ------------------------------------------------------------------ configuration views
+    @property
+    def kv_budget_tokens(self) -> int:
+        return self.kv_cache_manager.kv_budget_tokens
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache_manager.num_blocks
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.scheduler.max_num_seqs
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        return self.scheduler.max_num_batched_tokens
+
+    @property
+    def scheduling(self) -> str:
+        return self.scheduler.scheduling
+
+    def __repr__(self) -> str:
+        charitable = self.scheduling == "static" and not self.scheduler.static_padding
+        return (f"InferenceEngine(kv_budget_tokens={self.kv_budget_tokens}, block_size={self.block_size}, "
+                f"max_num_seqs={self.max_num_seqs}, max_num_batched_tokens={self.max_num_batched_tokens}, "
+                f"scheduling={self.scheduling!r}{', static_padding=False' if charitable else ''}, prefix_caching="
+                f"{'on' if self.kv_cache_manager.enable_prefix_caching else 'off'})")
+
+    # ------------------------------------------------------------------ requests in
+    def add_request(self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None, *,
+                    request_id: str | None = None) -> str:
+        """Validate and queue one request; return its id. Its outputs come out of :meth:`step`.
+
+        A bad request raises :class:`InvalidRequestError` and the engine is unchanged.
+        """
+        if request_id is not None:
+            if not isinstance(request_id, str) or not request_id:
+                raise InvalidRequestError(f"request_id must be a non-empty str, got {request_id!r}")
+            if request_id in self.requests or request_id in self.retained:
+                raise InvalidRequestError(f"request id {request_id!r} is already used")
+        ids, text, params = validate_request(self, prompt, sampling_params)
+        return self._add(ids, text, params, request_id, self._step_consumer)
+
+    def _add(self, ids: list[int], text: str | None, params: SamplingParams, request_id: str | None,
+             consumer: Consumer) -> str:
+        if request_id is None:
+            request_id = str(next(self._ids))
+            while request_id in self.requests or request_id in self.retained:
+                request_id = str(next(self._ids))
+        metrics = RequestMetrics(arrival_time=time.perf_counter(), arrival_step=self.scheduler.num_steps)
+        req = Request(request_id, ids, params, metrics, prompt=text)
+        req.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self.retained.pop(request_id, None)
+        self.requests[request_id] = req
+        self.router.attach(req, consumer)
+        self.scheduler.add_request(req)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput:
+        """Stop an unfinished request now: it leaves its queue and frees its blocks; its owner reads the final
+        output (``finish_reason="abort"``) as usual. Returns that output (a look: it is still delivered)."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request ids are str, got {request_id!r} ({type(request_id).__name__})")
+        if request_id not in self.scheduler.requests:
+            raise RequestNotFoundError(request_id)
+        req = self.requests[request_id]
+        with _interrupt_deferred():
+            self._finish(req, "abort", time.perf_counter(), self.scheduler.num_steps)
+        return make_output(req, advance=False)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ------------------------------------------------------------------ consumers
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; return the new outputs of requests added with :meth:`add_request` (including
+        progress made while another consumer drove the engine, and finals of aborted requests)."""
+        self._engine_step()
+        return self._deliver(self._step_consumer)
+
+    def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 ) -> list[RequestOutput]:
+        """Generate for every prompt together (continuous batching); one finished output per prompt, in order.
+
+        ``prompts``: strings and/or token-id sequences (or a single one); ``sampling_params``: one for all, or a
+        list. All prompts are validated before anything is queued: a bad one raises :class:`InvalidRequestError`
+        whose ``index`` names it, and the engine is unchanged. If a step raises (Ctrl-C), the requests stay in
+        the engine, handed to the ``step()`` consumer: ``run()`` or ``step()`` finishes them.
+        """
+        consumer = Consumer("generate")
+        ids = [self._add(tok, text, sp, None, consumer) for tok, text, sp in validate_batch(
+            self, prompts, sampling_params)]
+        try:
+            while any(not self.requests[i].is_finished for i in ids):
+                self._engine_step()
+        except BaseException:
+            self.router.adopt(consumer, self._step_consumer)
+            raise
+        consumer.pending.clear()
+        outs = [make_output(self.requests[i], advance=True) for i in ids]
+        for i in ids:
+            self._release(self.requests[i])
+        return outs
+
+    def stream(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+               ) -> Iterator[RequestOutput]:
+        """Queue the prompts now (validated like :meth:`generate`) and return an iterator of incremental outputs.
+
+        Each output carries ``delta_text`` / ``delta_token_ids`` (new since that request's previous output) and
+        the cumulative ``text``; the last one per request has ``finished=True``. Several streams may be iterated
+        at once, interleaved with ``step()`` and ``generate()``. Closing the iterator early aborts the requests it
+        still owns; if a step raises, they are handed to the ``step()`` consumer instead.
+        """
+        consumer = Consumer("stream")
+        for tok, text, sp in validate_batch(self, prompts, sampling_params):
+            self._add(tok, text, sp, None, consumer)
+        return self._stream(consumer)
+
+    def _stream(self, consumer: Consumer) -> Iterator[RequestOutput]:
+        try:
+            while consumer.live:
+                outs = self._deliver(consumer)
+                if outs:
+                    yield from outs
+                elif consumer.live:
+                    self._engine_step()
+        except GeneratorExit:
+            for rid in list(consumer.live):
+                req = self.requests[rid]
+                if not req.is_finished:
+                    self._finish(req, "abort", time.perf_counter(), self.scheduler.num_steps)
+                self._release(req)
+            consumer.live.clear()
+            raise
+        except BaseException:
+            self.router.adopt(consumer, self._step_consumer)
+            raise
+
+    def run(self, max_steps: int | None = None) -> int:
+        """Step until every request has finished (or ``max_steps``); return the number of steps run.
+
+        Final outputs of ``add_request`` requests are not returned: read them with :meth:`output`.
+        """
+        n = 0
+        while self.scheduler.has_unfinished_requests() and (max_steps is None or n < max_steps):
+            self._engine_step()
+            n += 1
+        self._deliver(self._step_consumer)
+        return n
+
+    def output(self, request_id: str) -> RequestOutput:
+        """The current output of a live request, or of a finished one still retained. A look: it changes no
+        consumer's deltas."""
+        req = self.requests.get(request_id) or self.retained.get(request_id)
+        if req is None:
+            raise RequestNotFoundError(request_id, "report")
+        return make_output(req, advance=False)
+
+    def _deliver(self, consumer: Consumer) -> list[RequestOutput]:
+        outs, done = self.router.drain(consumer)
+        for req in done:
+            self._release(req)
+        return outs
+
+    def _release(self, req: Request) -> None:
+        """Forget a finished request whose final output its consumer has read (keep the last few for look-ups)."""
+        self.requests.pop(req.request_id, None)
+        req.detokenizer = req.consumer = None
+        if self.finished_retention:
+            self.retained[req.request_id] = req
+            while len(self.retained) > self.finished_retention:
+                self.retained.popitem(last=False)
+
+    # ------------------------------------------------------------------ the step
+    def _engine_step(self) -> None:
+        """One transactional step (see the module docstring)."""
+        sch = self.scheduler
+        if not sch.has_unfinished_requests():
+            return
+        t0 = time.perf_counter()
+        self._kv_events.clear()
+        with _interrupt_deferred():
+            plan = sch.schedule()  # rolls itself back if it raises
+        try:
+            if plan.is_empty:  # validation guarantees a lone request always fits
+                raise RuntimeError(f"engine step {plan.step} scheduled nothing with requests pending: {plan}")
+            inputs = build_step_inputs(plan, self.kv_cache_manager, self.kv_pool)
+            self.backend.set_metadata(inputs.metadata)
+            logits = self.model.forward_step(inputs.token_ids, inputs.metadata.positions, self.backend,
+                                             logits_indices=inputs.logits_indices)
+        except BaseException:
+            with _interrupt_deferred():
+                sch.rollback(plan)
+                self.counters.failed_steps += 1
+            raise
+        with _interrupt_deferred():
+            self._commit(plan, [plan.scheduled[i] for i in inputs.sampling], logits, t0)
+
+    def _commit(self, plan, sampling, logits: np.ndarray, t0: float) -> None:
+        """After the model call: commit the K/V, sample, append, finish; record the step."""
+        self.scheduler.update_from_output(plan)
+        c = self.counters
+        c.computed_tokens += plan.num_scheduled_tokens
+        for s in plan.scheduled:
+            if s.is_new and not s.is_resume:
+                req = self.requests[s.request_id]
+                c.prompt_tokens += req.num_prompt_tokens
+                if req.metrics.first_scheduled_time is None:
+                    req.metrics.first_scheduled_time, req.metrics.first_scheduled_step = t0, plan.step
+        reqs = [self.requests[s.request_id] for s in sampling]
+        tokens, errors = self._sample(reqs, logits[:len(reqs)])
+        now = time.perf_counter()
+        done_step = plan.step + 1  # "after this step": the step count at which the token exists
+        sampled: dict[str, int] = {}
+        finished: dict[str, FinishReason] = {}
+        for req, tok, err in zip(reqs, tokens, errors, strict=True):
+            reason: FinishReason | None = "error" if err else None
+            if err is None:
+                sampled[req.request_id] = tok
+                m = req.metrics
+                if m.first_token_time is None:
+                    m.first_token_time, m.first_token_step = now, done_step
+                try:
+                    reason = append_token(req, tok, self.eos_token_id)
+                except Exception as exc:  # noqa: BLE001 - the tokenizer failed on this request's token
+                    reason, err = "error", f"could not detokenize token {tok}: {type(exc).__name__}: {exc}"
+                c.generated_tokens += reason != "eos" and err is None
+            if reason is not None:
+                self._finish(req, reason, now, done_step, err)
+                finished[req.request_id] = reason
+            else:
+                self.router.notify(req)
+        c.busy_s += time.perf_counter() - t0
+        if self.history.maxlen or self._step_listeners:
+            record = StepRecord(plan.step, plan, sampled, finished, tuple(self._kv_events), self.stats,
+                                time.perf_counter() - t0)
+            self.history.append(record)
+            for listener in self._step_listeners:
+                listener(record)
+
+    def _sample(self, reqs: list[Request], logits: np.ndarray) -> tuple[list[int], list[str | None]]:
+        """One token per request (greedy rows in one argmax); an error message instead for a row that fails."""
+        if logits.shape[-1] > self.num_sampled_ids:  # a padded vocabulary: never pick an id without a token
+            logits = logits.copy()
+            logits[:, self.num_sampled_ids:] = -np.inf
+        finite = np.isfinite(logits).all(axis=-1) if len(reqs) else np.zeros(0, bool)
+        argmax = np.argmax(logits, axis=-1).tolist() if len(reqs) else []
+        tokens: list[int] = [0] * len(reqs)
+        errors: list[str | None] = [None] * len(reqs)
+        for k, req in enumerate(reqs):
+            if not finite[k]:
+                errors[k] = "the model produced non-finite logits (NaN or inf) for this request"
+            elif req.sampling_params.greedy:
+                tokens[k] = argmax[k]
+            else:
+                try:
+                    tokens[k] = int(req.sampler.sample(logits[k]))
+                except Exception as exc:  # noqa: BLE001 - belongs to this request's sampling parameters
+                    errors[k] = f"sampling failed: {type(exc).__name__}: {exc}"
+        return tokens, errors
+
+    def _finish(self, req: Request, reason: FinishReason, now: float, step: int, error: str | None = None) -> None:
+        """End a request: out of the scheduler (blocks freed, or kept as a static padding slot), owner notified."""
+        self.scheduler.finish_request(req.request_id, pad=reason not in ("abort", "error"))
+        req.finish(reason, now, step, error)
+        self.counters.finished += 1
+        self.counters.errors += reason == "error"
+        self.router.notify(req)
+
+    # ------------------------------------------------------------------ observation
+    def add_step_listener(self, listener: Callable[[StepRecord], None]) -> None:
+        """Call ``listener(record)`` after every step (live dashboards), whatever ``history_size`` is."""
+        if not self._step_listeners and not self.history.maxlen:
+            self.kv_cache_manager.add_listener(self._kv_events.append)
+        self._step_listeners.append(listener)
+
+    @property
+    def stats(self) -> EngineStats:
+        return engine_stats(self)
+
+    def snapshot(self) -> EngineSnapshot:
+        """The whole engine state for a dashboard (O(blocks + requests); call between steps)."""
+        return engine_snapshot(self)
+
+    def timeline(self) -> list[TimelineEntry]:
+        """Per request and step, from ``history``: waiting / prefill / decode / preempted / paused / finished."""
+        return timeline(self.history)
+
+    def check_invariants(self) -> None:
+        """Scheduler, KV manager, request and routing invariants (tests, notebooks)."""
+        self.scheduler.check_invariants()
+        for rid, r in self.requests.items():
+            r.check()
+            assert r.consumer is not None and (rid in r.consumer.live or r.is_finished), rid
+            assert 0 <= r.delivered_tokens <= r.num_output_tokens, rid
+            assert r.is_finished or rid in self.scheduler.requests, rid
+        assert len(self.retained) <= self.finished_retention
+
+    def reset_prefix_cache(self) -> int:
+        """Evict every cached-free block; return how many."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
+
+def required_kv_tokens(prompt_lens: Sequence[int], max_tokens: int | Sequence[int], block_size: int) -> int:
+    """KV token slots all requests would need at once, block-rounded: the 100 % a tight test takes 10 % of."""
+    mts = [max_tokens] * len(prompt_lens) if isinstance(max_tokens, int) else list(max_tokens)
+    return sum(-(-(p + m) // block_size) * block_size for p, m in zip(prompt_lens, mts, strict=True))

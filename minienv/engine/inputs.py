@@ -1,0 +1,48 @@
+"""Building one step's model inputs from the scheduler's plan.
+
+The plan lists, in batch order, each scheduled request's new tokens, where they start and the pool slots the KV
+cache manager reserved for them. The model wants them flattened: one token array, one
+:class:`~minienv.kv.paged_attention.PagedAttentionMetadata` (block tables, context and query lengths, slot
+mapping) and the rows whose logits are needed — the last token of every chunk that reaches the end of its request.
+Copy-on-write copies the manager asked for are applied to the KV pool here, before the step writes into it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from minienv.kv.block_table import pad_block_tables
+from minienv.kv.kv_cache_manager import KVCacheManager, copy_blocks
+from minienv.kv.kv_pool import KVPool
+from minienv.kv.paged_attention import PagedAttentionMetadata
+from minienv.scheduler import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    token_ids: np.ndarray  # [N] the step's tokens, chunks concatenated in plan order
+    metadata: PagedAttentionMetadata
+    sampling: list[int]  # indices into plan.scheduled of the chunks that produce a token
+    logits_indices: np.ndarray  # [len(sampling)] the rows of token_ids whose logits are computed (>= 1 row)
+
+
+def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool) -> StepInputs:
+    sched = plan.scheduled
+    copy_blocks(kv_pool, [pair for s in sched for pair in s.blocks_to_copy])
+    n = len(sched)
+    meta = PagedAttentionMetadata(
+        pad_block_tables([kv.request(s.request_id).block_ids for s in sched]),
+        np.fromiter((s.num_computed_tokens for s in sched), dtype=np.int64, count=n),
+        np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=n),
+        np.concatenate([s.slot_mapping for s in sched]),
+        kv.block_size,
+    )
+    token_ids = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in sched), dtype=np.int64,
+                            count=meta.num_tokens)
+    sampling = [i for i, s in enumerate(sched) if s.samples]
+    # Every sequence mid-prefill: K/V only; one logits row keeps shapes simple (it is never sampled).
+    rows = meta.query_start_loc[1:][sampling] - 1 if sampling else np.zeros(1, dtype=np.int64)
+    return StepInputs(token_ids, meta, sampling, rows)

@@ -1,0 +1,210 @@
+"""Output processing: sampled token -> text, stop checks, :class:`RequestOutput`, and per-consumer routing.
+
+Three jobs, in the order a sampled token meets them:
+
+1. **Detokenize** (:class:`IncrementalDetokenizer`): text grows one token at a time, released only up to the last
+   complete UTF-8 character.
+2. **Decide the end** (:func:`append_token`): EOS, a stop string in the text, or ``max_tokens``.
+3. **Route** (:class:`OutputRouter`): every request belongs to exactly one *consumer* — the ``step()`` caller,
+   one ``generate()`` call, or one ``stream()`` iterator. Whoever drives the engine, progress is recorded for the
+   owner, and the owner's next read gets one output per request with everything new since its previous read.
+
+Routing invariant: for every request, ``0 <= delivered_tokens <= num_output_tokens`` and the deltas a consumer has
+received, concatenated, are exactly ``output_token_ids[:delivered_tokens]`` (text likewise). A request's final
+output is delivered exactly once; after that the engine may forget the request.
+"""
+
+from __future__ import annotations
+
+import codecs
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from minienv.generate import trim_at_stop
+from minienv.request import FinishReason, Request, RequestMetrics
+
+
+class IncrementalDetokenizer:
+    """Output text, grown one token at a time, decoding only what is new.
+
+    A byte-level token can end inside a UTF-8 character, so text is released only up to the last complete
+    character. With a tokenizer that exposes each token's bytes (``id_to_bytes``, as minienv's BPE does), the
+    bytes go through Python's incremental UTF-8 decoder: O(1) per token, and exactly ``decode(all ids)``.
+    Otherwise tokens wait in ``pending`` until ``decode(pending)`` no longer ends in U+FFFD.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.decode = tokenizer.decode
+        self.id_to_bytes = getattr(tokenizer, "id_to_bytes", None)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace") if self.id_to_bytes else None
+        self.pending: list[int] = []
+
+    def push(self, token_id: int) -> str:
+        if self._utf8 is not None:
+            return self._utf8.decode(self.id_to_bytes(token_id))
+        self.pending.append(token_id)
+        text = self.decode(self.pending)
+        if text.endswith("\ufffd"):
+            return ""
+        self.pending = []
+        return text
+
+    def flush(self) -> str:
+        if self._utf8 is not None:
+            return self._utf8.decode(b"", final=True)
+        text = self.decode(self.pending) if self.pending else ""
+        self.pending = []
+        return text
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What a request has produced so far (vLLM's ``RequestOutput``, flattened: one completion per request).
+
+    ``token_ids`` are the generated ids (the end-of-sequence token is *not* included — it ends the request; the
+    token completing a stop string *is*). ``text`` is their decoded text: once finished by a stop string it is cut
+    before the stop string; while running it holds back the last ``len(longest stop) - 1`` characters, which might
+    yet start a stop string, so streamed text never has to be taken back. ``delta_text`` / ``delta_token_ids`` are
+    what is new since this consumer's previous output of the request. ``error`` says why a request finished with
+    ``finish_reason == "error"``.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    text: str
+    token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: FinishReason | None
+    metrics: RequestMetrics
+    stop_reason: str | None = None
+    delta_text: str = ""
+    delta_token_ids: tuple[int, ...] = ()
+    error: str | None = None
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache at first admission."""
+        return self.metrics.num_cached_tokens
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.metrics.num_preemptions
+
+    @property
+    def ttft(self) -> float | None:
+        return self.metrics.ttft
+
+    @property
+    def tpot(self) -> float | None:
+        return self.metrics.tpot
+
+    @property
+    def e2e_latency(self) -> float | None:
+        return self.metrics.e2e_latency
+
+
+def append_token(req: Request, token: int, eos_token_id: int | None) -> FinishReason | None:
+    """Append a sampled token to the request's output and text; return why it ends now, or None.
+
+    EOS ends the request without joining the output. A stop string ends it once it appears in the text (only the
+    tail that could hold a new match is searched); the text is cut before it. ``max_tokens`` ends it last.
+    """
+    detok: IncrementalDetokenizer = req.detokenizer  # type: ignore[assignment]
+    if eos_token_id is not None and token == eos_token_id:
+        req.text += detok.flush()
+        return "eos"
+    piece = detok.push(token)  # first: a token the tokenizer cannot decode fails before the request changes
+    req.append_output_token(token)
+    before = len(req.text)
+    req.text += piece
+    stops = req.sampling_params.stop_strings
+    if stops:
+        tail = req.text[max(0, before - max(map(len, stops)) + 1):]
+        hit = [s for s in stops if s in tail]
+        if hit:
+            req.stop_reason = min(hit, key=req.text.find)
+            req.text = trim_at_stop(req.text, stops)
+            return "stop"
+    if req.num_output_tokens >= req.max_tokens:
+        req.text += detok.flush()
+        return "length"
+    return None
+
+
+def visible_text(req: Request) -> str:
+    """The text a consumer may see now: all of it once finished, else minus a possible stop-string start."""
+    stops = req.sampling_params.stop_strings
+    if req.is_finished or not stops:
+        return req.text
+    return req.text[:max(0, len(req.text) - max(map(len, stops)) + 1)]
+
+
+def make_output(req: Request, *, advance: bool) -> RequestOutput:
+    """The request's output now; the delta is what its consumer has not been given. ``advance`` marks it given."""
+    text = visible_text(req)
+    ids = tuple(req.output_token_ids)
+    n_tok, n_chr = req.delivered_tokens, req.delivered_chars
+    if advance:
+        req.delivered_tokens, req.delivered_chars = len(ids), len(text)
+    return RequestOutput(
+        request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_tuple, text=text,
+        token_ids=ids, finished=req.is_finished, finish_reason=req.finish_reason, metrics=copy.copy(req.metrics),
+        stop_reason=req.stop_reason, delta_text=text[n_chr:] if advance else "",
+        delta_token_ids=ids[n_tok:] if advance else (), error=req.error,
+    )
+
+
+class Consumer:
+    """One reader of outputs: the ``step()`` caller, a ``generate()`` call, or a ``stream()`` iterator.
+
+    ``pending`` holds, in order, its requests that made progress it has not read (a request appears once, however
+    many steps ran meanwhile: its next output carries all of it).
+    """
+
+    __slots__ = ("name", "pending", "live")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.pending: dict[str, Request] = {}
+        self.live: set[str] = set()  # ids of its requests whose final output it has not read yet
+
+    def __repr__(self) -> str:
+        return f"Consumer({self.name!r}, live={len(self.live)}, pending={len(self.pending)})"
+
+
+class OutputRouter:
+    """Delivers each request's progress to the consumer that owns it, once.
+
+    ``notify(req)`` after a request changed (a token, a finish); ``drain(consumer)`` returns the consumer's outputs
+    and reports the requests whose final output it has now read (the engine then releases them).
+    """
+
+    def attach(self, req: Request, consumer: Consumer) -> None:
+        req.consumer = consumer
+        consumer.live.add(req.request_id)
+
+    def adopt(self, source: Consumer, target: Consumer) -> None:
+        """Hand every live request of ``source`` to ``target`` (a consumer that stopped reading mid-way)."""
+        for rid in list(source.pending):
+            target.pending[rid] = source.pending.pop(rid)
+        target.live |= source.live
+        source.live.clear()
+
+    @staticmethod
+    def notify(req: Request) -> None:
+        req.consumer.pending[req.request_id] = req  # type: ignore[union-attr]
+
+    @staticmethod
+    def drain(consumer: Consumer) -> tuple[list[RequestOutput], list[Request]]:
+        outs, done = [], []
+        for req in consumer.pending.values():
+            out = make_output(req, advance=True)
+            if out.delta_token_ids or out.delta_text or out.finished:
+                outs.append(out)
+            if out.finished:
+                consumer.live.discard(req.request_id)
+                done.append(req)
+        consumer.pending.clear()
+        return outs, done
