@@ -168,7 +168,7 @@ class Consumer:
     def __init__(self, name: str):
         self.name = name
         self.pending: dict[str, Request] = {}
-        self.live: set[str] = set()  # ids of its requests whose final output it has not read yet
+        self.live: dict[str, Request] = {}  # its requests whose final output it has not read yet
 
     def __repr__(self) -> str:
         return f"Consumer({self.name!r}, live={len(self.live)}, pending={len(self.pending)})"
@@ -183,13 +183,15 @@ class OutputRouter:
 
     def attach(self, req: Request, consumer: Consumer) -> None:
         req.consumer = consumer
-        consumer.live.add(req.request_id)
+        consumer.live[req.request_id] = req
 
     def adopt(self, source: Consumer, target: Consumer) -> None:
         """Hand every live request of ``source`` to ``target`` (a consumer that stopped reading mid-way)."""
-        for rid in list(source.pending):
-            target.pending[rid] = source.pending.pop(rid)
-        target.live |= source.live
+        for req in source.live.values():
+            req.consumer = target
+        target.pending.update(source.pending)
+        target.live.update(source.live)
+        source.pending.clear()
         source.live.clear()
 
     @staticmethod
@@ -204,7 +206,7 @@ class OutputRouter:
             if out.delta_token_ids or out.delta_text or out.finished:
                 outs.append(out)
             if out.finished:
-                consumer.live.discard(req.request_id)
+                consumer.live.pop(req.request_id, None)
                 done.append(req)
         consumer.pending.clear()
         return outs, done

@@ -9,7 +9,7 @@ needs:
 
 * every block is a small :class:`KVCacheBlock` record with its id, a **refcount** and room for a content hash;
 * the **free queue** keeps free blocks in eviction order and supports, all in O(1): take the head (allocate),
-  append at the tail (free), and remove from the middle (a prefix-cache hit on a cached-free block). The naive
+  append at the tail (free), and remove from the middle (a prefix-cache hit on a cached-free block). The
   naive design's ``free_list.pop(0)`` is O(n) — every allocation shifts the whole list — and ``deque.remove`` is O(n)
   too, so neither appears here.
 
