@@ -316,6 +316,7 @@ def test_vllm_1556_fork_increments_refcount_exactly_n():
     mgr = KVCacheManager(16, B)
     run(mgr, "p", list(range(10)))
     before = {x: mgr.ref_cnt(x) for x in mgr.block_ids("p")}
+    assert len(before) == 3  # 10 tokens in blocks of 4
     mgr.fork("p", [f"c{i}" for i in range(5)])
     assert all(mgr.ref_cnt(x) == before[x] + 5 for x in before)
     for rid in ["p"] + [f"c{i}" for i in range(5)]:

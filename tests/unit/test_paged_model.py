@@ -68,7 +68,7 @@ def paged_greedy(model, prompts, max_new_tokens, block_size, prefill_chunk=None,
         backend.set_metadata(meta)
         last = meta.query_start_loc[1:] - 1
         logits = model.forward_step(step_tokens, meta.positions, backend, logits_indices=last)
-        for row, i, sample in zip(logits, live, samples):
+        for row, i, sample in zip(logits, live, samples, strict=True):
             if sample:
                 out_logits[i].append(row)
                 out_ids[i].append(int(np.argmax(row)))
@@ -90,7 +90,7 @@ def check_paged_equals_dense(model, prompts, max_new_tokens, kernels=("auto",), 
     for kernel in kernels:
         ids, logits, pool = paged_greedy(model, prompts, max_new_tokens, kernel=kernel, **kw)
         assert pool.num_used_blocks == 1  # only the block held at the start: every sequence gave its blocks back
-        for got_ids, got_logits, (want_ids, want_logits) in zip(ids, logits, dense):
+        for got_ids, got_logits, (want_ids, want_logits) in zip(ids, logits, dense, strict=True):
             assert got_ids == want_ids, kernel
             np.testing.assert_allclose(got_logits, want_logits, atol=1e-5, rtol=0)
 
@@ -133,7 +133,7 @@ def test_batched_greedy_paged_equals_dense_on_the_bundled_model():
     for kernel in ("gather", "inplace"):
         ids, logits, pool = paged_greedy(model, prompts, 8, 16, prefill_chunk=4, kernel=kernel)
         assert pool.num_used_blocks == 1
-        for prompt, got_ids, got_logits in zip(prompts, ids, logits):
+        for prompt, got_ids, got_logits in zip(prompts, ids, logits, strict=True):
             want_logits = model.forward(list(prompt) + got_ids[:-1])[len(prompt) - 1:]
             assert got_ids == np.argmax(want_logits, axis=-1).tolist(), kernel
             # The trained model's logits reach ~17: float32 rounding of a different summation order (chunked

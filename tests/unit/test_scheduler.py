@@ -241,7 +241,7 @@ def test_property_any_workload_any_budget_every_request_finishes_with_invariants
             reqs.append(make_request(0, prompt=prompt, max_tokens=m))
             sch.add_request(reqs[-1])
         steps = run_all(sch, max_steps=5000)
-        for r, (p, m) in zip(reqs, lens):
+        for r, (p, m) in zip(reqs, lens, strict=True):
             assert r.output_token_ids == list(range(1, m + 1))
         for o in steps:
             assert len(o.running) <= max_num_seqs

@@ -87,11 +87,12 @@ def test_training_is_deterministic_and_greedy():
     assert a.vocab_size == 320 and a.eos_token_id == 319 and len(a.merges) == 320 - 256 - 1
     # the first merge is the most frequent adjacent byte pair inside pre-tokens
     from collections import Counter
+    from itertools import pairwise
 
     pairs = Counter()
     for piece in pretokenize(SAMPLE):
         raw = piece.encode()
-        pairs.update(zip(raw, raw[1:]))
+        pairs.update(pairwise(raw))
     top = max(pairs.values())
     best = min((bytes([x]), bytes([y])) for (x, y), c in pairs.items() if c == top)
     assert (a.id_to_bytes(a.merges[0][0]), a.id_to_bytes(a.merges[0][1])) == best
