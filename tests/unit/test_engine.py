@@ -324,8 +324,6 @@ def test_step_listener_and_history(model, tok):
 # ------------------------------------------------------------------------------------------------ bundled model
 @pytest.mark.parametrize("which", ["target", "draft"])
 def test_bundled_model_16_prompts_batched_equal_alone(which):
-    if not (ASSETS / which / "model.safetensors").is_file() or not (ASSETS / "tokenizer.json").is_file():
-        pytest.skip(f"bundled model not built yet (assets/{which}, assets/tokenizer.json)")
     from minienv.model import load_model
     from minienv.tokenizer import load_tokenizer
 

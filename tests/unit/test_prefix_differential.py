@@ -28,16 +28,7 @@ from minienv.model import LlamaConfig, LlamaModel, random_weights
 from minienv.sharing_experiments import serve_greedy
 
 
-def _bundled_target() -> Path:
-    try:
-        from minienv.paths import assets_dir
-
-        return assets_dir() / "target"
-    except FileNotFoundError:
-        return Path("/nonexistent")
-
-
-BUNDLED = _bundled_target()
+BUNDLED = Path(__file__).resolve().parents[2] / "assets" / "target"  # committed with the repository
 
 
 def small_model(seed: int = 0) -> LlamaModel:
@@ -167,7 +158,6 @@ QUESTIONS = ["What is love?", "Who was Hamlet?", "Tell me of the sea.", "What is
              "Describe a storm.", "Who is the king?", "What is love?"]
 
 
-@pytest.mark.skipif(not (BUNDLED / "model.safetensors").exists(), reason="bundled model not trained yet")
 @pytest.mark.parametrize("budget", ["ample", "tight"])
 def test_prefix_cache_on_off_equal_dense_on_the_bundled_model(budget):
     from minienv.model import load_model
