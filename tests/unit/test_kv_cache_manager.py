@@ -1,5 +1,6 @@
-"""KVCacheManager: prefix sharing, copy-on-write, LRU eviction, bad input, and one regression test per trap of
-DESIGN.md §6 that applies to this layer (named after it)."""
+"""KVCacheManager: prefix sharing, copy-on-write, LRU eviction, bad input, and one regression test per known
+prefix-cache bug of real engines that applies to this layer (named after the vLLM / nano-vllm / SGLang / LMCache
+issue or PR that reported it)."""
 
 from __future__ import annotations
 
@@ -273,7 +274,7 @@ def test_other_bad_input_leaves_state_unchanged():
     assert mgr.snapshot() == snap
 
 
-# ---------------------------------------------------------------------- DESIGN.md §6 traps, one test each
+# ------------------------------------------------- known prefix-cache bugs of real engines, one test each
 def test_vllm_12621_forced_hash_collision_cannot_serve_wrong_blocks(monkeypatch):
     """hash(None) was constant in 3.12 -> forced collisions. Force every hash equal: hits must still be right."""
     const = lambda parent, tokens, extra=b"": b"\x42" * 32  # noqa: E731

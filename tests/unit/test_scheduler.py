@@ -1,4 +1,6 @@
-"""The scheduler on its own, without a model: each step's plan is checked against DESIGN §4.
+"""The scheduler on its own, without a model: each step's plan is checked against the scheduling rules (running
+requests first, chunked prefill that keeps decodes flowing, preemption of the most recently admitted request, FCFS
+admission within the token and sequence budgets, static batching as the baseline).
 
 A tiny driver plays the engine: ``schedule()``, then ``update_from_output`` (the K/V "exist"), then a fake token
 for every request whose chunk reached its last known token, then ``finish_request`` at ``max_tokens``.

@@ -1,4 +1,7 @@
-"""The seed's design fails in each of the four ways DESIGN.md §6 names — and the real manager does not."""
+"""The naive (seed) design fails in each of its four traps, and the real manager does not: its free list pops index
+0 of a Python list (O(n) per allocation); its LRU evictor evicts a block a running request still holds; it keys a
+prefix by a hash of the whole prompt, so a common system prompt shares nothing; and it *sets* a reused block's
+refcount to 1 instead of incrementing it, so the first owner to finish frees a block the other still uses."""
 
 from __future__ import annotations
 
