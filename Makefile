@@ -19,6 +19,8 @@ MINIENV_TIERS ?=
 ifeq ($(MINIENV_TIERS),all)
 EXTRAS := lab,test,reference,browser
 export MINIENV_REQUIRE_TIERS := 1
+# the install tier (tests that create a venv and pip-install, e.g. `make lab`): required too
+export MINIENV_INSTALL_TESTS := 1
 else
 EXTRAS := lab,test
 endif

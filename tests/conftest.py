@@ -1,6 +1,11 @@
 """Test tiers (see README): unit and notebook tests always run; `reference` and `browser` tests skip when their
-dependencies are missing. With MINIENV_REQUIRE_TIERS=1 (CI, `MINIENV_TIERS=all make test`) a skipped
-reference or browser test fails the run instead, so CI can never go green by silently skipping a tier."""
+dependencies are missing; `install` tests (they create a venv and pip-install from the network, e.g. `make lab`)
+skip unless MINIENV_INSTALL_TESTS=1. With MINIENV_REQUIRE_TIERS=1 (CI, `MINIENV_TIERS=all make test`, both of
+which also set MINIENV_INSTALL_TESTS=1) a skipped reference, browser or install test fails the run instead, so CI
+can never go green by silently skipping a tier.
+
+The install tier is switched on by an environment variable, not by `-m`: a user's own `-m` expression would replace
+an `addopts` one and silently start installing, and a plain `pytest` must never touch the network."""
 
 from __future__ import annotations
 
@@ -8,12 +13,26 @@ import os
 
 import pytest
 
-REQUIRED_TIERS = ("reference", "browser")
+REQUIRED_TIERS = ("reference", "browser", "install")
 _skipped_in_required_tier: list[str] = []
 
 
 def require_tiers() -> bool:
     return os.environ.get("MINIENV_REQUIRE_TIERS") == "1"
+
+
+def install_tests_enabled() -> bool:
+    return os.environ.get("MINIENV_INSTALL_TESTS") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    if install_tests_enabled():
+        return
+    skip = pytest.mark.skip(reason="install tier: creates a venv and installs from the network; "
+                                   "set MINIENV_INSTALL_TESTS=1 to run it (CI does)")
+    for item in items:
+        if item.get_closest_marker("install"):
+            item.add_marker(skip)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -86,14 +86,12 @@ def test_engine_greedy_equals_transformers_on_a_random_checkpoint(random_checkpo
     outs = engine.generate(prompts, SamplingParams(max_tokens=n_new, temperature=0))
     if budget == "tight":
         assert engine.stats.num_preemptions > 0
-    for p, o in zip(prompts, outs):
+    for p, o in zip(prompts, outs, strict=True):
         assert list(o.token_ids) == hf_greedy(hf, p, n_new)
 
 
 @pytest.mark.parametrize("which", ["target", "draft"])
 def test_engine_greedy_equals_transformers_on_the_bundled_models(which):
-    if not (ASSETS / which / "model.safetensors").is_file() or not (ASSETS / "tokenizer.json").is_file():
-        pytest.skip(f"bundled model not built yet (assets/{which}, assets/tokenizer.json)")
     from minienv.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
@@ -102,6 +100,6 @@ def test_engine_greedy_equals_transformers_on_the_bundled_models(which):
     engine = InferenceEngine(load_model(ASSETS / which), tok, kv_budget_tokens=4096, max_num_seqs=4,
                              max_num_batched_tokens=64)
     outs = engine.generate(prompts, SamplingParams(max_tokens=32, temperature=0))
-    for p, o in zip(prompts, outs):
+    for p, o in zip(prompts, outs, strict=True):
         assert list(o.token_ids) == hf_greedy(hf, tok.encode(p), 32, tok.eos_token_id)
         assert o.text.strip()

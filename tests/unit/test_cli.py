@@ -79,8 +79,6 @@ def test_runtime_errors_exit_1(tiny, tmp_path):
     assert r.returncode == 1 and "max_position_embeddings" in r.stderr
 
 
-@pytest.mark.skipif(not (REPO / "assets" / "tokenizer.json").is_file() or not (REPO / "assets" / "target").is_dir(),
-                    reason="bundled tokenizer/model not in assets/ yet")
 def test_bundled_model_continues_hamlet():
     r = run("To be, or not to be", "--max-tokens", "20", "--temperature", "0", timeout=120)
     assert r.returncode == 0, r.stderr

@@ -74,7 +74,8 @@ def test_reset_builds_a_fresh_engine_and_replays_identically(parts):
     first_engine, captions, texts = dash.engine, list(dash.captions), dict(dash.texts)
     dash.reset()
     assert dash.engine is not first_engine and dash.snapshot.step == 0 and dash.captions == []
-    assert all(t == "" for t in dash.texts.values()) and dash.stepper.position == 0
+    assert set(dash.texts) == set(dash.request_ids) and all(t == "" for t in dash.texts.values())
+    assert dash.stepper.position == 0
     agrees(dash)
     dash.run(3)
     assert dash.captions == captions[:3]
@@ -83,19 +84,30 @@ def test_reset_builds_a_fresh_engine_and_replays_identically(parts):
 
 
 def test_shared_prefix_shows_as_one_block_with_refcount_two_and_new_text_is_highlighted(parts):
-    dash = EngineDashboard(make(parts, budget=128), [(PROMPTS[0], SamplingParams(max_tokens=12, temperature=0))]
-                           + [(PROMPTS[1], SamplingParams(max_tokens=4, temperature=0))])
-    dash.step()  # r0 prefills (its full blocks become cached), r1 too: same step, no sharing yet
-    seen_shared = False
+    # step 0: r0 (12 tokens) and the filler r1 (4 tokens) fill the 16-token step, so r2 waits; r0's full blocks are
+    # in the prefix cache by step 1, when r2 (PROMPTS[1]: the same first 8 tokens, "abcdefgh") is admitted and hits
+    # them while r0 is still decoding: two blocks held by r0 and r2 at once, refcount 2.
+    dash = EngineDashboard(make(parts, budget=128), [(PROMPTS[0], SamplingParams(max_tokens=12, temperature=0)),
+                                                     ("wxyz", SamplingParams(max_tokens=2, temperature=0)),
+                                                     (PROMPTS[1], SamplingParams(max_tokens=4, temperature=0))])
+    dash.step()
+    assert list(dash.waiting_view.items) == ["r2"], "the scenario needs r2 to be admitted after r0's prefill"
+    shared_steps = 0
     while dash.step():
         agrees(dash)
-        seen_shared |= any(c.refcount == 2 and set(c.owners) == {"r0", "r1"} for c in dash.grid.cells)
+        shared = [c for c in dash.grid.cells if c.refcount == 2 and set(c.owners) == {"r0", "r2"}]
+        shared_steps += bool(shared)
+        if shared:
+            assert len(shared) == 2  # the two full blocks of "abcdefgh"
+            r0, r2 = (dash.engine.kv_cache_manager.block_ids(r) for r in ("r0", "r2"))
+            assert r0[:2] == r2[:2]
         if dash.new_text:
             rid, fresh = next(iter(dash.new_text.items()))
             assert fresh and dash.texts[rid].endswith(fresh)
             assert "background:#fff3c4" in dash.text_view.value
-    assert dash.engine.output("r0").finished and dash.engine.output("r1").finished
-    assert seen_shared or dash.engine.output("r1").num_cached_tokens == 0
+    assert all(dash.engine.output(r).finished for r in dash.request_ids)
+    assert shared_steps > 0, "r2 never shared r0's prefix blocks"
+    assert dash.engine.output("r2").num_cached_tokens == 8  # "abcdefgh" came from the prefix cache
 
 
 def test_static_rendering_and_captions(parts):

@@ -1,5 +1,6 @@
-"""KVCacheManager: prefix sharing, copy-on-write, LRU eviction, bad input, and one regression test per trap of
-DESIGN.md §6 that applies to this layer (named after it)."""
+"""KVCacheManager: prefix sharing, copy-on-write, LRU eviction, bad input, and one regression test per known
+prefix-cache bug of real engines that applies to this layer (named after the vLLM / nano-vllm / SGLang / LMCache
+issue or PR that reported it)."""
 
 from __future__ import annotations
 
@@ -272,7 +273,7 @@ def test_other_bad_input_leaves_state_unchanged():
     assert mgr.snapshot() == snap
 
 
-# ---------------------------------------------------------------------- DESIGN.md §6 traps, one test each
+# ------------------------------------------------- known prefix-cache bugs of real engines, one test each
 def test_vllm_12621_forced_hash_collision_cannot_serve_wrong_blocks(monkeypatch):
     """hash(None) was constant in 3.12 -> forced collisions. Force every hash equal: hits must still be right."""
     const = lambda parent, tokens, extra=b"": b"\x42" * 32  # noqa: E731
@@ -315,6 +316,7 @@ def test_vllm_1556_fork_increments_refcount_exactly_n():
     mgr = KVCacheManager(16, B)
     run(mgr, "p", list(range(10)))
     before = {x: mgr.ref_cnt(x) for x in mgr.block_ids("p")}
+    assert len(before) == 3  # 10 tokens in blocks of 4
     mgr.fork("p", [f"c{i}" for i in range(5)])
     assert all(mgr.ref_cnt(x) == before[x] + 5 for x in before)
     for rid in ["p"] + [f"c{i}" for i in range(5)]:

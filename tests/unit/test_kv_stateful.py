@@ -74,7 +74,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         # A write must only ever go into a block this request holds alone (never a shared one).
         for slot in alloc.slot_mapping:
             assert self.mgr.ref_cnt(int(slot) // self.B) == 1, "write into a shared block"
-        self.shadow[alloc.slot_mapping] = [encode(t, int(p)) for t, p in zip(alloc.token_ids, alloc.positions)]
+        self.shadow[alloc.slot_mapping] = [encode(t, int(p))
+                                           for t, p in zip(alloc.token_ids, alloc.positions, strict=True)]
 
     def attempt(self, fn):
         """Run an operation; when it finds no room (None) the manager must be exactly as before."""

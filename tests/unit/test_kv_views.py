@@ -65,11 +65,13 @@ def test_manager_cells_hash_labels_and_many_owners():
 
 def test_free_queue_items_match_the_manager_in_lru_order():
     m = shared_manager()
-    m.free("A")
-    items, kinds, labels = free_queue_items(m)
-    assert items == [b for b, _ in m.free_queue()]
-    assert all(kinds[b] == ("cached" if c else "free") for b, c in m.free_queue())
-    assert set(labels) == {b for b, c in m.free_queue() if c}
+    for rid in ("A", "B"):  # after A: B still holds 3 of the 12 blocks; after B: all 12 queued
+        m.free(rid)
+        items, kinds, labels = free_queue_items(m)
+        assert items == [b for b, _ in m.free_queue()] and len(items) == (9 if rid == "A" else 12)
+        assert all(kinds[b] == ("cached" if c else "free") for b, c in m.free_queue())
+        assert set(labels) == {b for b, c in m.free_queue() if c}
+    assert len(labels) == 2, "B's two full blocks must show up as cached-free"
 
 
 def test_manager_view_highlights_evictions_as_they_happen():
@@ -103,7 +105,7 @@ def test_manager_view_reports_copy_on_write_and_reattaches():
     assert view.last_copies == ((m.block_ids("P")[1], m.block_ids("S")[1]),)
     other = KVCacheManager(8, B)
     view.attach(other)
-    assert all(c.state == "free" for c in view.grid.cells)
+    assert len(view.grid.cells) == 8 and all(c.state == "free" for c in view.grid.cells)
     m.allocate("Z", [1])  # the old manager is no longer listened to
     view.update()
     assert view.last_events == ()

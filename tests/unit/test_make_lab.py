@@ -1,4 +1,7 @@
-"""The README's first command, `make lab`, really starts JupyterLab serving notebooks/ (HTTP 200 on /lab)."""
+"""The README's first command, `make lab`, really starts JupyterLab serving notebooks/ (HTTP 200 on /lab).
+
+Install tier: `make lab` creates .venv and pip-installs minienv[lab] from the network, so this runs only with
+MINIENV_INSTALL_TESTS=1 (set by .ci/run and by `MINIENV_TIERS=all make test`); see tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.install
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -29,7 +29,7 @@ def req(i, p, o, t=0.0):
 def rows(result):
     """Per-step (token, reservation, internal, external, free) tuples from a recorded timeline."""
     tl = result.timeline
-    return list(zip(*(tl[c] for c in CATEGORIES)))
+    return list(zip(*(tl[c] for c in CATEGORIES), strict=True))
 
 
 # ------------------------------------------------------------------ sizes
@@ -216,6 +216,7 @@ def test_categories_partition_the_pool_at_every_step(reqs, scheme, extra, block_
     kv = 64 + extra  # every request fits (max_len 40 -> a buddy block of 64; 40 + a block of 16 <= 64)
     r = simulate(reqs, scheme, kv, max_len=max_len, block_size=block_size, measure="all", record_timeline=True,
                  allocator=allocator)
+    assert rows(r), "the timeline recorded no steps"
     for row in rows(r):
         assert sum(row) == kv
         assert min(row) >= 0

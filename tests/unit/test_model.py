@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -122,14 +123,14 @@ def test_batched_step_over_several_sequences_matches_separate_runs():
     out = model.forward_step(np.concatenate(pre), np.concatenate([np.arange(len(p)) for p in pre]),
                              ContiguousBatch(caches, [len(p) for p in pre]))
     got = np.split(out, np.cumsum([len(p) for p in pre])[:-1])
-    for g, d, p in zip(got, dense, pre):
+    for g, d, p in zip(got, dense, pre, strict=True):
         assert np.abs(g - d[: len(p)]).max() < 1e-5
     # steps 2-3: batched decode, one token per sequence
     for back in (2, 1):
         toks = [s[-back] for s in seqs]
         pos = [len(s) - back for s in seqs]
         out = model.forward_step(toks, pos, ContiguousBatch(caches, [1, 1, 1]))
-        for row, d, p in zip(out, dense, pos):
+        for row, d, p in zip(out, dense, pos, strict=True):
             assert np.abs(row - d[p]).max() < 1e-5
 
 
@@ -292,5 +293,5 @@ def test_any_chunking_of_a_sequence_reproduces_dense(ratio, data):
     cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=6), label="cuts")) - {n})
     cache = model.new_kv_cache(n)
     bounds = [0, *cuts, n]
-    out = [model.forward_step(ids[a:b], np.arange(a, b), cache) for a, b in zip(bounds, bounds[1:]) if b > a]
+    out = [model.forward_step(ids[a:b], np.arange(a, b), cache) for a, b in pairwise(bounds) if b > a]
     assert np.abs(np.concatenate(out) - model.forward(ids)).max() < 1e-5

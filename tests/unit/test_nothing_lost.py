@@ -52,13 +52,14 @@ def workload():
 def reference(model, tok, workload):
     """Each request generated alone (``minienv.generate``: a contiguous cache, one request, no scheduler)."""
     prompts, params = workload
-    return [list(generate_ids(model, p, sp, eos_token_id=tok.eos_token_id)) for p, sp in zip(prompts, params)]
+    return [list(generate_ids(model, p, sp, eos_token_id=tok.eos_token_id))
+            for p, sp in zip(prompts, params, strict=True)]
 
 
 def budget_for(workload, fraction: float, block_size: int) -> int:
     prompts, params = workload
     need = required_kv_tokens([len(p) for p in prompts], [sp.max_tokens for sp in params], block_size)
-    largest = max(cdiv(len(p) + sp.max_tokens, block_size) * block_size for p, sp in zip(prompts, params))
+    largest = max(cdiv(len(p) + sp.max_tokens, block_size) * block_size for p, sp in zip(prompts, params, strict=True))
     budget = max(int(need * fraction) // block_size * block_size, largest)  # a lone request must always fit
     assert budget <= need * (fraction + 0.05)
     return budget
@@ -66,7 +67,7 @@ def budget_for(workload, fraction: float, block_size: int) -> int:
 
 def serve(model, tok, prompts, params, **kw) -> tuple[InferenceEngine, list]:
     e = InferenceEngine(model, tok, **kw)
-    ids = [e.add_request(p, sp) for p, sp in zip(prompts, params)]
+    ids = [e.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
     while e.has_unfinished_requests():
         e.step()
         e.check_invariants()
@@ -84,7 +85,7 @@ def test_tight_budget_preempts_yet_every_greedy_output_equals_alone(model, tok, 
                     enable_prefix_caching=caching, max_num_seqs=8, max_num_batched_tokens=32)
     assert e.stats.num_preemptions > 0, "the budget was not tight enough to preempt: this run proves nothing"
     assert all(o.finished for o in outs)
-    for i, (o, ref) in enumerate(zip(outs, reference)):
+    for i, (o, ref) in enumerate(zip(outs, reference, strict=True)):
         assert list(o.token_ids) == ref, f"request {i} (preempted {o.num_preemptions}x) differs from alone"
     assert sum(o.num_preemptions for o in outs) == e.stats.num_preemptions
     s = e.stats
@@ -128,7 +129,7 @@ def test_a_request_that_can_never_fit_is_rejected_and_the_rest_finish(model, tok
     budget = budget_for(workload, 0.10, 4)
     e = InferenceEngine(model, tok, kv_budget_tokens=budget, block_size=4, max_num_seqs=8, max_num_batched_tokens=32)
     ids = []
-    for i, (p, sp) in enumerate(zip(prompts, params)):
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
         ids.append(e.add_request(p, sp))
         if i == 5:
             with pytest.raises(InvalidRequestError, match="can never fit"):
@@ -154,7 +155,7 @@ def test_a_victim_policy_must_pick_a_candidate(model, tok, workload):
     outsider = []
     e = InferenceEngine(model, tok, kv_budget_tokens=budget_for(workload, 0.10, 4), block_size=4, max_num_seqs=8,
                         max_num_batched_tokens=32, victim_policy=lambda c: outsider[0])
-    for p, sp in zip(prompts, params):
+    for p, sp in zip(prompts, params, strict=True):
         e.add_request(p, sp)
     outsider.append(object())
     with pytest.raises(ValueError, match="not one of its candidates"):
@@ -192,12 +193,12 @@ def test_property_random_workloads_and_engine_shapes_lose_nothing(model, tok):
     def check(reqs, block_size, slack, max_num_seqs, extra, static, caching):
         prompts = [base[:shared] + [(salt + 7 * j) % 256 for j in range(own)] for shared, own, _, salt in reqs]
         max_tokens = [m for _, _, m, _ in reqs]
-        largest = max(cdiv(len(p) + m, block_size) * block_size for p, m in zip(prompts, max_tokens))
+        largest = max(cdiv(len(p) + m, block_size) * block_size for p, m in zip(prompts, max_tokens, strict=True))
         e, outs = serve(model, tok, prompts, [SamplingParams(max_tokens=m, temperature=0) for m in max_tokens],
                         kv_budget_tokens=largest + slack, block_size=block_size, enable_prefix_caching=caching,
                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_seqs + extra,
                         scheduling="static" if static else "continuous")
-        for p, m, o in zip(prompts, max_tokens, outs):
+        for p, m, o in zip(prompts, max_tokens, outs, strict=True):
             assert list(o.token_ids) == alone(p, m)
         assert e.stats.num_blocks_in_use == 0
 
@@ -213,7 +214,8 @@ def test_property_aborts_mid_run_never_disturb_the_others(model, tok):
     rng = np.random.default_rng(11)
     prompts = [list(map(int, rng.integers(0, 256, int(n)))) for n in rng.integers(3, 30, 10)]
     params = [SamplingParams(max_tokens=int(m), temperature=0) for m in rng.integers(4, 14, 10)]
-    reference = [list(generate_ids(model, p, sp, eos_token_id=tok.eos_token_id)) for p, sp in zip(prompts, params)]
+    reference = [list(generate_ids(model, p, sp, eos_token_id=tok.eos_token_id))
+                 for p, sp in zip(prompts, params, strict=True)]
 
     @settings(max_examples=25, deadline=None)
     @given(aborts=st.dictionaries(st.integers(0, 9), st.integers(0, 40), max_size=5),
@@ -221,7 +223,7 @@ def test_property_aborts_mid_run_never_disturb_the_others(model, tok):
     def check(aborts, block_size):
         e = InferenceEngine(model, tok, kv_budget_tokens=48, block_size=block_size, max_num_seqs=4,
                             max_num_batched_tokens=16)
-        ids = [e.add_request(p, sp) for p, sp in zip(prompts, params)]
+        ids = [e.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
         step = 0
         while e.has_unfinished_requests():
             for i, at in aborts.items():
@@ -231,7 +233,7 @@ def test_property_aborts_mid_run_never_disturb_the_others(model, tok):
             e.step()
             e.check_invariants()
             step += 1
-        for i, (rid, ref) in enumerate(zip(ids, reference)):
+        for i, (rid, ref) in enumerate(zip(ids, reference, strict=True)):
             out = e.output(rid)
             if out.finish_reason == "abort":
                 assert i in aborts and list(out.token_ids) == ref[:len(out.token_ids)]

@@ -25,7 +25,7 @@ def build_batch(rng, block_size, context_lens, query_lens, hkv, group, head_dim,
     """A pool whose blocks were handed out in a scrambled order, sequences' old K/V already written, new K/V
     written through the step's slot mapping. Returns the pool, the metadata, the queries, and the dense K/V."""
     s = len(context_lens)
-    need = sum(-(-(c + q) // block_size) for c, q in zip(context_lens, query_lens))
+    need = sum(-(-(c + q) // block_size) for c, q in zip(context_lens, query_lens, strict=True))
     pool = BlockPool(need + scramble + 1)
     # scramble the free queue: allocate some blocks and free them in a random order
     if scramble:
@@ -40,7 +40,7 @@ def build_batch(rng, block_size, context_lens, query_lens, hkv, group, head_dim,
         dense_k.append(rng.standard_normal((layers, total, hkv, head_dim), dtype=np.float32))
         dense_v.append(rng.standard_normal((layers, total, hkv, head_dim), dtype=np.float32))
     written = [0] * s
-    while any(w < c for w, c in zip(written, context_lens)):
+    while any(w < c for w, c in zip(written, context_lens, strict=True)):
         for i in range(s):
             n = min(int(rng.integers(1, 2 * block_size + 1)), context_lens[i] - written[i])
             if n > 0:

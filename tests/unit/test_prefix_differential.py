@@ -28,16 +28,7 @@ from minienv.model import LlamaConfig, LlamaModel, random_weights
 from minienv.sharing_experiments import serve_greedy
 
 
-def _bundled_target() -> Path:
-    try:
-        from minienv.paths import assets_dir
-
-        return assets_dir() / "target"
-    except FileNotFoundError:
-        return Path("/nonexistent")
-
-
-BUNDLED = _bundled_target()
+BUNDLED = Path(__file__).resolve().parents[2] / "assets" / "target"  # committed with the repository
 
 
 def small_model(seed: int = 0) -> LlamaModel:
@@ -96,7 +87,7 @@ def test_prefix_cache_on_off_equal_dense(model, prompts, reference, block_size, 
     assert s.prefix_hits_tokens > 0 and on.prefill_tokens_computed < off.prefill_tokens_computed
     assert off.prefill_tokens_computed == sum(len(p) for p in prompts)
     assert on.prefill_tokens_computed == sum(len(p) for p in prompts) - s.prefix_hits_tokens
-    assert all(h < len(p) for h, p in zip(on.cached_tokens_per_request, prompts))  # never the whole prompt
+    assert all(h < len(p) for h, p in zip(on.cached_tokens_per_request, prompts, strict=True))  # never the whole prompt
     if budget == "tight":
         assert on.evicted_blocks > 0, "the tight budget must force evictions"
     assert s.num_in_use == 0
@@ -140,18 +131,18 @@ def test_fork_copy_on_write_through_the_model(model):
     children = [f"c{i}" for i in range(3)]
     mgr.fork("p", children)
     forced = [11, 22, 33]
-    allocs = [mgr.append_slots(c, [t]) for c, t in zip(children, forced)]
+    allocs = [mgr.append_slots(c, [t]) for c, t in zip(children, forced, strict=True)]
     # every child writes into the shared half-full block, so each copies it (the parent still holds the original)
     assert all(len(a.blocks_to_copy) == 1 for a in allocs), "the shared half-full block is copied on write"
-    seqs = {c: prompt + [t] for c, t in zip(children, forced)}
+    seqs = {c: prompt + [t] for c, t in zip(children, forced, strict=True)}
     nxt = step(children, allocs)
     for _ in range(3):
-        for c, t in zip(children, nxt):
+        for c, t in zip(children, nxt, strict=True):
             seqs[c].append(t)
         nxt = step(children, [mgr.append_slots(c, [seqs[c][-1]]) for c in children])
-    for c, t in zip(children, nxt):
+    for c, t in zip(children, nxt, strict=True):
         seqs[c].append(t)
-    for c, t in zip(children, forced):
+    for c, t in zip(children, forced, strict=True):
         assert seqs[c] == prompt + [t] + dense_greedy(model, prompt + [t], 4)
     # the parent's own K/V were never overwritten: it continues as if nothing happened
     alloc_p = mgr.append_slots("p", [44])
@@ -167,7 +158,6 @@ QUESTIONS = ["What is love?", "Who was Hamlet?", "Tell me of the sea.", "What is
              "Describe a storm.", "Who is the king?", "What is love?"]
 
 
-@pytest.mark.skipif(not (BUNDLED / "model.safetensors").exists(), reason="bundled model not trained yet")
 @pytest.mark.parametrize("budget", ["ample", "tight"])
 def test_prefix_cache_on_off_equal_dense_on_the_bundled_model(budget):
     from minienv.model import load_model

@@ -1,4 +1,6 @@
-"""The scheduler on its own, without a model: each step's plan is checked against DESIGN §4.
+"""The scheduler on its own, without a model: each step's plan is checked against the scheduling rules (running
+requests first, chunked prefill that keeps decodes flowing, preemption of the most recently admitted request, FCFS
+admission within the token and sequence budgets, static batching as the baseline).
 
 A tiny driver plays the engine: ``schedule()``, then ``update_from_output`` (the K/V "exist"), then a fake token
 for every request whose chunk reached its last known token, then ``finish_request`` at ``max_tokens``.
@@ -241,7 +243,7 @@ def test_property_any_workload_any_budget_every_request_finishes_with_invariants
             reqs.append(make_request(0, prompt=prompt, max_tokens=m))
             sch.add_request(reqs[-1])
         steps = run_all(sch, max_steps=5000)
-        for r, (p, m) in zip(reqs, lens):
+        for r, (p, m) in zip(reqs, lens, strict=True):
             assert r.output_token_ids == list(range(1, m + 1))
         for o in steps:
             assert len(o.running) <= max_num_seqs

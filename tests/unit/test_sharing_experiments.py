@@ -63,6 +63,7 @@ def test_serve_greedy_arrivals_one_per_step(model):
                         check_invariants=True)
     together = serve_greedy(model, prompts, 3, block_size=4, caching=True)
     assert late.outputs == together.outputs == [dense_greedy(model, p, 3) for p in prompts]
+    assert len(late.cached_tokens_per_request) == 4
     assert late.cached_tokens_per_request[0] == 0 and all(c > 0 for c in late.cached_tokens_per_request[1:])
     assert together.cached_tokens_per_request == [0, 0, 0, 0]  # all admitted in step 0: nothing committed yet
     # together: one 3-step batch. late: requests 0-2 overlap over steps 0-4 (request 2 arrives at 2, needs 3),
@@ -131,9 +132,9 @@ def test_policies_agree_and_caching_helps_on_a_popular_prefix():
     sweep = hit_rate_sweep(reqs, [256, 1024, 4096])
     lru = [s.hit_rate for s in sweep["minienv LRU"]]
     nano = [s.hit_rate for s in sweep["nano-vllm FIFO-of-frees"]]
-    assert all(s.hit_rate == 0 for s in sweep["no caching"])
+    assert len(sweep["no caching"]) == len(lru) == 3 and all(s.hit_rate == 0 for s in sweep["no caching"])
     assert lru == sorted(lru) and lru[-1] > lru[0]
-    assert max(abs(a - b) for a, b in zip(lru, nano)) < 0.02
+    assert max(abs(a - b) for a, b in zip(lru, nano, strict=True)) < 0.02
     table = format_hit_rate_table(sweep)
     assert "minienv LRU" in table and table.count("\n") == 3
     with pytest.raises(ValueError, match="cannot hold"):

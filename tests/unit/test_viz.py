@@ -342,7 +342,7 @@ def test_grid_resize_keeps_the_widget():
     grid.update([BlockCell(1, "A", 1)])
     grid.resize(10, columns=5)
     assert grid.fig is fig and len(fig.data[0].x) == 10 and len(fig.data[0].marker.color) == 10
-    assert grid.rows == 2 and all(c.state == "free" for c in grid.cells)
+    assert grid.rows == 2 and len(grid.cells) == 10 and all(c.state == "free" for c in grid.cells)
     assert fig.layout.height == 2 * grid.cell_px + 76
     grid.update([BlockCell(9, "B", 1)])
     assert grid.changed == {9}
