@@ -251,22 +251,20 @@ class Scheduler:
         request is a valid waiting request, and its resume gives the same output.
         """
         for s in reversed(plan.scheduled):
-            if s.kind == "padding":
-                self.kv.truncate(s.request_id, s.num_computed_tokens)
-                continue
-            req = self.requests[s.request_id]
-            if s.is_new:
+            req = self.requests.get(s.request_id)
+            if s.is_new and req is not None:
                 stats = self.kv.prefix_stats
                 stats.requests -= 1
                 stats.queries -= req.num_tokens
                 stats.hits -= s.num_cached_tokens
-                self.kv.free(s.request_id)
+                released = self.kv.free(s.request_id)
                 self.running.remove(req)
                 req.status = RequestStatus.PREEMPTED if s.is_resume else RequestStatus.WAITING
                 req.num_computed_tokens = 0
                 self.waiting.appendleft(req)
-            else:
-                self.kv.truncate(s.request_id, s.num_computed_tokens)
+            else:  # a running request's chunk or decode, or a padding slot's token
+                released = self.kv.truncate(s.request_id, s.num_computed_tokens)
+            self.kv.return_to_head(released)
         self.num_steps = plan.step
 
     def _plan(self, out: SchedulerOutput) -> None:

@@ -441,10 +441,10 @@ class InferenceEngine:
 
     def _sample(self, reqs: list[Request], logits: np.ndarray) -> tuple[list[int], list[str | None]]:
         """One token per request (greedy rows in one argmax); an error message instead for a row that fails."""
+        finite = np.isfinite(logits).all(axis=-1) if len(reqs) else np.zeros(0, bool)
         if logits.shape[-1] > self.num_sampled_ids:  # a padded vocabulary: never pick an id without a token
             logits = logits.copy()
             logits[:, self.num_sampled_ids:] = -np.inf
-        finite = np.isfinite(logits).all(axis=-1) if len(reqs) else np.zeros(0, bool)
         argmax = np.argmax(logits, axis=-1).tolist() if len(reqs) else []
         tokens: list[int] = [0] * len(reqs)
         errors: list[str | None] = [None] * len(reqs)

@@ -84,6 +84,10 @@ class FreeBlockQueue:
         """Put a block at the tail (freed most recently, so allocated / evicted last). O(1)."""
         self._queue[block.block_id] = block
 
+    def move_to_head(self, block_id: int) -> None:
+        """Make a free block the next one allocated (undoing an allocation). O(1)."""
+        self._queue.move_to_end(block_id, last=False)
+
     def remove(self, block: KVCacheBlock) -> None:
         """Take a block out of the middle of the queue (a prefix-cache hit on a cached-free block). O(1)."""
         del self._queue[block.block_id]

@@ -698,6 +698,14 @@ class KVCacheManager:
         req.num_cached_tokens = min(req.num_cached_tokens, num_tokens)
         return dropped
 
+    def return_to_head(self, block_ids: Sequence[int]) -> None:
+        """Put free-empty blocks a rollback just released back at the head of the free queue, where allocation
+        took them, so a failed step leaves the LRU order as it found it. ``block_ids`` last-taken first."""
+        queue = self.pool.free_block_queue
+        for bid in block_ids:
+            if bid in queue and self.pool.blocks[bid].block_hash is None:
+                queue.move_to_head(bid)
+
     def evict(self, num_blocks: int = 1) -> list[int]:
         """Evict up to ``num_blocks`` cached-free blocks in LRU order (head of the free queue first); return them.
 

@@ -159,7 +159,7 @@ def fingerprint(engine: Any) -> dict[str, Any]:
     history length and the set of request ids."""
     snap = engine.snapshot()
     parts = {f.name: getattr(snap, f.name) for f in dataclasses.fields(snap)}
-    parts["stats"] = dataclasses.replace(snap.stats, busy_time_s=0.0)
+    parts["stats"] = dataclasses.replace(snap.stats, busy_time_s=0.0, num_failed_steps=0)  # counts the failure
     parts["history_len"] = len(engine.history)
     parts["request_ids"] = tuple(sorted(engine.requests))
     return parts
@@ -177,3 +177,24 @@ def diff_fingerprints(before: dict[str, Any], after: dict[str, Any]) -> list[str
             else:
                 out.append(f"{k}: {str(b)[:80]} -> {str(a)[:80]}")
     return out
+
+
+def assert_rolled_back(before: dict[str, Any], engine: Any) -> None:
+    """After a step raised: the engine is as it was before the step.
+
+    Two documented exceptions (``minienv.engine.core``): evicted cached blocks stay evicted, and a preemption the failed step's plan made stands (the
+    victim's freed blocks may already hold the failed step's K/V, so they cannot be handed back); then the state
+    differs by exactly that preemption, which the caller's later output comparison covers, and only the invariants
+    and the set of requests are compared here.
+    """
+    after = fingerprint(engine)
+    engine.check_invariants()
+    if after["stats"].num_preemptions > before["stats"].num_preemptions:
+        assert after["request_ids"] == before["request_ids"]
+        return
+    if after["stats"].evicted_blocks > before["stats"].evicted_blocks:
+        # Also documented: cached-free blocks evicted while planning stay evicted (a cache hint, never an output).
+        for part in ("free_queue", "block_states", "stats"):
+            before, after = {**before, part: None}, {**after, part: None}
+    changed = diff_fingerprints(before, after)
+    assert not changed, f"the failed step changed the engine: {changed}"
