@@ -155,8 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         prompts = None if args.prompts_file is None else _read_prompts(args.prompts_file)  # fail before loading
+        tokenizer = load_tokenizer(args.tokenizer)  # the cheaper file first: a bad one fails fast
         model = load_model(args.model)
-        tokenizer = load_tokenizer(args.tokenizer)
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {model.config.vocab_size}")
         if args.no_cache:
