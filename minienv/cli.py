@@ -23,6 +23,17 @@ from pathlib import Path
 from typing import Sequence
 
 
+def positive_int(text: str) -> int:
+    """argparse type for sizes: a bad value is a usage error (exit 2) naming the flag, not a failure deep inside."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minienv",
@@ -44,11 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", type=Path, default=None, metavar="FILE",
                    help="tokenizer.json (default: bundled assets/tokenizer.json)")
     eng = p.add_argument_group("engine")
-    eng.add_argument("--kv-budget-tokens", type=int, default=16384,
+    eng.add_argument("--kv-budget-tokens", type=positive_int, default=16384,
                      help="KV cache size in tokens, for all requests together (default: 16384)")
-    eng.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
-    eng.add_argument("--max-num-seqs", type=int, default=16, help="most requests running at once (default: 16)")
-    eng.add_argument("--max-num-batched-tokens", type=int, default=512,
+    eng.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default: 16)")
+    eng.add_argument("--max-num-seqs", type=positive_int, default=16, help="most requests running at once (default: 16)")
+    eng.add_argument("--max-num-batched-tokens", type=positive_int, default=512,
                      help="most tokens computed per engine step (default: 512)")
     eng.add_argument("--scheduling", choices=("continuous", "static"), default="continuous",
                      help="continuous batching, or the static-batching baseline (default: continuous)")
@@ -59,11 +70,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _read_prompts(path: Path) -> list[str]:
-    text = path.read_text(encoding="utf-8")  # OSError if missing: exit 1 with its message
+    """The non-blank lines of ``path``; a missing, unreadable or non-UTF-8 file is an error naming it."""
+    try:
+        text = path.read_text(encoding="utf-8")  # OSError if missing: exit 1 with its message
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     prompts = [line for line in text.splitlines() if line.strip()]
     if not prompts:
         raise ValueError(f"{path} holds no prompts (one prompt per line; blank lines are skipped)")
     return prompts
+
+
+def _is_utf8_encodable(text: str) -> bool:
+    """False for a command-line argument that held invalid UTF-8 (Python keeps those bytes as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -108,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give a prompt, or --prompts-file FILE (not both)")
     if args.no_cache and args.prompts_file is not None:
         parser.error("--no-cache runs a single prompt without the engine; it cannot be used with --prompts-file")
+    if args.prompt is not None and not _is_utf8_encodable(args.prompt):
+        parser.error("the prompt is not valid UTF-8 text")
     # One BLAS thread unless the user says otherwise: at these matrix sizes a second thread costs more in hand-off
     # than it saves, and on a busy machine OpenBLAS threads spin (measured: 100x slower). Must precede numpy.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -128,8 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from minienv.tokenizer import load_tokenizer
 
     try:
+        prompts = None if args.prompts_file is None else _read_prompts(args.prompts_file)  # fail before loading
+        tokenizer = load_tokenizer(args.tokenizer)  # the cheaper file first: a bad one fails fast
         model = load_model(args.model)
-        tokenizer = load_tokenizer(args.tokenizer)
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {model.config.vocab_size}")
         if args.no_cache:
@@ -144,14 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_num_batched_tokens=args.max_num_batched_tokens, scheduling=args.scheduling)
         except ValueError as exc:  # bad engine sizes are argument errors
             parser.error(str(exc))
-        if args.prompts_file is None:
+        if prompts is None:
             for out in engine.stream([args.prompt], params):
                 sys.stdout.write(out.delta_text)
                 sys.stdout.flush()
             sys.stdout.write("\n")
             sys.stdout.flush()
             return 0
-        prompts = _read_prompts(args.prompts_file)
         start = time.perf_counter()
         outputs = engine.generate(prompts, [params_for(i) for i in range(len(prompts))])
         wall = time.perf_counter() - start

@@ -8,6 +8,7 @@ reproducible however many other requests are batched beside it (vLLM does the sa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,12 +19,24 @@ class SamplingTypeError(TypeError, ValueError):
     user input catches every bad sampling value."""
 
 
+def _as_float(name: str, value: object) -> float:
+    """``value`` as a float for range checks; an int too large for a float counts as infinite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)):
+        raise SamplingTypeError(f"{name} must be a number, got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 @dataclass
 class SamplingParams:
     """How to pick tokens for one request.
 
     max_tokens: most tokens to generate (>= 1).
-    temperature: 0 = greedy (argmax); otherwise logits are divided by it before the softmax.
+    temperature: 0 = greedy (argmax); otherwise logits are divided by it before the softmax. As it tends to 0 the
+        distribution tends to the argmax (uniform over exact ties), and a tiny positive temperature gives exactly
+        that limit: see :func:`scale_logits`.
     top_k: keep only the k most likely tokens (0 or -1 = off).
     top_p: keep the smallest set of most likely tokens whose probability reaches top_p (1.0 = off).
     seed: seeds this request's random generator; None draws fresh entropy.
@@ -43,18 +56,16 @@ class SamplingParams:
             raise SamplingTypeError(f"max_tokens must be an int, got {type(self.max_tokens).__name__}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float, np.floating)):
-            raise SamplingTypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
-        if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        temperature = _as_float("temperature", self.temperature)
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)):
             raise SamplingTypeError(f"top_k must be an int (0 or -1 = off), got {type(self.top_k).__name__}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1, 0 (off) or a positive int, got {self.top_k}")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float, np.floating)):
-            raise SamplingTypeError(f"top_p must be a number, got {type(self.top_p).__name__}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        top_p = _as_float("top_p", self.top_p)
+        if not 0.0 < top_p <= 1.0:  # also rejects NaN
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))):
             raise SamplingTypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
         if self.seed is not None and self.seed < 0:
@@ -97,6 +108,29 @@ def apply_top_p(logits: np.ndarray, p: float) -> np.ndarray:
     return np.where(drop, -np.inf, logits)
 
 
+def scale_logits(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """``(logits - max) / temperature`` in float64: after a softmax, the same distribution as ``logits / temperature``.
+
+    Subtracting the row maximum *before* dividing keeps every entry <= 0 with the maxima exactly 0, so dividing by
+    a tiny temperature sends the other entries to -inf (probability 0) instead of sending the maxima to +inf
+    (``inf - inf`` = NaN in the softmax). Any positive temperature therefore gives a valid distribution, and as
+    ``temperature -> 0+`` it is the limit: all mass on the argmax, split evenly among exact ties.
+    """
+    x = np.asarray(logits, dtype=np.float64)
+    z = x - x.max(axis=-1, keepdims=True)
+    with np.errstate(over="ignore"):  # -large / tiny -> -inf is the intended result
+        return z / temperature
+
+
+def check_logits(logits: np.ndarray) -> None:
+    """Every row needs a finite maximum: a NaN, a +inf or an all -inf row has no distribution to sample from."""
+    top = np.max(logits, axis=-1)
+    if not np.isfinite(top).all():
+        raise ValueError(
+            "logits contain NaN or +inf, or a row that is all -inf; there is no distribution to sample from"
+        )
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = logits - logits.max(axis=-1, keepdims=True)
     e = np.exp(z)
@@ -114,11 +148,12 @@ class Sampler:
         """The distribution the sampler draws from, after temperature, top-k and top-p (float64)."""
         p = self.params
         x = np.asarray(logits, dtype=np.float64)
+        check_logits(x)
         if p.greedy:
             out = np.zeros_like(x)
             np.put_along_axis(out, np.argmax(x, axis=-1)[..., None], 1.0, axis=-1)
             return out
-        x = apply_top_k(x / p.temperature, p.top_k)
+        x = apply_top_k(scale_logits(x, p.temperature), p.top_k)
         x = apply_top_p(x, p.top_p)
         return softmax(x)
 
@@ -126,6 +161,7 @@ class Sampler:
         """Next token for logits ``[vocab]`` (-> int) or ``[B, vocab]`` (-> ``[B]`` ints, same params)."""
         x = np.asarray(logits)
         if self.params.greedy:
+            check_logits(x)
             out = np.argmax(x, axis=-1)
         else:
             probs = self.probs(x)

@@ -2,19 +2,27 @@
 
 The safetensors format is deliberately simple, which is why minienv can read it without the ``safetensors``
 package: an 8-byte little-endian header length, a JSON header mapping each tensor name to its dtype, shape and
-byte range, then the raw little-endian bytes. Reading is a ``np.frombuffer`` per tensor. minienv computes in
+byte range, then the raw little-endian bytes. Reading is one ``np.fromfile`` per tensor. minienv computes in
 float32, so F16 and BF16 tensors are widened on load (BF16 is the top half of a float32, so widening is a shift).
 
 ``load_weights`` also checks the tensors against a :class:`LlamaConfig`: a missing tensor, a wrong shape or an
-unexpected name is an error that names the tensor, not a broadcasting failure deep inside the forward pass.
+unexpected name is an error that names the tensor, not a broadcasting failure deep inside the forward pass; so
+is a NaN or infinite weight, which would otherwise turn every logit into NaN and make the model emit token 0.
+
+Reader choice: minienv keeps this hand-written reader rather than ``safetensors.numpy.load_file`` because the core
+must stay numpy-only (``safetensors`` is only in the ``reference`` extra). It validates the header as strictly as
+the reference loader does (every byte range in bounds, sized for its dtype and shape, the ranges tiling the data
+section with no overlap and no gap) and raises :class:`CheckpointError` naming the file and tensor.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import struct
 from pathlib import Path
-from typing import Mapping
+from typing import BinaryIO, Mapping
 
 import numpy as np
 
@@ -36,42 +44,123 @@ def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
-def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """All tensors of a ``.safetensors`` file as float32 numpy arrays, keyed by name."""
-    path = Path(path)
-    # Memory-mapped: a real multi-GB checkpoint is paged in tensor by tensor, never held twice.
-    data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
-    if len(data) < 8:
-        raise CheckpointError(f"{path}: too short to be a safetensors file")
-    (header_len,) = struct.unpack("<Q", data[:8].tobytes())
-    if header_len > min(_MAX_HEADER_BYTES, len(data) - 8):
+def _is_int(value: object) -> bool:
+    """A JSON integer (``true`` is not one, though Python's ``bool`` subclasses ``int``)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters so a garbage header cannot flood the error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    seen: dict[str, object] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise CheckpointError(f"header names {key!r} twice")
+        seen[key] = value
+    return seen
+
+
+def _read_header(f: BinaryIO, path: Path, file_size: int) -> tuple[dict[str, object], int]:
+    """The parsed JSON header and the file offset where tensor data starts."""
+    if file_size < 8:
+        raise CheckpointError(f"{path}: too short to be a safetensors file ({file_size} bytes)")
+    (header_len,) = struct.unpack("<Q", f.read(8))
+    if header_len > min(_MAX_HEADER_BYTES, file_size - 8):
         raise CheckpointError(f"{path}: header length {header_len} is larger than the file")
+    raw = f.read(header_len)
     try:
-        header = json.loads(data[8 : 8 + header_len].tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path}: header is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    try:
+        header = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+    except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: header is not valid JSON: {exc}") from exc
-    body = data[8 + header_len :]
-    tensors: dict[str, np.ndarray] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = info.get("dtype")
-        if dtype not in _READ_DTYPES:
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: header must be a JSON object, got a JSON {type(header).__name__}")
+    return header, 8 + header_len
+
+
+def _tensor_entry(path: Path, name: str, info: object, body_len: int) -> tuple[str, tuple[int, ...], int, int]:
+    """Validate one header entry; return (dtype tag, shape, start, end) with ``0 <= start <= end <= body_len``."""
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where} header entry must be an object (dtype, shape, data_offsets), got {_short(info)}")
+    dtype = info.get("dtype")
+    if not isinstance(dtype, str) or dtype not in _READ_DTYPES:
+        raise CheckpointError(f"{where} has unsupported dtype {_short(dtype)} (supported: {sorted(_READ_DTYPES)})")
+    shape = info.get("shape")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise CheckpointError(f"{where} shape must be a list of non-negative integers, got {_short(shape)}")
+    offsets = info.get("data_offsets")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
+        raise CheckpointError(
+            f"{where} data_offsets must be a list of two integers [start, end], got {_short(offsets)}"
+        )
+    start, end = offsets
+    if not 0 <= start <= end <= body_len:
+        raise CheckpointError(
+            f"{where} data_offsets [{start}, {end}] are not a byte range inside the {body_len}-byte data section"
+        )
+    expected = math.prod(shape) * np.dtype(_READ_DTYPES[dtype]).itemsize
+    if end - start != expected:
+        raise CheckpointError(
+            f"{where} byte range {start}..{end} ({end - start} bytes) does not hold a {dtype} tensor of shape "
+            f"{tuple(shape)} ({expected} bytes)"
+        )
+    return dtype, tuple(shape), start, end
+
+
+def _check_layout(path: Path, ranges: dict[str, tuple[int, int]], body_len: int) -> None:
+    """Byte ranges must tile the data section exactly: no two tensors share a byte and no byte is unowned.
+
+    The reference ``safetensors`` loader demands the same, so a file this reader accepts, it accepts too.
+    """
+    pos, prev = 0, None
+    for name, (start, end) in sorted(ranges.items(), key=lambda kv: kv[1]):
+        if start < pos:
             raise CheckpointError(
-                f"{path}: tensor {name!r} has unsupported dtype {dtype!r} (supported: {sorted(_READ_DTYPES)})"
+                f"{path}: tensor {name!r} bytes {start}..{end} overlap tensor {prev!r} (which ends at {pos})"
             )
-        shape = tuple(info.get("shape", ()))
-        start, end = info.get("data_offsets", (0, -1))
-        np_dtype = np.dtype(_READ_DTYPES[dtype])
-        expected = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
-        if not (0 <= start <= end <= len(body)) or end - start != expected:
-            raise CheckpointError(
-                f"{path}: tensor {name!r} byte range {start}..{end} does not hold a {dtype} tensor of shape {shape}"
-            )
-        raw = np.frombuffer(body[start:end].tobytes(), dtype=np_dtype).reshape(shape)
-        arr = _bf16_to_f32(raw) if dtype == "BF16" else raw.astype(np.float32)
-        tensors[name] = np.ascontiguousarray(arr)
-    del body, data  # release the mapping
+        if start > pos:
+            raise CheckpointError(f"{path}: data bytes {pos}..{start} belong to no tensor")
+        pos, prev = end, name
+    if pos != body_len:
+        raise CheckpointError(f"{path}: data bytes {pos}..{body_len} belong to no tensor")
+
+
+def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+    """All tensors of a ``.safetensors`` file as float32 numpy arrays, keyed by name.
+
+    The whole header is validated before any tensor is read, so a malformed file raises
+    :class:`CheckpointError` (naming the file and the tensor) and nothing is half-loaded. Each tensor is read
+    straight from the file into its own array: a multi-GB checkpoint is never held twice.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        file_size = os.fstat(f.fileno()).st_size
+        header, data_start = _read_header(f, path, file_size)
+        body_len = file_size - data_start
+        metadata = header.pop("__metadata__", None)
+        if metadata is not None and not (
+            isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+        ):
+            raise CheckpointError(f"{path}: __metadata__ must be an object of strings, got {_short(metadata)}")
+        entries = {name: _tensor_entry(path, name, info, body_len) for name, info in header.items()}
+        _check_layout(path, {name: (e[2], e[3]) for name, e in entries.items()}, body_len)
+        tensors: dict[str, np.ndarray] = {}
+        for name, (dtype, shape, start, end) in entries.items():
+            np_dtype = np.dtype(_READ_DTYPES[dtype])
+            f.seek(data_start + start)
+            raw = np.fromfile(f, dtype=np_dtype, count=(end - start) // np_dtype.itemsize).reshape(shape)
+            arr = _bf16_to_f32(raw) if dtype == "BF16" else raw.astype(np.float32, copy=False)
+            tensors[name] = np.ascontiguousarray(arr)
     return tensors
 
 
@@ -123,7 +212,11 @@ def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 
 def check_weights(config: LlamaConfig, tensors: Mapping[str, np.ndarray], source: str = "checkpoint") -> dict[str, np.ndarray]:
-    """Check names and shapes against ``config``; return the tensors the model uses (float32)."""
+    """Check names, shapes and values against ``config``; return the tensors the model uses (float32).
+
+    Invariant of the result: exactly the tensors of :func:`expected_shapes`, float32, C-contiguous, all finite
+    (checked after the float32 conversion, so a float64 value beyond float32's range counts as infinite).
+    """
     shapes = expected_shapes(config)
     missing = [n for n in shapes if n not in tensors]
     if missing:
@@ -138,7 +231,15 @@ def check_weights(config: LlamaConfig, tensors: Mapping[str, np.ndarray], source
         arr = np.asarray(tensors[name])
         if arr.shape != shape:
             raise CheckpointError(f"{source}: tensor {name!r} has shape {arr.shape}, expected {shape} from config.json")
+        if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+            raise CheckpointError(f"{source}: tensor {name!r} has dtype {arr.dtype}, expected a float tensor")
         out[name] = np.ascontiguousarray(arr, dtype=np.float32)
+        if not np.isfinite(out[name]).all():
+            bad = int(np.size(out[name]) - np.count_nonzero(np.isfinite(out[name])))
+            raise CheckpointError(
+                f"{source}: tensor {name!r} holds {bad} non-finite value(s) (NaN or inf) after conversion to "
+                f"float32; a single one makes every logit NaN"
+            )
     return out
 
 

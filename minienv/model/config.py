@@ -9,6 +9,7 @@ name, instead of silently producing wrong logits later.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,35 @@ SUPPORTED_MODEL_TYPES = ("llama",)
 
 class ConfigError(ValueError):
     """A ``config.json`` asks for something minienv's Llama does not implement, or is inconsistent."""
+
+
+_POSITIVE_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def _is_int(value: object) -> bool:
+    """A JSON integer: Python's ``bool`` subclasses ``int``, but ``true`` is not a layer count."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(value: object) -> bool:
+    """A JSON number that is neither a boolean nor NaN/inf (Python's ``json`` accepts ``NaN`` and ``Infinity``)."""
+    return (isinstance(value, float) or _is_int(value)) and math.isfinite(value)
+
+
+def _optional_bool(raw: dict[str, Any], name: str, default: bool) -> bool:
+    """A boolean field; the string ``"false"`` is truthy in Python, so anything but a JSON boolean is an error."""
+    value = raw.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"config field {name!r} must be true or false (a JSON boolean), got {value!r}")
+    return value
+
+
+def _as_float(value: object) -> object:
+    """An int/float number as a float; anything else unchanged, for ``__post_init__`` to reject by name."""
+    return float(value) if _is_finite_number(value) else value
 
 
 @dataclass(frozen=True)
@@ -43,10 +73,11 @@ class LlamaConfig:
     eos_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "max_position_embeddings"):
+        """Type-check every field: JSON's ``true`` is not an integer, ``"false"`` is not a boolean, and a NaN or
+        infinite ``rope_theta`` would make every rotary angle NaN."""
+        for name in _POSITIVE_INT_FIELDS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ConfigError(f"config field {name!r} must be a positive integer, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
@@ -55,10 +86,22 @@ class LlamaConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"config field 'head_dim' must be even for RoPE, got {self.head_dim}")
-        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
-            raise ConfigError(f"config field 'rope_theta' must be a positive number, got {self.rope_theta!r}")
-        if not (isinstance(self.rms_norm_eps, (int, float)) and self.rms_norm_eps > 0):
-            raise ConfigError(f"config field 'rms_norm_eps' must be a positive number, got {self.rms_norm_eps!r}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if not (_is_finite_number(value) and value > 0):
+                raise ConfigError(f"config field {name!r} must be a finite positive number, got {value!r}")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ConfigError(
+                f"config field 'tie_word_embeddings' must be true or false (a JSON boolean), "
+                f"got {self.tie_word_embeddings!r}"
+            )
+        for name in ("bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not (_is_int(value) and 0 <= value < self.vocab_size):
+                raise ConfigError(
+                    f"config field {name!r} must be null or a token id in [0, vocab_size={self.vocab_size}), "
+                    f"got {value!r}"
+                )
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -81,6 +124,8 @@ class LlamaConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "LlamaConfig":
         """Validate an HF Llama config dict and keep the fields minienv uses."""
+        if not isinstance(raw, dict):
+            raise ConfigError(f"a config must be a JSON object (dict), got {type(raw).__name__}")
         archs = raw.get("architectures")
         if archs is not None:
             if not isinstance(archs, list) or not archs or any(a not in SUPPORTED_ARCHITECTURES for a in archs):
@@ -102,7 +147,7 @@ class LlamaConfig:
         if act != "silu":
             raise ConfigError(f"config field 'hidden_act' is {act!r}; minienv's SwiGLU MLP implements only 'silu'")
         for flag in ("attention_bias", "mlp_bias"):
-            if raw.get(flag):
+            if _optional_bool(raw, flag, False):
                 raise ConfigError(f"config field {flag!r} is true; minienv's Llama has no biases")
         if raw.get("rope_scaling"):
             raise ConfigError(
@@ -131,33 +176,40 @@ class LlamaConfig:
         hidden = raw["hidden_size"]
         head_dim = raw.get("head_dim")
         if head_dim is None:
-            if not isinstance(heads, int) or heads < 1 or hidden % heads:
+            for name in ("hidden_size", "num_attention_heads"):
+                if not _is_int(raw[name]) or raw[name] < 1:
+                    raise ConfigError(f"config field {name!r} must be a positive integer, got {raw[name]!r}")
+            if hidden % heads:
                 raise ConfigError(
                     f"config has no 'head_dim' and 'hidden_size' ({hidden}) is not divisible by "
                     f"'num_attention_heads' ({heads})"
                 )
             head_dim = hidden // heads
         eos = raw.get("eos_token_id")
-        if isinstance(eos, list):
+        if isinstance(eos, list):  # several stop ids: minienv stops on the first
+            if not all(_is_int(e) for e in eos):
+                raise ConfigError(f"config field 'eos_token_id' must be a token id or a list of them, got {eos!r}")
             eos = eos[0] if eos else None
+        kv_heads = raw.get("num_key_value_heads")
         return cls(
             vocab_size=raw["vocab_size"],
             hidden_size=hidden,
             intermediate_size=raw["intermediate_size"],
             num_hidden_layers=raw["num_hidden_layers"],
             num_attention_heads=heads,
-            num_key_value_heads=raw.get("num_key_value_heads") or heads,
+            num_key_value_heads=heads if kv_heads is None else kv_heads,
             head_dim=head_dim,
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            rope_theta=float(rope_theta) if isinstance(rope_theta, (int, float)) else rope_theta,
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            rope_theta=_as_float(rope_theta),
+            rms_norm_eps=_as_float(raw.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=_optional_bool(raw, "tie_word_embeddings", False),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_id=eos,
         )
 
     @classmethod
     def from_json(cls, path: str | Path) -> "LlamaConfig":
+        """Read and validate ``config.json`` (or ``path/config.json``); every error message names the file."""
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
@@ -165,11 +217,16 @@ class LlamaConfig:
             raise FileNotFoundError(f"no config.json at {path}")
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
         if not isinstance(raw, dict):
-            raise ConfigError(f"{path} must hold a JSON object")
-        return cls.from_dict(raw)
+            raise ConfigError(f"{path} must hold a JSON object, got a JSON {type(raw).__name__}")
+        try:
+            return cls.from_dict(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
         """An HF-style config dict that ``transformers.LlamaConfig`` (and minienv) can read back."""

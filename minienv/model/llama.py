@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
 from minienv.model.attention import AttentionBackend, NoCache
-from minienv.model.checkpoint import load_weights
+from minienv.model.checkpoint import check_weights, load_weights
 from minienv.model.config import LlamaConfig
 from minienv.model.kv_cache import ContiguousKVCache
 
@@ -67,7 +68,10 @@ class LlamaModel:
     >>> logits = model.forward_step([4], [3], cache)               # decode: one token's work
     """
 
-    def __init__(self, config: LlamaConfig, weights: dict[str, np.ndarray]):
+    def __init__(self, config: LlamaConfig, weights: Mapping[str, np.ndarray]):
+        """Build from HF-named weights; they are checked first (names, shapes, finite values), so a bad
+        checkpoint fails here with a :class:`CheckpointError` naming the tensor, never inside the forward pass."""
+        weights = check_weights(config, weights, source="LlamaModel weights")
         self.config = config
         self.embed_tokens = np.ascontiguousarray(weights["model.embed_tokens.weight"], dtype=np.float32)
         self.layers: list[LlamaLayer] = []
