@@ -2,7 +2,7 @@
 
 Kwon et al. (SOSP 2023, Fig. 2) split the KV memory of a serving system into four parts and showed that systems
 which reserve one *contiguous* chunk per request keep real token states in only 20.4-38.2 % of it, while paging
-(vLLM) reaches 96.3 %. This module replays a workload (``minienv.workload``) through a fixed KV memory of
+(vLLM) reaches 96.3 %. This module replays a workload (``minienv.lab.workload``) through a fixed KV memory of
 ``kv_slots`` token slots under each allocation scheme and measures the same four parts.
 
 The model
@@ -76,7 +76,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from minienv.workload import RequestSpec
+from minienv.lab.workload import RequestSpec
 
 __all__ = [
     "SCHEMES",
@@ -356,7 +356,7 @@ def simulate(
     """Serve ``requests`` in a KV memory of ``kv_slots`` token slots under ``scheme`` and account for it.
 
     Args:
-        requests: the workload (``minienv.workload``); served FCFS by ``arrival_time`` then ``request_id``.
+        requests: the workload (``minienv.lab.workload``); served FCFS by ``arrival_time`` then ``request_id``.
         scheme: one of ``SCHEMES``.
         kv_slots: size of the KV memory in token slots (the paper's OPT-13B/A100-40GB setup has 15.7 K).
         max_len: the model's maximum sequence length (what ``orca_max`` reserves; caps ``orca_pow2``).
