@@ -249,13 +249,13 @@ assert "head" in live["view"].queue.to_svg()
 # ## The naive evictor: a running request's text, corrupted
 #
 # The naive design's `TokenBudgetLRUEvictor` (as it circulates in tutorials) keeps used tokens under the budget by
-# evicting the least recently used block — **any** block. Request A is decoding when request B arrives under a budget that holds one of them:
-# the naive evictor takes A's oldest blocks *while A is running*, hands them to B, B's prefill overwrites their K/V, and A
-# keeps decoding over B's K/V. `minienv.lab.naive_design.demo_evictor_damage` runs the naive classes
-# (`PagedAttentionManager` + `TokenBudgetLRUEvictor`) and our manager on the model, and
-# measures A's logits at every step against the dense model's logits **for the same tokens** — so the damage shows
-# even on prompts where no greedy token happens to flip (a small model often shrugs off a few corrupted blocks for
-# a token or two).
+# evicting the least recently used block — **any** block. Request A is decoding when request B arrives under a
+# budget that holds one of them: the naive evictor takes A's oldest blocks *while A is running*, hands them to B,
+# B's prefill overwrites their K/V, and A keeps decoding over B's K/V.
+# `minienv.lab.naive_design.demo_evictor_damage` runs the naive classes (`PagedAttentionManager` +
+# `TokenBudgetLRUEvictor`) and our manager on the model, and measures A's logits at every step against the dense
+# model's logits **for the same tokens** — so the damage shows even on prompts where no greedy token happens to flip
+# (a small model often shrugs off a few corrupted blocks for a token or two).
 
 # %%
 from minienv.lab.naive_design import demo_evictor_damage

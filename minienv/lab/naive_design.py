@@ -11,7 +11,8 @@ each one fail on real requests and then show :mod:`minienv.kv.kv_cache_manager` 
    whole list, O(num_free_blocks). (:func:`demo_pop0_timing`)
 2. ``TokenBudgetLRUEvictor`` evicts the least recently used block *whatever its refcount*: a running request's
    block goes back to the free list, is handed to the next request, and its K/V are overwritten — the running
-   request keeps decoding over someone else's K/V and its text changes. (:func:`demo_evict_in_use`, :func:`demo_evictor_damage`)
+   request keeps decoding over someone else's K/V and its text changes. (:func:`demo_evict_in_use`,
+   :func:`demo_evictor_damage`)
 3. ``PrefixAwareRefcounter`` keys one prefix block by a hash of the *whole prompt*: two prompts with the same
    system prompt but different questions hash differently and share nothing. (:func:`demo_whole_prompt_hashing`)
 4. ``PrefixAwareRefcounter.acquire`` *sets* the refcount of a reused block to 1 instead of incrementing it: the
@@ -563,5 +564,6 @@ def demo_evictor_damage(model, prompt_a: Sequence[int], prompt_b: Sequence[int],
         ours.commit("A")
     ours_ids, ours_err = tuple(out), errors(pa, out, rows)
     reference = dense_greedy(model, pa, max_new_tokens)
-    return EvictorDamage(kv_budget_tokens, b_arrives_after, tuple(sorted(set(evicted_in_use))), tuple(sorted(overwritten)),
+    return EvictorDamage(kv_budget_tokens, b_arrives_after, tuple(sorted(set(evicted_in_use))),
+                         tuple(sorted(overwritten)),
                          naive_err, naive_ids, ours_err, ours_ids, refused, tuple(reference))
