@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_engine.py [--model DIR] [--requests 48] [--blas-threads 1]
 
-1. **Continuous vs static batching**, same mixed-length workload (``minienv.workload``: log-normal prompt and
+1. **Continuous vs static batching**, same mixed-length workload (``minienv.lab.workload``: log-normal prompt and
    output lengths, seeded), same budgets: generated tokens/s and engine steps. Static batching admits a batch of
    ``max_num_seqs`` and waits for its longest member; continuous refills a slot the step it frees. Two static
    baselines: **static** (faithful, ``static_padding=True``: a finished member keeps its row and computes one
@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 from minienv.engine import InferenceEngine, RequestOutput  # noqa: E402
 from minienv.model import LlamaConfig, load_model, random_weights, save_checkpoint  # noqa: E402
 from minienv.sampling import SamplingParams  # noqa: E402
-from minienv.workload import LengthDistribution, WorkloadConfig, generate_workload, workload_stats  # noqa: E402
+from minienv.lab.workload import LengthDistribution, WorkloadConfig, generate_workload, workload_stats  # noqa: E402
 
 # training/train.py's "target" shape (used only when assets/target is missing).
 STAND_IN = LlamaConfig(vocab_size=2048, hidden_size=192, intermediate_size=512, num_hidden_layers=4,

@@ -17,7 +17,7 @@ import json
 import sys
 import time
 
-from minienv.memory_accounting import (
+from minienv.lab.memory_accounting import (
     PAPER_FIGURE2,
     SCHEME_LABELS,
     SCHEMES,
@@ -25,7 +25,7 @@ from minienv.memory_accounting import (
     format_figure2_table,
     simulate,
 )
-from minienv.workload import sharegpt_like, workload_stats
+from minienv.lab.workload import sharegpt_like, workload_stats
 
 # The paper's setup, as in notebooks/03_kv_memory: OPT-13B on an A100-40GB leaves 12 GiB for the KV cache at
 # 2 x 40 layers x 5120 x 2 bytes = 800 KiB per token -> 15,728 slots; max sequence length 2048; vLLM block 16.

@@ -5,8 +5,9 @@
 
 **5-shot workload** (the vLLM paper's Fig. 16 setting, in our units): every request is the same 5-shot prompt
 (five worked examples, ~330 tokens) followed by its own short query, then a few greedy tokens. The requests are
-served by a minimal loop (one arrival per step, FCFS, up to 4 running, one batched model step at a time, paged
-attention, blocks from :class:`minienv.kv.kv_cache_manager.KVCacheManager`) with the prefix cache off and on.
+served by :class:`minienv.engine.InferenceEngine` (one arrival per step, up to 4 running, one batched model step
+at a time, paged attention, blocks from :class:`minienv.kv.kv_cache_manager.KVCacheManager`) with the prefix cache
+off and on.
 Reported: prompt tokens actually run through the model (prefill work), and wall time and process CPU time for
 the whole workload (best of the rounds; CPU time is the steadier figure on a shared machine); ratio = off / on.
 The outputs must be identical (checked). Model: the bundled target model if present, else a random Llama of a
@@ -37,7 +38,7 @@ import numpy as np
 from minienv.kv import BlockPool
 from minienv.kv.block_table import cdiv
 from minienv.kv.kv_cache_manager import KVCacheManager
-from minienv.sharing_experiments import serve_greedy
+from minienv.lab.serving import serve_greedy
 
 REPO = Path(__file__).resolve().parent.parent
 BLOCK_SIZE = 16
@@ -65,7 +66,7 @@ def five_shot_prompts(vocab: int, num_requests: int, seed: int = 0) -> tuple[lis
 
 
 def serve(model, prompts, max_new_tokens, *, caching, max_running=4):
-    """minienv's FCFS greedy serving loop (``sharing_experiments.serve_greedy``), up to ``max_running`` at once.
+    """Greedy serving through minienv's engine (``minienv.lab.serving.serve_greedy``), up to ``max_running`` at once.
 
     Request ``i`` arrives at step ``i`` (one arrival per step, like a steady request rate), so a request's prompt
     can hit the blocks of every request admitted before it — blocks become findable once the step that computed

@@ -17,8 +17,8 @@
 # %% [markdown]
 # ## The map
 #
-# This is the architecture of the seed tutorial the series grew from, with each box made correct (the
-# comments in `DESIGN.md` list what the seed got wrong). A prompt flows top to bottom; the numbers on the right
+# This is the architecture of the naive design as it circulates in tutorials, with each box made correct
+# (`minienv/lab/naive_design.py` reproduces what the naive design gets wrong). A prompt flows top to bottom; the numbers on the right
 # are the notebooks that build each box.
 
 # %%
@@ -377,8 +377,8 @@ assert all(f">{b}<" in grid.to_svg() for b in range(8))
 #   been free longest. In notebook 06 freed blocks keep their contents (*cached-free*), and the head of this
 #   same queue is the block evicted next: that is LRU eviction for free.
 # - **A refcount decides when a block is free, not its first owner.** Block 0 stayed in use after A finished,
-#   because C held it too. Getting this wrong — freeing a block someone still reads — is the bug the seed
-#   tutorial shipped (notebook 05).
+#   because C held it too. Getting this wrong — freeing a block someone still reads — is the bug the naive
+#   design ships (notebook 05).
 #
 # ## Exercise: which blocks does the next request get?
 #

@@ -42,7 +42,7 @@ print(f"share of a {MAX_LEN}-slot reservation an average finished ShareGPT reque
 # ## The workload
 #
 # The paper served the **ShareGPT** trace (mean prompt 161.31, mean output 337.99 tokens; Alpaca, the other
-# trace, is much shorter: 19.31 / 58.45). We cannot ship that dataset, so `minienv.workload` draws lengths from
+# trace, is much shorter: 19.31 / 58.45). We cannot ship that dataset, so `minienv.lab.workload` draws lengths from
 # **log-normal** distributions with the paper's means and a long right tail (`sigma` 1.0 for prompts, 0.9 for
 # outputs — our choice, the paper publishes histograms, not fits), clipped so that prompt + output ≤ 2048.
 # All 1000 requests arrive at t = 0 (an offline batch), so the memory stays under pressure.
@@ -51,7 +51,7 @@ print(f"share of a {MAX_LEN}-slot reservation an average finished ShareGPT reque
 # NBVAL_CHECK_OUTPUT
 import numpy as np
 
-from minienv.workload import SHAREGPT, sharegpt_like, workload_stats
+from minienv.lab.workload import SHAREGPT, sharegpt_like, workload_stats
 
 NUM_REQUESTS, SEED = 1000, 0
 requests = sharegpt_like(NUM_REQUESTS, max_len=MAX_LEN, seed=SEED)
@@ -151,7 +151,7 @@ assert paged_toy["token"] == 6 and paged_toy["internal"] + paged_toy["reservatio
 # %% [markdown]
 # ## minienv's version: an event simulation of a serving run
 #
-# `minienv.memory_accounting.simulate` replays the workload through a KV memory of `KV_SLOTS` slots, one decode
+# `minienv.lab.memory_accounting.simulate` replays the workload through a KV memory of `KV_SLOTS` slots, one decode
 # step at a time: every running request appends one token; finished requests free their memory; waiting
 # requests are admitted first-come-first-served while their allocation fits. Each step, every slot is put in
 # exactly one category (the definitions are in the module docstring):
@@ -174,7 +174,7 @@ assert paged_toy["token"] == 6 and paged_toy["internal"] + paged_toy["reservatio
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.memory_accounting import PAPER_FIGURE2, SCHEME_LABELS, SCHEMES, figure2, format_figure2_table
+from minienv.lab.memory_accounting import PAPER_FIGURE2, SCHEME_LABELS, SCHEMES, figure2, format_figure2_table
 
 BLOCK_SIZE = 16
 results = figure2(requests, KV_SLOTS, max_len=MAX_LEN, block_size=BLOCK_SIZE)  # allocator="buddy"
@@ -242,7 +242,7 @@ for s in SCHEMES[:3]:  # every contiguous scheme within 5 points of the paper's 
 #   of two is most of the purple bar for Pow2 and Oracle (see the first-fit comparison below); we file it under
 #   "external fragmentation & others" as the paper's Oracle bar implies (no internal fragmentation there).
 # * **Category boundaries.** The paper does not publish its accounting rules; ours are exact and in
-#   `minienv/memory_accounting.py`. For vLLM the paper shows 3.7 % "reservation + internal fragmentation"
+#   `minienv/lab/memory_accounting.py`. For vLLM the paper shows 3.7 % "reservation + internal fragmentation"
 #   unsplit. We split it: while a request is growing, the empty tail of its last block *will* be filled, so it
 #   is reservation; only the tail of its final block is internal fragmentation (≈ 0 %).
 # * **vLLM's small purple slice.** Our paged run leaves ~1 % of the blocks free while requests wait: the 1 %
@@ -321,7 +321,7 @@ assert abs(predicted_tail - measured_tail) < 0.5
 # %%
 import ipywidgets as widgets
 
-from minienv.memory_accounting import simulate
+from minienv.lab.memory_accounting import simulate
 
 BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 sweep = {b: simulate(requests, "paged", KV_SLOTS, max_len=MAX_LEN, block_size=b).percent() for b in BLOCK_SIZES}
@@ -409,7 +409,7 @@ def internal_frag(num_tokens: int, block_size: int) -> int:
 
 
 def check_internal_frag(fn) -> None:
-    from minienv.memory_accounting import paged_internal_fragmentation
+    from minienv.lab.memory_accounting import paged_internal_fragmentation
 
     cases = [(n, b) for n in range(1, 300) for b in (1, 2, 3, 4, 16, 64, 256)]
     wrong = [(n, b, fn(n, b), paged_internal_fragmentation(n, b)) for n, b in cases

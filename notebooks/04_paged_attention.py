@@ -11,7 +11,7 @@
 # 2. explain why a request takes a new block exactly when a token crosses a block boundary, and what that bounds
 #    (at most `B − 1` wasted slots per request);
 # 3. say what the **free queue** must support in O(1) — pop the head, append at the tail, remove from the middle —
-#    and why the seed tutorial's `free_list.pop(0)` does not;
+#    and why the naive design's `free_list.pop(0)` does not;
 # 4. show that attention over scattered blocks equals attention over contiguous K/V — for one layer and for the
 #    whole model's generated text;
 # 5. find the same pieces in vLLM and SGLang.

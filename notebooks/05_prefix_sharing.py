@@ -29,7 +29,7 @@
 import numpy as np
 
 from minienv.kv.block_table import cdiv
-from minienv.sharing_experiments import load_demo_model
+from minienv.lab.serving import load_demo_model
 
 demo = load_demo_model()
 SYSTEM = ("You are the prompter of the Globe Theatre. Answer each question in the voice of Shakespeare, "
@@ -140,27 +140,27 @@ for x, y in [(x, y) for x in prompts for y in prompts if x < y]:  # equal hash <
         assert (chains[x][j] == chains[y][j]) == (prompts[x][:(j + 1) * B] == prompts[y][:(j + 1) * B])
 
 # %% [markdown]
-# ## The seed's design: one hash for the whole prompt
+# ## The naive design: one hash for the whole prompt
 #
-# The seed tutorial's `PrefixAwareRefcounter` keyed its prefix block by `hash(tuple(prompt))` — the **whole**
-# prompt. Two prompts that share a system prompt and differ in the question hash differently, so it shares
-# nothing unless a prompt repeats exactly. `minienv.seed_design` reproduces it; here it is beside ours on the same
-# six prompts:
+# The naive design's `PrefixAwareRefcounter` (as it circulates in tutorials) keys its prefix block by
+# `hash(tuple(prompt))` — the **whole** prompt. Two prompts that share a system prompt and differ in the question
+# hash differently, so it shares nothing unless a prompt repeats exactly. `minienv.lab.naive_design` reproduces it;
+# here it is beside ours on the same six prompts:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.seed_design import demo_whole_prompt_hashing
+from minienv.lab.naive_design import demo_whole_prompt_hashing
 
-seed_demo = demo_whole_prompt_hashing(list(prompts.values()), system_prompt_tokens=shared, block_size=B)
-print(f"blocks the six prompts need without sharing: {seed_demo.blocks_without_sharing}")
-print(f"seed (whole-prompt hash): {seed_demo.seed_shared_blocks} blocks shared")
-print(f"minienv (block-hash chain): {seed_demo.ours_shared_blocks} blocks shared, "
-      f"{seed_demo.ours_blocks_in_use} in use, {seed_demo.ours_hit_tokens} prompt tokens served from cache")
+naive_demo = demo_whole_prompt_hashing(list(prompts.values()), system_prompt_tokens=shared, block_size=B)
+print(f"blocks the six prompts need without sharing: {naive_demo.blocks_without_sharing}")
+print(f"naive (whole-prompt hash): {naive_demo.naive_shared_blocks} blocks shared")
+print(f"minienv (block-hash chain): {naive_demo.ours_shared_blocks} blocks shared, "
+      f"{naive_demo.ours_blocks_in_use} in use, {naive_demo.ours_hit_tokens} prompt tokens served from cache")
 
 # %%
-assert seed_demo.seed_shared_blocks == 0
-assert seed_demo.ours_shared_blocks >= (len(prompts) - 1) * (shared // B)
-assert seed_demo.ours_hit_tokens >= (len(prompts) - 1) * (shared // B) * B
+assert naive_demo.naive_shared_blocks == 0
+assert naive_demo.ours_shared_blocks >= (len(prompts) - 1) * (shared // B)
+assert naive_demo.ours_hit_tokens >= (len(prompts) - 1) * (shared // B) * B
 
 # %% [markdown]
 # ## minienv's version: `KVCacheManager`
@@ -391,7 +391,7 @@ assert fork_view.grid.cells[0].text()[0] == "0 ·rc3" and fork_view.grid.cells[0
 #   (80 tokens) or 5 examples (341 tokens). vLLM serves **1.67×** and **3.58×** the request rate of
 #   Orca (Oracle) at the same latency.
 #
-# We recompute them with the real manager in `minienv.sharing_experiments` (block size 16, as in the paper):
+# We recompute them with the real manager in `minienv.lab.sharing_experiments` (block size 16, as in the paper):
 # parallel sampling forks each Alpaca-like prompt into `n` samples with their own Alpaca-like output lengths; beam
 # search keeps the `width` best (beam, token) pairs per step under a seeded random scorer, forking beams chosen
 # several times and freeing beams chosen none, as vLLM's block manager did; the shared-prefix workload counts the
@@ -399,9 +399,9 @@ assert fork_view.grid.cells[0].text()[0] == "0 ·rc3" and fork_view.grid.cells[0
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.sharing_experiments import format_paper_table, paper_sharing_results
+from minienv.lab.sharing_experiments import format_paper_table, paper_sharing_results
 
-# the same numbers from a shell: .venv/bin/python -m minienv.sharing_experiments
+# the same numbers from a shell: .venv/bin/python -m minienv.lab.sharing_experiments
 par, beam, shots = paper_sharing_results(parallel_requests=100, beam_requests=40)
 print(format_paper_table(par, beam, shots))
 
@@ -436,9 +436,9 @@ assert all(r.memory_ratio > 1 for r in shots)
 #
 # ## Proof: the cache changes how much is computed, never what is generated
 #
-# Six prompts sharing the system prompt are served greedily by `minienv.sharing_experiments.serve_greedy` (batched
-# steps through the paged attention backend, blocks from the manager) with the prefix cache **on** and **off**.
-# The text must be identical. (With the cache off, this path is token-for-token the dense model — notebook 04
+# Six prompts sharing the system prompt are served greedily by the engine (`minienv.lab.serving.serve_greedy` submits
+# them to `InferenceEngine`: batched steps through the paged attention backend, blocks from the manager) with the
+# prefix cache **on** and **off**. The text must be identical. (With the cache off, this path is token-for-token the dense model — notebook 04
 # proved it; `tests/unit/test_prefix_differential.py` also checks on == off == dense on many prompts, with budgets
 # small enough to evict between requests.)
 #
@@ -452,7 +452,7 @@ assert all(r.memory_ratio > 1 for r in shots)
 # blocks and frees its duplicates — one block per hash. From `r2` on, every request hits.)
 
 # %%
-from minienv.sharing_experiments import serve_greedy
+from minienv.lab.serving import serve_greedy
 
 NEW = 8
 plist = list(prompts.values())
@@ -485,13 +485,13 @@ assert poisoned.outputs[:2] == off.outputs[:2]
 # %% [markdown]
 # ## The traps of this layer
 #
-# Each of these shipped in a real engine (or in the seed tutorial). Each has a regression test in
-# `tests/unit/test_kv_cache_manager.py` / `test_seed_design.py`; the cell below re-checks each in one line.
+# Each of these shipped in a real engine (or in the naive design). Each has a regression test in
+# `tests/unit/test_kv_cache_manager.py` / `test_naive_design.py`; the cell below re-checks each in one line.
 #
 # | trap | what went wrong | the lesson, in one sentence |
 # |---|---|---|
-# | seed: whole-prompt hash | one key for the whole prompt | Hash **per block, chained**, so prompts share exactly their common full blocks. |
-# | seed: refcount set to 1 | `acquire` set the refcount instead of incrementing it | A refcount is only ever **+1 / −1**, once per table that takes or drops the block. |
+# | naive design: whole-prompt hash | one key for the whole prompt | Hash **per block, chained**, so prompts share exactly their common full blocks. |
+# | naive design: refcount set to 1 | `acquire` set the refcount instead of incrementing it | A refcount is only ever **+1 / −1**, once per table that takes or drops the block. |
 # | vLLM #12621 | `hash(None)` became a constant in Python 3.12 → forced collisions across users | Use a **stable content hash** (sha256) with a real root, and check the stored key on every hit. |
 # | vLLM PR #3347 / #1556 | double free; fork over-incremented refcounts | Fork adds exactly **one reference per child**; freeing an unknown request is an error that changes nothing. |
 # | vLLM #417 | wrong copy-on-write condition → wrong text | Copy only when writing into a block that is **shared and not full**. |
@@ -505,11 +505,11 @@ import subprocess
 import sys
 
 from minienv.kv.hashing import hash_block_tokens, ROOT_HASH
-from minienv.seed_design import demo_refcount_set
+from minienv.lab.naive_design import demo_refcount_set
 
 checks = {}
 rc = demo_refcount_set()
-checks["seed refcount set"] = (rc.seed_refcount_after_share, rc.ours_refcount_after_share) == (1, 2)
+checks["naive refcount set"] = (rc.naive_refcount_after_share, rc.ours_refcount_after_share) == (1, 2)
 code = "from minienv.kv.hashing import *; print(hash_block_tokens(ROOT_HASH, [1, 2, 3, 4]).hex())"
 other_process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
 checks["#12621 stable hash"] = other_process.strip() == hash_block_tokens(ROOT_HASH, [1, 2, 3, 4]).hex()
@@ -634,7 +634,7 @@ except AssertionError as err:
 # ## Summary
 #
 # * A block's K/V depend on every token before it, so its key is a **chain hash**: `H(parent hash, block tokens,
-#   extra key)`. Prompts then share exactly their common **full** blocks; the seed's whole-prompt hash shared
+#   extra key)`. Prompts then share exactly their common **full** blocks; the naive whole-prompt hash shared
 #   nothing.
 # * A lookup walks the chain from the root, **stops at the first miss**, and **never covers the last prompt token**.
 # * **Refcounts** count the tables that hold a block: +1 per hit or per forked child, −1 per free. At 0 a block

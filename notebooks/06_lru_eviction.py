@@ -11,7 +11,7 @@
 #    is handed out, so it can never be found again while holding someone else's K/V;
 # 2. read the **free queue** as the LRU order — head = evicted next, tail = most recently freed — and predict which
 #    block is evicted next;
-# 3. say why a block with refcount > 0 is **never** evicted, and show the seed's evictor corrupting a running
+# 3. say why a block with refcount > 0 is **never** evicted, and show the naive design's evictor corrupting a running
 #    request's text by doing exactly that;
 # 4. explain why a request's blocks are freed **last block first** (a chain's tail is evicted before its parent);
 # 5. measure the prefix-cache hit rate as a function of the budget for LRU, nano-vllm's free deque, and no cache.
@@ -28,7 +28,7 @@
 # NBVAL_CHECK_OUTPUT
 import numpy as np
 
-from minienv.sharing_experiments import hit_rate_sweep, popular_prefix_workload, simulate_cache
+from minienv.lab.eviction_experiments import hit_rate_sweep, popular_prefix_workload, simulate_cache
 
 stream = popular_prefix_workload(150, seed=0)
 BUDGETS = [256, 384, 512, 768, 1024, 2048, 4096, 8192]
@@ -156,7 +156,7 @@ assert not set(m.block_ids("X")) & set(m.block_ids("Y"))  # X's blocks (in use) 
 # %%
 import ipywidgets as widgets
 
-from minienv.sharing_experiments import CacheStream
+from minienv.lab.eviction_experiments import CacheStream
 from minienv.viz import Stepper
 from minienv.viz.kv_views import ManagerView
 
@@ -246,36 +246,37 @@ assert live["view"].last_evicted and set(live["view"].queue.evicted) <= set(live
 assert "head" in live["view"].queue.to_svg()
 
 # %% [markdown]
-# ## The seed's evictor: a running request's text, corrupted
+# ## The naive evictor: a running request's text, corrupted
 #
-# The seed tutorial's `TokenBudgetLRUEvictor` kept used tokens under the budget by evicting the least recently
-# used block — **any** block. Request A is decoding when request B arrives under a budget that holds one of them:
-# the seed evicts A's oldest blocks *while A is running*, hands them to B, B's prefill overwrites their K/V, and A
-# keeps decoding over B's K/V. `minienv.sharing_experiments.seed_evictor_damage` runs the seed's classes
-# (`minienv.seed_design.PagedAttentionManager` + `TokenBudgetLRUEvictor`) and our manager on the model, and
-# measures A's logits at every step against the dense model's logits **for the same tokens** — so the damage shows
-# even on prompts where no greedy token happens to flip (a small model often shrugs off a few corrupted blocks for
-# a token or two).
+# The naive design's `TokenBudgetLRUEvictor` (as it circulates in tutorials) keeps used tokens under the budget by
+# evicting the least recently used block — **any** block. Request A is decoding when request B arrives under a
+# budget that holds one of them: the naive evictor takes A's oldest blocks *while A is running*, hands them to B,
+# B's prefill overwrites their K/V, and A keeps decoding over B's K/V.
+# `minienv.lab.naive_design.demo_evictor_damage` runs the naive classes (`PagedAttentionManager` +
+# `TokenBudgetLRUEvictor`) and our manager on the model, and measures A's logits at every step against the dense
+# model's logits **for the same tokens** — so the damage shows even on prompts where no greedy token happens to flip
+# (a small model often shrugs off a few corrupted blocks for a token or two).
 
 # %%
-from minienv.sharing_experiments import load_demo_model, seed_evictor_damage
+from minienv.lab.naive_design import demo_evictor_damage
+from minienv.lab.serving import load_demo_model
 
 demo = load_demo_model()
 prompt_a = demo.encode("JULIET.\nO Romeo, Romeo,")
 prompt_b = demo.encode("FIRST CITIZEN.\nBefore we proceed any further, hear me speak.")
-ev = seed_evictor_damage(demo.model, prompt_a, prompt_b, block_size=B, max_new_tokens=8, b_arrives_after=3)
+ev = demo_evictor_damage(demo.model, prompt_a, prompt_b, block_size=B, max_new_tokens=8, b_arrives_after=3)
 print(f"model: {demo.name}; budget {ev.kv_budget_tokens} tokens; B arrives after A's token {ev.b_arrives_after}")
-print(f"seed: evicted A's in-use blocks {list(ev.seed_evicted_in_use)}; B's table now names A's blocks "
-      f"{list(ev.seed_overwritten)}")
+print(f"naive: evicted A's in-use blocks {list(ev.naive_evicted_in_use)}; B's table now names A's blocks "
+      f"{list(ev.naive_overwritten)}")
 print(f"A, alone (reference): {demo.decode(list(ev.reference_ids))!r}")
-print(f"A, seed design:       {demo.decode(list(ev.seed_ids))!r}   text changed: {ev.seed_ids != ev.reference_ids}")
+print(f"A, naive design:      {demo.decode(list(ev.naive_ids))!r}   text changed: {ev.naive_ids != ev.reference_ids}")
 print(f"A, minienv:           {demo.decode(list(ev.ours_ids))!r}   B refused while A ran: {ev.ours_b_refused}")
 
 # %%
 import plotly.graph_objects as go
 
-steps = list(range(1, len(ev.seed_logit_error) + 1))
-damage = go.Figure([go.Bar(x=steps, y=ev.seed_logit_error, name="seed evictor"),
+steps = list(range(1, len(ev.naive_logit_error) + 1))
+damage = go.Figure([go.Bar(x=steps, y=ev.naive_logit_error, name="naive evictor"),
                     go.Bar(x=steps, y=ev.ours_logit_error, name="minienv")])
 damage.add_vline(x=ev.b_arrives_after + 0.5, line_dash="dash", annotation_text="B arrives")
 damage.update_layout(title="request A: max |served logits − dense logits of the same tokens|", barmode="group",
@@ -285,11 +286,11 @@ damage
 
 # %%
 k = ev.b_arrives_after
-assert ev.seed_evicted_in_use and ev.seed_overwritten  # the seed handed a running request's blocks to B
-assert max(ev.seed_logit_error[:k]) < 1e-4 < 1e-2 < min(ev.seed_logit_error[k:])  # fine until B's prefill, then wrong
-assert ev.seed_ids != ev.reference_ids  # ... and on this pair of prompts the text changes, too
+assert ev.naive_evicted_in_use and ev.naive_overwritten  # the naive evictor handed a running request's blocks to B
+assert max(ev.naive_logit_error[:k]) < 1e-4 < 1e-2 < min(ev.naive_logit_error[k:])  # fine until B's prefill, then wrong
+assert ev.naive_ids != ev.reference_ids  # ... and on this pair of prompts the text changes, too
 assert max(ev.ours_logit_error) < 1e-4 and ev.ours_ids == ev.reference_ids and ev.ours_b_refused
-assert [t.name for t in damage.data] == ["seed evictor", "minienv"]
+assert [t.name for t in damage.data] == ["naive evictor", "minienv"]
 
 # %% [markdown]
 # The fix is structural, not a check: a block enters the free queue only when its refcount reaches 0, and the
@@ -303,13 +304,13 @@ assert [t.name for t in damage.data] == ["seed evictor", "minienv"]
 # `hash_to_block_id` dict is never cleaned on reuse; a hit additionally requires the block's own token ids to match,
 # so a reused block just stops matching. A hit on a freed block takes it out of the middle with `deque.remove` —
 # O(n). So the deque is ordered by **when blocks were freed** ("FIFO of frees"), and a freed block that is hit and
-# freed again moves to the back. `minienv.sharing_experiments.NanoVLLMBlockManager` reproduces that policy; we run
+# freed again moves to the back. `minienv.lab.eviction_experiments.NanoVLLMBlockManager` reproduces that policy; we run
 # it, our LRU, and no caching on the 150-request stream from the top, at budgets from 256 tokens up (the sweep
 # was computed in the first cell of this notebook).
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.sharing_experiments import format_hit_rate_table
+from minienv.lab.eviction_experiments import format_hit_rate_table
 
 ceiling = unbounded.hit_rate
 print(format_hit_rate_table(sweep))
@@ -355,7 +356,7 @@ assert lru_rates[-1] <= ceiling + 1e-9 and ceiling - lru_rates[-1] < 0.05
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.sharing_experiments import usable_prefix_after_evictions
+from minienv.lab.eviction_experiments import usable_prefix_after_evictions
 
 chain_prompt = list(range(300, 321))  # 21 tokens: 5 full blocks + 1
 c = KVCacheManager(6, B)
@@ -383,8 +384,8 @@ assert usable_prefix_after_evictions(5, 2, tail_first=False)[1:] == (0, 3)
 #
 # | trap | what went wrong | the lesson, in one sentence |
 # |---|---|---|
-# | seed: evictor ignores refcounts | evicted a block a running request still used → its text changed | Evict only from the free queue, which holds **only refcount-0 blocks**. |
-# | seed: `free_list.pop(0)` | a list used as a queue: O(n) per allocation | The free queue needs O(1) pop-head, append-tail **and remove-from-middle** (a hit). |
+# | naive design: evictor ignores refcounts | evicted a block a running request still used → its text changed | Evict only from the free queue, which holds **only refcount-0 blocks**. |
+# | naive design: `free_list.pop(0)` | a list used as a queue: O(n) per allocation | The free queue needs O(1) pop-head, append-tail **and remove-from-middle** (a hit). |
 # | vLLM PR #4761 | a block popped for reuse stayed in the cached-block index → "hit" while holding new K/V | Drop the hash from the index **in the same step** the block is handed out. |
 # | LMCache #443 | evicting a middle block strands its descendants | Free **last block first**, so a chain is evicted from its tail. |
 # | SGLang #35270 | evictable size counted shared pages once per holder → a false "leak" | Count each **physical** block once; resident = in use + cached-free ≤ budget. |
@@ -393,13 +394,13 @@ assert usable_prefix_after_evictions(5, 2, tail_first=False)[1:] == (0, 3)
 
 # %%
 from minienv.kv.kv_cache_manager import UnknownRequestError
-from minienv.seed_design import demo_pop0_timing
+from minienv.lab.naive_design import demo_pop0_timing
 
 trap = {}
 pop0 = demo_pop0_timing(sizes=(1_000, 100_000), ops=1_000, repeats=2)  # timings: printed, never checked by nbval
-print("ns per allocate+free at", pop0.sizes, "blocks: seed list", [f"{x:.0f}" for x in pop0.seed_ns_per_op],
+print("ns per allocate+free at", pop0.sizes, "blocks: naive list", [f"{x:.0f}" for x in pop0.naive_ns_per_op],
       "| minienv", [f"{x:.0f}" for x in pop0.ours_ns_per_op])
-trap["pop(0) grows with the pool, ours flat"] = pop0.seed_growth > 5 and pop0.ours_growth < pop0.seed_growth / 3
+trap["pop(0) grows with the pool, ours flat"] = pop0.naive_growth > 5 and pop0.ours_growth < pop0.naive_growth / 3
 t = KVCacheManager(4, B)
 t.allocate("P", list(range(8)))
 t.commit("P")
@@ -426,7 +427,7 @@ try:
     t3.allocate("more", list(range(100, 105)))
 except OutOfBlocksError:
     trap["nothing evictable: typed error, no change"] = t3.snapshot() == before
-trap["seed evictor corrupted A, ours never"] = (min(ev.seed_logit_error[k:]) > 1e-2
+trap["naive evictor corrupted A, ours never"] = (min(ev.naive_logit_error[k:]) > 1e-2
                                                and max(ev.ours_logit_error) < 1e-4)
 trap["#443 tail evicted before parent"] = c.lookup(chain_prompt).num_cached_tokens == 3 * B
 for name, ok in trap.items():
@@ -496,9 +497,9 @@ except AssertionError as err:
     print("rejected:", err)
 
 # %% [markdown]
-# ### Exercise 2: fix the seed's evictor
+# ### Exercise 2: fix the naive evictor
 #
-# The seed's `TokenBudgetLRUEvictor` kept an LRU order of *all* blocks and popped victims from its front whatever
+# The naive `TokenBudgetLRUEvictor` kept an LRU order of *all* blocks and popped victims from its front whatever
 # their refcount. Write `safe_victims(lru_order, refcount, n)`: the first `n` blocks of `lru_order` (least recently
 # used first) that **no request holds**, or raise `OutOfBlocksError` if there are fewer than `n` — without changing
 # anything. `check_safe_victims` runs it on random states.
@@ -521,7 +522,7 @@ def check_safe_victims(fn):
                 continue
             raise AssertionError(f"case {case}: only {len(free)} evictable blocks for n={n}: expected OutOfBlocksError")
         got = list(fn(order, refcount, n))
-        assert not [b for b in got if refcount[b] > 0], f"case {case}: evicted in-use blocks {got} — the seed's bug"
+        assert not [b for b in got if refcount[b] > 0], f"case {case}: evicted in-use blocks {got} — the naive design's bug"
         assert got == free[:n], f"case {case}: expected {free[:n]} (LRU order, refcount 0), got {got}"
         assert (order, refcount) == snapshot, f"case {case}: the inputs were modified"
     return "check_safe_victims: correct"
@@ -569,7 +570,7 @@ print(check_safe_victims(safe_victims))
 #   from the **head of the free queue**: least recently freed first.
 # * **Eviction is allocation**: the head block's hash leaves the index in the same step it is handed out, so no
 #   request can ever hit a block that now holds someone else's K/V.
-# * A block in use is **never** in the free queue, so it can never be evicted — the seed's evictor, which could,
+# * A block in use is **never** in the free queue, so it can never be evicted — the naive evictor, which could,
 #   corrupted a running request's text.
 # * Blocks are freed **last block first**, so a cached chain is evicted from its tail and never stranded.
 # * On a popular-prefix workload the hit rate grows with the budget from ~30 % to the unbounded ceiling; nano-vllm's

@@ -42,7 +42,7 @@ import numpy as np
 from minienv.engine import InferenceEngine
 from minienv.model import LlamaConfig, LlamaModel, random_weights
 from minienv.sampling import SamplingParams
-from minienv.workload import LengthDistribution, WorkloadConfig, generate_workload
+from minienv.lab.workload import LengthDistribution, WorkloadConfig, generate_workload
 
 
 class TokenIds:

@@ -77,7 +77,7 @@ def test_free_queue_pops_head_appends_tail_and_removes_from_middle():
 
 
 def test_no_linear_time_list_operations_in_the_pool():
-    """The seed's O(n) ``free_list.pop(0)`` (and ``deque.remove``) must not come back."""
+    """The naive design's O(n) ``free_list.pop(0)`` (and ``deque.remove``) must not come back."""
     import inspect
 
     import minienv.kv.block_pool as bp

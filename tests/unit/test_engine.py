@@ -366,7 +366,7 @@ def test_incremental_detokenizer_equals_decoding_everything(tok):
 
 def test_continuous_batching_needs_at_least_2x_fewer_steps_than_static_on_mixed_lengths(model, tok):
     """Steps are deterministic (no timing): the must-show ratio, checked in the suite. Same outputs both ways."""
-    from minienv.workload import LengthDistribution, WorkloadConfig, generate_workload
+    from minienv.lab.workload import LengthDistribution, WorkloadConfig, generate_workload
 
     mixed = WorkloadConfig("mixed", LengthDistribution(12.0, 0.5), LengthDistribution(20.0, 1.0))
     specs = generate_workload(48, mixed, max_len=80, seed=0)

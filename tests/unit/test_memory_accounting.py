@@ -1,4 +1,4 @@
-"""minienv.memory_accounting: every category checked on tiny hand-computed workloads, plus properties."""
+"""minienv.lab.memory_accounting: every category checked on tiny hand-computed workloads, plus properties."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minienv.memory_accounting import (
+from minienv.lab.memory_accounting import (
     CATEGORIES,
     SCHEMES,
     BuddyAllocator,
@@ -19,7 +19,7 @@ from minienv.memory_accounting import (
     paged_internal_fragmentation,
     simulate,
 )
-from minienv.workload import RequestSpec, sharegpt_like
+from minienv.lab.workload import RequestSpec, sharegpt_like
 
 
 def req(i, p, o, t=0.0):

@@ -1,16 +1,15 @@
 """Differential proof: prefix caching changes how much is computed, never what is generated.
 
-Many requests sharing system prompts are served by a small, honest generation loop — batched steps through the
-paged attention backend, blocks from the KV cache manager, greedy sampling — with the prefix cache on and off,
-with an ample budget and with budgets small enough that cached blocks are evicted between requests. Every output
-must equal the dense reference (the whole sequence recomputed each token, no cache at all).
+Many requests sharing system prompts are served greedily by the engine (``minienv.lab.serving.serve_greedy`` drives
+:class:`~minienv.engine.InferenceEngine`: batched steps through the paged attention backend, blocks from the KV cache
+manager) with the prefix cache on and off, with an ample budget and with budgets small enough that cached blocks are
+evicted between requests. Every output must equal the dense reference (the whole sequence recomputed each token, no cache at all).
 
 This is also the MinivLLM #98 guard: a prefix hit must feed the *cached* K/V to attention. With the cache on,
 the hit tokens are never run through the model again, so if attention did not read their cached K/V the outputs
 would differ; and poisoning a cached block's K/V must change the output of a request that hits it.
 
-The loop below is deliberately minimal (FCFS admission while blocks last, one batched model call per step); the
-real scheduler and engine come in the next issue.
+Under the tight budgets the engine preempts as well as evicts; outputs must not change either way.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from minienv.kv import KVPool, PagedAttentionBackend, PagedAttentionMetadata
 from minienv.kv.block_table import cdiv
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.model import LlamaConfig, LlamaModel, random_weights
-from minienv.sharing_experiments import serve_greedy
+from minienv.lab.serving import serve_greedy
 
 
 BUNDLED = Path(__file__).resolve().parents[2] / "assets" / "target"  # committed with the repository
@@ -38,7 +37,7 @@ def small_model(seed: int = 0) -> LlamaModel:
 
 
 def serve(model, prompts, max_new_tokens, *, block_size, num_blocks, caching, max_running=3, poison=None):
-    """minienv's small FCFS greedy serving loop over the paged backend, with every invariant checked each step."""
+    """Greedy serving through the engine, with every invariant checked after each step."""
     return serve_greedy(model, prompts, max_new_tokens, block_size=block_size, num_blocks=num_blocks,
                         caching=caching, max_running=max_running, before_admit=poison, check_invariants=True)
 
@@ -86,7 +85,10 @@ def test_prefix_cache_on_off_equal_dense(model, prompts, reference, block_size, 
     s = on.manager.stats()
     assert s.prefix_hits_tokens > 0 and on.prefill_tokens_computed < off.prefill_tokens_computed
     assert off.prefill_tokens_computed == sum(len(p) for p in prompts)
-    assert on.prefill_tokens_computed == sum(len(p) for p in prompts) - s.prefix_hits_tokens
+    assert on.prefill_tokens_computed == sum(len(p) for p in prompts) - sum(on.cached_tokens_per_request)
+    # the engine preempts under a tight budget (and a resume hits the cache too): first admissions' hits + resumes'
+    resume_hits = s.prefix_hits_tokens - sum(on.cached_tokens_per_request)
+    assert resume_hits == 0 if on.engine.stats.num_preemptions == 0 else resume_hits >= 0
     assert all(h < len(p) for h, p in zip(on.cached_tokens_per_request, prompts, strict=True))  # never the whole prompt
     if budget == "tight":
         assert on.evicted_blocks > 0, "the tight budget must force evictions"

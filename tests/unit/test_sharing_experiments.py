@@ -1,4 +1,4 @@
-"""minienv.sharing_experiments: the serving loop, the policies, the hit-rate sweep and the paper accounting."""
+"""minienv.lab: greedy serving through the engine, the eviction policies and hit-rate sweep, the paper accounting."""
 
 from __future__ import annotations
 
@@ -7,24 +7,25 @@ import pytest
 
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.model import LlamaConfig, LlamaModel, random_weights
-from minienv.sharing_experiments import (
+from minienv.generate import dense_greedy
+from minienv.lab.eviction_experiments import (
     CacheRequest,
     CacheStream,
     NanoVLLMBlockManager,
-    beam_search_saving,
-    dense_greedy,
     format_hit_rate_table,
-    format_paper_table,
     hit_rate_sweep,
-    load_demo_model,
-    paper_sharing_results,
-    parallel_sampling_saving,
     popular_prefix_workload,
-    seed_evictor_damage,
-    serve_greedy,
-    shared_prefix_saving,
     simulate_cache,
     usable_prefix_after_evictions,
+)
+from minienv.lab.naive_design import demo_evictor_damage
+from minienv.lab.serving import load_demo_model, serve_greedy
+from minienv.lab.sharing_experiments import (
+    beam_search_saving,
+    format_paper_table,
+    paper_sharing_results,
+    parallel_sampling_saving,
+    shared_prefix_saving,
 )
 
 
@@ -88,7 +89,7 @@ def test_serve_greedy_poisoned_cache_changes_the_output(model):
 
 
 def test_serve_greedy_rejects_a_budget_too_small(model):
-    with pytest.raises(ValueError, match="cannot hold"):
+    with pytest.raises(ValueError, match="can never fit"):
         serve_greedy(model, [[1] * 20], 4, block_size=4, num_blocks=3)
 
 
@@ -204,11 +205,11 @@ def test_paper_table_puts_ours_beside_the_papers_numbers():
     assert f"{par[0].saved_fraction:.1%}" in table and f"{shots[1].prefill_ratio:.2f}×" in table
 
 
-def test_seed_evictor_damage_shows_wrong_logits_after_b_arrives_and_ours_never(model):
+def test_naive_evictor_damage_shows_wrong_logits_after_b_arrives_and_ours_never(model):
     rng = np.random.default_rng(3)
     a, b = list(map(int, rng.integers(0, 97, 10))), list(map(int, rng.integers(0, 97, 12)))
-    d = seed_evictor_damage(model, a, b, block_size=4, max_new_tokens=7, b_arrives_after=3)
-    assert d.seed_evicted_in_use and d.seed_overwritten
-    assert max(d.seed_logit_error[:3]) < 1e-4 and min(d.seed_logit_error[3:]) > 1e-2
+    d = demo_evictor_damage(model, a, b, block_size=4, max_new_tokens=7, b_arrives_after=3)
+    assert d.naive_evicted_in_use and d.naive_overwritten
+    assert max(d.naive_logit_error[:3]) < 1e-4 and min(d.naive_logit_error[3:]) > 1e-2
     assert max(d.ours_logit_error) < 1e-4 and d.ours_b_refused
     assert d.ours_ids == d.reference_ids == tuple(dense_greedy(model, a, 7))

@@ -1,11 +1,11 @@
-"""minienv.workload: seeded, documented, clipped, with clear errors."""
+"""minienv.lab.workload: seeded, documented, clipped, with clear errors."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from minienv.workload import (
+from minienv.lab.workload import (
     ALPACA,
     SHAREGPT,
     LengthDistribution,

@@ -1,23 +1,25 @@
-"""THE SEED'S DESIGN — BROKEN ON PURPOSE. A teaching exhibit; never use it to serve anything.
+"""THE NAIVE DESIGN — BROKEN ON PURPOSE. A teaching exhibit; never use it to serve anything.
 
-The tutorial this project grew from drew the right boxes (PagedAttention manager with block table and free list;
-KV cache manager with a prefix-aware refcounter and a token-budget LRU evictor) and then filled them with code that
-is wrong in four instructive ways. They are reproduced here faithfully, as described in ``DESIGN.md`` §6, so the
-notebooks can show each one fail on real requests and then show :mod:`minienv.kv.kv_cache_manager` pass the
-same demonstration:
+The naive design, as it circulates in tutorials, draws the right boxes (PagedAttention manager with block table
+and free list; KV cache manager with a prefix-aware refcounter and a token-budget LRU evictor) and then fills them
+with code that is wrong in instructive ways: one block per whole prompt, an O(n) free list, eviction that ignores
+refcounts, a refcount set instead of incremented (and a serving loop that emits one token per prompt token, which
+notebook 08's engine replaces). The four KV-cache flaws are reproduced here faithfully, so the notebooks can show
+each one fail on real requests and then show :mod:`minienv.kv.kv_cache_manager` pass the same demonstration:
 
 1. ``PagedAttentionManager.free_list.pop(0)`` — a Python list used as a queue: every allocation shifts the
    whole list, O(num_free_blocks). (:func:`demo_pop0_timing`)
 2. ``TokenBudgetLRUEvictor`` evicts the least recently used block *whatever its refcount*: a running request's
    block goes back to the free list, is handed to the next request, and its K/V are overwritten — the running
-   request keeps decoding over someone else's K/V and its text changes. (:func:`demo_evict_in_use`)
+   request keeps decoding over someone else's K/V and its text changes. (:func:`demo_evict_in_use`,
+   :func:`demo_evictor_damage`)
 3. ``PrefixAwareRefcounter`` keys one prefix block by a hash of the *whole prompt*: two prompts with the same
    system prompt but different questions hash differently and share nothing. (:func:`demo_whole_prompt_hashing`)
 4. ``PrefixAwareRefcounter.acquire`` *sets* the refcount of a reused block to 1 instead of incrementing it: the
    first owner to finish frees a block the second still uses. (:func:`demo_refcount_set`)
 
 Each ``demo_*`` function returns a small frozen dataclass of plain numbers and lists (what the notebook prints or
-plots); ``tests/unit/test_seed_design.py`` asserts each failure happens here and not in the real manager.
+plots); ``tests/unit/test_naive_design.py`` asserts each failure happens here and not in the real manager.
 """
 
 from __future__ import annotations
@@ -38,17 +40,17 @@ from minienv.kv.kv_pool import KVPool
 from minienv.kv.paged_attention import PagedAttentionBackend, PagedAttentionMetadata
 
 __all__ = [
-    "BROKEN", "EvictInUseDemo", "PagedAttentionManager", "Pop0TimingDemo", "PrefixAwareRefcounter", "RefcountSetDemo",
-    "TokenBudgetLRUEvictor", "WholePromptHashingDemo", "demo_evict_in_use", "demo_pop0_timing", "demo_refcount_set",
-    "demo_whole_prompt_hashing", "dense_greedy", "random_demo_model",
+    "BROKEN", "EvictInUseDemo", "EvictorDamage", "PagedAttentionManager", "Pop0TimingDemo", "PrefixAwareRefcounter",
+    "RefcountSetDemo", "TokenBudgetLRUEvictor", "WholePromptHashingDemo", "demo_evict_in_use", "demo_evictor_damage",
+    "demo_pop0_timing", "demo_refcount_set", "demo_whole_prompt_hashing", "random_demo_model",
 ]
 
 BROKEN = True  #: this module is the broken teaching version (checked by the tests, shown by the notebooks)
 
 
-# ====================================================================== the seed's three classes, as it wrote them
+# ====================================================================== the naive design's three classes, as written
 class PagedAttentionManager:
-    """SEED (BROKEN): block tables and a free *list*. ``free_list.pop(0)`` makes every allocation O(n)."""
+    """NAIVE (BROKEN): block tables and a free *list*. ``free_list.pop(0)`` makes every allocation O(n)."""
 
     def __init__(self, num_blocks: int, block_size: int):
         self.block_size = block_size
@@ -81,7 +83,7 @@ class PagedAttentionManager:
 
 
 class PrefixAwareRefcounter:
-    """SEED (BROKEN): one prefix block per *whole-prompt* hash; reuse *sets* the refcount to 1."""
+    """NAIVE (BROKEN): one prefix block per *whole-prompt* hash; reuse *sets* the refcount to 1."""
 
     def __init__(self) -> None:
         self.prefix_blocks: dict[int, int] = {}  # hash(whole prompt) -> block id
@@ -112,7 +114,7 @@ class PrefixAwareRefcounter:
 
 
 class TokenBudgetLRUEvictor:
-    """SEED (BROKEN): keeps used tokens under a budget by evicting the least recently used block — any block."""
+    """NAIVE (BROKEN): keeps used tokens under a budget by evicting the least recently used block — any block."""
 
     def __init__(self, token_budget: int, block_size: int):
         self.token_budget = token_budget
@@ -182,28 +184,28 @@ def _first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 class EvictInUseDemo:
     """Request A decodes while request B arrives under a tight token budget.
 
-    ``seed_evicted_in_use`` are blocks of a running request that the seed evictor freed and handed to another;
-    ``seed_kv_overwritten`` says A's K/V in such a block were overwritten by B's prefill (the data-level proof);
-    ``seed_a_ids`` is A's greedy output under the seed (corrupted), ``ours_a_ids`` under the real manager, both
+    ``naive_evicted_in_use`` are blocks of a running request that the naive evictor freed and handed to another;
+    ``naive_kv_overwritten`` says A's K/V in such a block were overwritten by B's prefill (the data-level proof);
+    ``naive_a_ids`` is A's greedy output under the naive design (corrupted), ``ours_a_ids`` under the real manager, both
     beside ``reference_a_ids`` (no cache at all). ``ours_b_refused`` says the real manager refused B while A ran
     (OutOfBlocksError: the scheduler would queue or preempt), and ``ours_b_ids`` == ``reference_b_ids`` once A is done.
     """
 
     block_size: int
     kv_budget_tokens: int
-    seed_evicted_in_use: tuple[int, ...]
-    seed_kv_overwritten: bool
+    naive_evicted_in_use: tuple[int, ...]
+    naive_kv_overwritten: bool
     reference_a_ids: tuple[int, ...]
-    seed_a_ids: tuple[int, ...]
+    naive_a_ids: tuple[int, ...]
     ours_a_ids: tuple[int, ...]
-    seed_first_divergence: int | None
+    naive_first_divergence: int | None
     ours_b_refused: bool
     reference_b_ids: tuple[int, ...]
     ours_b_ids: tuple[int, ...]
 
     @property
-    def seed_corrupted(self) -> bool:
-        return self.seed_a_ids != self.reference_a_ids
+    def naive_corrupted(self) -> bool:
+        return self.naive_a_ids != self.reference_a_ids
 
     @property
     def ours_correct(self) -> bool:
@@ -220,11 +222,11 @@ def demo_evict_in_use(
     max_new_tokens: int = 12,
     b_arrives_after: int = 6,
 ) -> EvictInUseDemo:
-    """Run A, let B arrive after ``b_arrives_after`` of A's tokens, finish A — under the seed and under ours.
+    """Run A, let B arrive after ``b_arrives_after`` of A's tokens, finish A — under the naive design and under ours.
 
     The default budget fits either request alone (prompt + ``max_new_tokens``), not both, so when B arrives
     something has to give.
-    The seed gives A's least recently used block (in use!) to B; ours refuses B until A is done.
+    The naive evictor gives A's least recently used block (in use!) to B; ours refuses B until A is done.
     """
     model = _demo_model() if model is None else model
     rng = np.random.default_rng(7)
@@ -239,14 +241,14 @@ def demo_evict_in_use(
     reference_a = dense_greedy(model, prompt_a, max_new_tokens)
     reference_b = dense_greedy(model, prompt_b, max_new_tokens)
 
-    # ---------------- the seed: manager + LRU evictor, budget enforced by evicting whatever is oldest
+    # ---------------- the naive design: manager + LRU evictor, budget enforced by evicting whatever is oldest
     kv = KVPool.for_model(model.config, num_blocks * block_size, block_size)
     backend = PagedAttentionBackend(kv)
     mgr = PagedAttentionManager(num_blocks, block_size)
     evictor = TokenBudgetLRUEvictor(kv_budget_tokens, block_size)
     evicted_in_use: list[int] = []
 
-    def seed_feed(rid: str, tokens: list[int]) -> int:
+    def naive_feed(rid: str, tokens: list[int]) -> int:
         evicted = evictor.evict_if_needed(mgr, len(tokens))
         for other, table in mgr.block_tables.items():
             evicted_in_use.extend(b for b in evicted if b in table and other != rid)
@@ -255,17 +257,17 @@ def demo_evict_in_use(
         logits = _paged_step(model, backend, mgr.block_tables[rid], tokens, mgr.seq_lens[rid])
         return int(np.argmax(logits))
 
-    seed_a = [seed_feed("A", prompt_a)]
+    naive_a = [naive_feed("A", prompt_a)]
     b_started = False
     kv_overwritten = False
-    while len(seed_a) < max_new_tokens:
-        if len(seed_a) == b_arrives_after and not b_started:
+    while len(naive_a) < max_new_tokens:
+        if len(naive_a) == b_arrives_after and not b_started:
             a_blocks = list(mgr.block_tables["A"])
             before = kv.kv_cache[:, :, a_blocks].copy()
-            seed_feed("B", prompt_b)  # B's prefill writes its K/V into the block taken from A
+            naive_feed("B", prompt_b)  # B's prefill writes its K/V into the block taken from A
             kv_overwritten = bool((kv.kv_cache[:, :, a_blocks] != before).any())
             b_started = True
-        seed_a.append(seed_feed("A", [seed_a[-1]]))
+        naive_a.append(naive_feed("A", [naive_a[-1]]))
 
     # ---------------- ours: the same arrival; B does not fit while A runs, so it waits
     kv = KVPool.for_model(model.config, num_blocks * block_size, block_size)
@@ -296,19 +298,19 @@ def demo_evict_in_use(
 
     return EvictInUseDemo(block_size, kv_budget_tokens, tuple(sorted(set(evicted_in_use))), kv_overwritten,
                           tuple(reference_a),
-                          tuple(seed_a), tuple(ours_a), _first_divergence(seed_a, reference_a), b_refused,
+                          tuple(naive_a), tuple(ours_a), _first_divergence(naive_a, reference_a), b_refused,
                           tuple(reference_b), tuple(ours_b))
 
 
 # ====================================================================== (3) whole-prompt hashing
 @dataclass(frozen=True)
 class WholePromptHashingDemo:
-    """Prompts sharing a system prompt: blocks shared by the seed's whole-prompt key vs our per-block chain."""
+    """Prompts sharing a system prompt: blocks shared by the naive whole-prompt key vs our per-block chain."""
 
     num_prompts: int
     system_prompt_tokens: int
     block_size: int
-    seed_shared_blocks: int
+    naive_shared_blocks: int
     ours_shared_blocks: int
     blocks_without_sharing: int
     ours_blocks_in_use: int
@@ -332,16 +334,16 @@ def demo_whole_prompt_hashing(
         system_prompt_tokens = len(_common_prefix(prompts))
     blocks_needed = sum(cdiv(len(p), block_size) for p in prompts)
 
-    # the seed: look the whole prompt up; on a hit, reuse that one block
+    # the naive design: look the whole prompt up; on a hit, reuse that one block
     refcounter = PrefixAwareRefcounter()
-    seed_mgr = PagedAttentionManager(blocks_needed, block_size)
-    seed_shared = 0
+    naive_mgr = PagedAttentionManager(blocks_needed, block_size)
+    naive_shared = 0
     for i, p in enumerate(prompts):
         hit = refcounter.lookup(p)
-        new = seed_mgr.append_tokens(f"r{i}", len(p))
+        new = naive_mgr.append_tokens(f"r{i}", len(p))
         if hit is not None:
             refcounter.acquire(hit)
-            seed_shared += 1
+            naive_shared += 1
         else:
             refcounter.register(p, new[0])
 
@@ -352,7 +354,7 @@ def demo_whole_prompt_hashing(
         hits += ours.allocate(f"r{i}", p).num_cached_tokens
         ours.commit(f"r{i}")
     sharing = ours.sharing()
-    return WholePromptHashingDemo(len(prompts), system_prompt_tokens, block_size, seed_shared,
+    return WholePromptHashingDemo(len(prompts), system_prompt_tokens, block_size, naive_shared,
                                   sharing.saved_blocks, blocks_needed, sharing.physical_blocks, hits)
 
 
@@ -371,16 +373,16 @@ def _common_prefix(prompts: Sequence[Sequence[int]]) -> list[int]:
 # ====================================================================== (1) pop(0) timing
 @dataclass(frozen=True)
 class Pop0TimingDemo:
-    """Nanoseconds per allocate+free cycle at growing pool sizes: the seed's list vs the O(1) block pool."""
+    """Nanoseconds per allocate+free cycle at growing pool sizes: the naive list vs the O(1) block pool."""
 
     sizes: tuple[int, ...]
-    seed_ns_per_op: tuple[float, ...]
+    naive_ns_per_op: tuple[float, ...]
     ours_ns_per_op: tuple[float, ...]
 
     @property
-    def seed_growth(self) -> float:
-        """seed time at the largest size / at the smallest (≈ size ratio for O(n))."""
-        return self.seed_ns_per_op[-1] / self.seed_ns_per_op[0]
+    def naive_growth(self) -> float:
+        """naive time at the largest size / at the smallest (≈ size ratio for O(n))."""
+        return self.naive_ns_per_op[-1] / self.naive_ns_per_op[0]
 
     @property
     def ours_growth(self) -> float:
@@ -390,9 +392,9 @@ class Pop0TimingDemo:
 def demo_pop0_timing(sizes: Sequence[int] = (1_000, 10_000, 100_000), ops: int = 2_000, repeats: int = 3
                      ) -> Pop0TimingDemo:
     """Time ``ops`` allocate+free cycles on a mostly free pool of each size (best of ``repeats``)."""
-    seed_ns, ours_ns = [], []
+    naive_ns, ours_ns = [], []
     for n in sizes:
-        best_seed = best_ours = float("inf")
+        best_naive = best_ours = float("inf")
         for _ in range(repeats):
             mgr = PagedAttentionManager(n, 16)
             free_list = mgr.free_list
@@ -400,16 +402,16 @@ def demo_pop0_timing(sizes: Sequence[int] = (1_000, 10_000, 100_000), ops: int =
             for _ in range(ops):
                 bid = mgr.allocate_block()
                 free_list.append(bid)
-            best_seed = min(best_seed, time.perf_counter() - t0)
+            best_naive = min(best_naive, time.perf_counter() - t0)
             pool = BlockPool(n)
             allocate, free = pool.allocate, pool.free
             t0 = time.perf_counter()
             for _ in range(ops):
                 free(allocate(1))
             best_ours = min(best_ours, time.perf_counter() - t0)
-        seed_ns.append(best_seed / ops * 1e9)
+        naive_ns.append(best_naive / ops * 1e9)
         ours_ns.append(best_ours / ops * 1e9)
-    return Pop0TimingDemo(tuple(sizes), tuple(seed_ns), tuple(ours_ns))
+    return Pop0TimingDemo(tuple(sizes), tuple(naive_ns), tuple(ours_ns))
 
 
 # ====================================================================== (4) refcount set, not incremented
@@ -417,15 +419,15 @@ def demo_pop0_timing(sizes: Sequence[int] = (1_000, 10_000, 100_000), ops: int =
 class RefcountSetDemo:
     """Two requests with the same prompt share its prefix block; then the first one finishes.
 
-    ``seed_refcount_after_share`` is 1 (set) where 2 is right; so the first release frees the block
-    (``seed_freed_while_in_use``) and the next request is handed it (``seed_block_reused_by``) while request 2
+    ``naive_refcount_after_share`` is 1 (set) where 2 is right; so the first release frees the block
+    (``naive_freed_while_in_use``) and the next request is handed it (``naive_block_reused_by``) while request 2
     still reads it. Ours: ``ours_refcount_after_share`` is 2 and the block stays in use after the first free.
     """
 
     block_id: int
-    seed_refcount_after_share: int
-    seed_freed_while_in_use: bool
-    seed_block_reused_by: str | None
+    naive_refcount_after_share: int
+    naive_freed_while_in_use: bool
+    naive_block_reused_by: str | None
     ours_refcount_after_share: int
     ours_refcount_after_first_free: int
     ours_block_reused: bool
@@ -436,7 +438,7 @@ def demo_refcount_set(prompt: Sequence[int] | None = None, *, block_size: int = 
     prompt = [int(t) for t in (prompt if prompt is not None else range(1, 2 * block_size + 2))]
     n = cdiv(len(prompt), block_size)
 
-    # the seed: a pool exactly big enough for r1 and r2, so r3 gets whatever r1 gave back
+    # the naive design: a pool exactly big enough for r1 and r2, so r3 gets whatever r1 gave back
     refcounter = PrefixAwareRefcounter()
     mgr = PagedAttentionManager(2 * n - 1, block_size)
     mgr.append_tokens("r1", len(prompt))
@@ -446,7 +448,7 @@ def demo_refcount_set(prompt: Sequence[int] | None = None, *, block_size: int = 
     refcounter.acquire(hit)
     mgr.block_tables["r2"] = [hit] + [mgr.allocate_block() for _ in range(n - 1)]
     mgr.seq_lens["r2"] = len(prompt)
-    seed_ref = refcounter.refcount[hit]
+    naive_ref = refcounter.refcount[hit]
     # r1 finishes: its prefix block goes back if the refcounter says so, its other blocks always do
     table = mgr.block_tables.pop("r1")
     del mgr.seq_lens["r1"]
@@ -466,5 +468,102 @@ def demo_refcount_set(prompt: Sequence[int] | None = None, *, block_size: int = 
     ours.free("r1")
     ref_after_free = ours.ref_cnt(shared)
     ours.allocate("r3", list(range(500, 500 + block_size)))
-    return RefcountSetDemo(block, seed_ref, freed, reused_by, ref_after_share, ref_after_free,
+    return RefcountSetDemo(block, naive_ref, freed, reused_by, ref_after_share, ref_after_free,
                            shared in ours.block_ids("r3"))
+
+
+# ====================================================================== (2) the naive evictor, measured in logits
+@dataclass(frozen=True)
+class EvictorDamage:
+    """Request A decodes; request B arrives after ``b_arrives_after`` of A's tokens under a budget that cannot hold
+    both. Per decode step of A, ``*_logit_error`` is max |logits served - dense logits of the same token sequence|:
+    ~1e-6 means A attended to its own K/V; anything large means it read someone else's.
+
+    ``naive_*``: the naive design's ``PagedAttentionManager`` + ``TokenBudgetLRUEvictor``, which
+    evicts A's blocks while A runs (``naive_evicted_in_use``) and hands them to B (``naive_overwritten``: blocks that
+    A's and B's tables name at once). ``ours_*``: :class:`KVCacheManager` with the same budget, which refuses B
+    (``ours_b_refused``) until A is done. ``reference_ids``: A's greedy tokens alone with ample memory.
+    """
+
+    kv_budget_tokens: int
+    b_arrives_after: int
+    naive_evicted_in_use: tuple[int, ...]
+    naive_overwritten: tuple[int, ...]
+    naive_logit_error: tuple[float, ...]
+    naive_ids: tuple[int, ...]
+    ours_logit_error: tuple[float, ...]
+    ours_ids: tuple[int, ...]
+    ours_b_refused: bool
+    reference_ids: tuple[int, ...]
+
+
+def demo_evictor_damage(model, prompt_a: Sequence[int], prompt_b: Sequence[int], *, block_size: int = 4,
+                        max_new_tokens: int = 8, b_arrives_after: int = 3,
+                        kv_budget_tokens: int | None = None) -> EvictorDamage:
+    """Run the arrival of B during A's decode under the naive design and under ours; measure A's logits.
+
+    The default budget holds either request alone (prompt + ``max_new_tokens``), not both. The dense logits of the
+    sequence each design actually produced come from one ``model.forward`` over it (teacher forcing), so a wrong
+    logit is caught even when the greedy token happens not to flip.
+    """
+    pa, pb = [int(t) for t in prompt_a], [int(t) for t in prompt_b]
+    if kv_budget_tokens is None:
+        kv_budget_tokens = cdiv(max(len(pa), len(pb)) + max_new_tokens, block_size) * block_size
+    num_blocks = kv_budget_tokens // block_size
+
+    def errors(prompt, out, rows):
+        dense = model.forward(prompt + out[:-1])[len(prompt) - 1:]
+        return tuple(float(np.abs(r - d).max()) for r, d in zip(rows, dense))
+
+    # ---- the naive design
+    kv = KVPool.for_model(model.config, num_blocks * block_size, block_size)
+    backend = PagedAttentionBackend(kv)
+    mgr = PagedAttentionManager(num_blocks, block_size)
+    evictor = TokenBudgetLRUEvictor(kv_budget_tokens, block_size)
+    evicted_in_use: list[int] = []
+
+    def naive_feed(rid, tokens):
+        evicted = evictor.evict_if_needed(mgr, len(tokens))
+        evicted_in_use.extend(b for b in evicted for other, t in mgr.block_tables.items() if other != rid and b in t)
+        evictor.touch(mgr.append_tokens(rid, len(tokens)))
+        evictor.touch(mgr.block_tables[rid])
+        return _paged_step(model, backend, mgr.block_tables[rid], tokens, mgr.seq_lens[rid])
+
+    rows, out = [naive_feed("A", pa)], []
+    overwritten: set[int] = set()
+    while True:
+        out.append(int(np.argmax(rows[-1])))
+        if len(out) == max_new_tokens:
+            break
+        if len(out) == b_arrives_after:
+            naive_feed("B", pb)
+            overwritten |= set(mgr.block_tables["A"]) & set(mgr.block_tables["B"])
+        rows.append(naive_feed("A", [out[-1]]))
+    naive_ids, naive_err = tuple(out), errors(pa, out, rows)
+
+    # ---- ours: same budget, same arrival
+    kv = KVPool.for_model(model.config, num_blocks * block_size, block_size)
+    backend = PagedAttentionBackend(kv)
+    ours = KVCacheManager(num_blocks, block_size, kv_pool=kv)
+    alloc = ours.allocate("A", pa)
+    rows = [_paged_step(model, backend, ours.block_ids("A"), alloc.token_ids, ours.num_tokens("A"))]
+    ours.commit("A")
+    out, refused = [], False
+    while True:
+        out.append(int(np.argmax(rows[-1])))
+        if len(out) == max_new_tokens:
+            break
+        if len(out) == b_arrives_after:
+            try:
+                ours.allocate("B", pb)
+                ours.free("B")
+            except OutOfBlocksError:
+                refused = True
+        ours.append_slots("A", [out[-1]])
+        rows.append(_paged_step(model, backend, ours.block_ids("A"), [out[-1]], ours.num_tokens("A")))
+        ours.commit("A")
+    ours_ids, ours_err = tuple(out), errors(pa, out, rows)
+    reference = dense_greedy(model, pa, max_new_tokens)
+    return EvictorDamage(kv_budget_tokens, b_arrives_after, tuple(sorted(set(evicted_in_use))),
+                         tuple(sorted(overwritten)),
+                         naive_err, naive_ids, ours_err, ours_ids, refused, tuple(reference))

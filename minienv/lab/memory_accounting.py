@@ -2,7 +2,7 @@
 
 Kwon et al. (SOSP 2023, Fig. 2) split the KV memory of a serving system into four parts and showed that systems
 which reserve one *contiguous* chunk per request keep real token states in only 20.4-38.2 % of it, while paging
-(vLLM) reaches 96.3 %. This module replays a workload (``minienv.workload``) through a fixed KV memory of
+(vLLM) reaches 96.3 %. This module replays a workload (``minienv.lab.workload``) through a fixed KV memory of
 ``kv_slots`` token slots under each allocation scheme and measures the same four parts.
 
 The model
@@ -28,7 +28,9 @@ Allocation schemes (``SCHEMES``)
   output space over-reserved by at most 2x, the paper's example being 32 slots for a 25-token output.
 * ``orca_oracle`` — contiguous, reserves exactly ``prompt_len + output_len`` (knows the future).
 * ``paged``       — vLLM: ``kv_slots // block_size`` blocks of ``block_size`` slots, taken one at a time as the
-  request grows; a request's blocks need not be adjacent.
+  request grows; a request's blocks need not be adjacent. The blocks come from the engine's own
+  :class:`~minienv.kv.block_pool.BlockPool` (allocate at admission and at block boundaries, free last block first
+  on finish or preemption), so the simulation keeps the token counts and the pool keeps the blocks.
 
 Contiguous chunks live in one linear address space, placed by one of two allocators:
 
@@ -76,7 +78,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from minienv.workload import RequestSpec
+from minienv.kv.block_pool import BlockPool
+from minienv.lab.workload import RequestSpec
 
 __all__ = [
     "SCHEMES",
@@ -336,6 +339,7 @@ class _Running:
     alloc: int  # slots held (chunk size, or blocks * block_size)
     internal: int  # alloc - min(alloc, final length)
     start: int = -1  # chunk start address (contiguous schemes)
+    blocks: list[int] = field(default_factory=list)  # block ids held in the real BlockPool (paged)
 
 
 # ------------------------------------------------------------------------------------ simulation
@@ -356,7 +360,7 @@ def simulate(
     """Serve ``requests`` in a KV memory of ``kv_slots`` token slots under ``scheme`` and account for it.
 
     Args:
-        requests: the workload (``minienv.workload``); served FCFS by ``arrival_time`` then ``request_id``.
+        requests: the workload (``minienv.lab.workload``); served FCFS by ``arrival_time`` then ``request_id``.
         scheme: one of ``SCHEMES``.
         kv_slots: size of the KV memory in token slots (the paper's OPT-13B/A100-40GB setup has 15.7 K).
         max_len: the model's maximum sequence length (what ``orca_max`` reserves; caps ``orca_pow2``).
@@ -421,7 +425,7 @@ def simulate(
     arrivals = deque(order)
     running: list[_Running] = []
     space = None if paged else (FirstFitAllocator if allocator == "first_fit" else BuddyAllocator)(kv_slots)
-    free_blocks = num_blocks if paged else 0
+    pool = BlockPool(num_blocks) if paged else None  # paged: the engine's block pool does the bookkeeping
 
     tokens = alloc = internal = slack = 0  # running totals over `running`; slack: buddy rounding
     sums = dict.fromkeys(CATEGORIES, 0)
@@ -433,12 +437,13 @@ def simulate(
     step = 0
 
     def release(r: _Running) -> None:
-        nonlocal tokens, alloc, internal, free_blocks, slack
+        nonlocal tokens, alloc, internal, slack
         tokens -= r.length
         alloc -= r.alloc
         internal -= r.internal
         if paged:
-            free_blocks += r.alloc // block_size
+            pool.free(r.blocks[::-1])  # last block first, as the engine frees
+            r.blocks = []
         else:
             space.free(r.start, r.alloc)
             slack -= space.block_size(r.alloc) - r.alloc
@@ -458,12 +463,12 @@ def simulate(
             while i < len(running):
                 r = running[i]
                 if r.length == r.alloc:  # last block full: take a new one, preempting if needed
-                    while free_blocks == 0 and running[-1] is not r:
+                    while pool.num_free_blocks == 0 and running[-1] is not r:
                         preempt(running.pop())  # the most recently admitted request
-                    if free_blocks == 0:  # r is itself the most recent: it is preempted
+                    if pool.num_free_blocks == 0:  # r is itself the most recent: it is preempted
                         preempt(running.pop())
                         continue
-                    free_blocks -= 1
+                    r.blocks += pool.allocate(1)
                     r.alloc += block_size
                     alloc += block_size
                     new_internal = max(0, r.alloc - r.spec.total_len)
@@ -494,10 +499,11 @@ def simulate(
             length = spec.prompt_len + generated
             if paged:
                 nb = blocks_needed(length, block_size)
+                free_blocks = pool.num_free_blocks
                 if nb > free_blocks or (running and nb + watermark_blocks > free_blocks):
                     break  # (the watermark never blocks a request that would run alone)
-                free_blocks -= nb
-                r = _Running(spec, length, nb * block_size, max(0, nb * block_size - spec.total_len))
+                r = _Running(spec, length, nb * block_size, max(0, nb * block_size - spec.total_len),
+                             blocks=pool.allocate(nb))
             else:
                 size = contiguous_reservation(scheme, spec.prompt_len, spec.output_len, max_len)
                 start = space.allocate(size)

@@ -1,0 +1,17 @@
+"""Teaching exhibits: experiments, simulations and the naive design, kept apart from the engine.
+
+What lives here (the notebooks import it; nothing here is needed to *serve*):
+
+* :mod:`minienv.lab.naive_design` — the naive design as it circulates in tutorials, reproduced **broken on
+  purpose** so the notebooks can show each failure beside the real KV cache manager;
+* :mod:`minienv.lab.workload` — seeded synthetic request-length workloads (ShareGPT-like, Alpaca-like);
+* :mod:`minienv.lab.memory_accounting` — where KV memory goes under contiguous vs paged allocation (vLLM Fig. 2);
+* :mod:`minienv.lab.serving` — the demo model and a greedy serving helper that drives the real engine;
+* :mod:`minienv.lab.sharing_experiments` — the vLLM paper's sharing results recomputed with the real manager;
+* :mod:`minienv.lab.eviction_experiments` — prefix-cache hit rate vs KV budget, and a step-by-step cache stream.
+
+Layering rule: the engine path (``minienv.tokenizer``, ``minienv.model``, ``minienv.kv``, ``minienv.scheduler``,
+``minienv.engine``, ``minienv.request``, ``minienv.sampling``, ``minienv.cli``) never imports ``minienv.lab`` or
+``minienv.viz``. ``minienv.lab`` may import the engine path (and drives it rather than copying it); the broken
+classes of the naive design are importable only from ``minienv.lab.naive_design``.
+"""
