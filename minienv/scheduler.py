@@ -121,6 +121,8 @@ class SchedulerOutput:
     running: list[str]
     max_num_batched_tokens: int
     scheduling: SchedulingPolicy = "continuous"
+    #: static scheduling: the batch's members before this step planned (a rollback restores them)
+    static_batch_before: frozenset[str] = field(default=frozenset(), repr=False)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -231,7 +233,8 @@ class Scheduler:
         If planning raises (a ``victim_policy`` that fails, say), what it reserved so far is rolled back first.
         """
         out = SchedulerOutput(step=self.num_steps, scheduled=[], preempted=[], admitted=[], waiting=[], running=[],
-                              max_num_batched_tokens=self.max_num_batched_tokens, scheduling=self.scheduling)
+                              max_num_batched_tokens=self.max_num_batched_tokens, scheduling=self.scheduling,
+                              static_batch_before=frozenset(self._static_batch))
         self.num_steps += 1
         try:
             self._plan(out)
@@ -261,10 +264,13 @@ class Scheduler:
                 self.running.remove(req)
                 req.status = RequestStatus.PREEMPTED if s.is_resume else RequestStatus.WAITING
                 req.num_computed_tokens = 0
+                if req.metrics.first_scheduled_step is None:
+                    req.metrics.num_cached_tokens = 0  # set by this (undone) first admission
                 self.waiting.appendleft(req)
             else:  # a running request's chunk or decode, or a padding slot's token
                 released = self.kv.truncate(s.request_id, s.num_computed_tokens)
             self.kv.return_to_head(released)
+        self._static_batch = set(plan.static_batch_before)
         self.num_steps = plan.step
 
     def _plan(self, out: SchedulerOutput) -> None:

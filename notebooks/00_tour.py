@@ -75,7 +75,7 @@ assert [s.name for s in ENGINE_MAP] == [
 # Tokenizer               byte-level BPE: text ⇄ token ids             minienv/tokenizer.py
 #   │
 #   ▼
-# Scheduler               waiting / running queues, token budget       minienv/scheduler.py, engine.py
+# Scheduler               waiting / running queues, token budget       minienv/scheduler.py, engine/
 #   │                     admit · chunk · preempt
 #   ▼
 # PagedAttention manager  block table per request, free list           minienv/kv/block_pool.py, block_table.py,
@@ -97,7 +97,7 @@ import minienv
 
 MODULES = {
     "Tokenizer": ["tokenizer.py"],
-    "Scheduler": ["scheduler.py", "engine.py"],
+    "Scheduler": ["scheduler.py", "engine/core.py"],
     "PagedAttention manager": ["kv/block_pool.py", "kv/block_table.py", "kv/kv_pool.py", "kv/paged_attention.py"],
     "KV cache manager": ["kv/prefix_cache.py", "kv/hashing.py", "kv/kv_cache_manager.py"],
     "Model core": ["model/llama.py", "sampling.py"],

@@ -33,7 +33,7 @@
 import os
 
 # Tiny matrices: one BLAS thread is faster, and spinning BLAS threads on a busy 2-core machine can make every
-# matmul far slower (see minienv/engine.py). Set before numpy loads.
+# matmul far slower (measured in benchmarks/). Set before numpy loads.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -19,7 +19,7 @@
 import os
 
 # Tiny matrices: one BLAS thread is faster, and spinning BLAS threads on a busy 2-core machine can make every
-# matmul far slower (see minienv/engine.py). Set before numpy loads.
+# matmul far slower (measured in benchmarks/). Set before numpy loads.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -176,7 +176,7 @@ def check_dashboard(dash):
     assert list(dash.running_view.items) == [r.request_id for r in eng.scheduler.running]
     assert list(dash.waiting_view.items) == [r.request_id for r in eng.scheduler.waiting]
     assert dash.tables.tables == {v.request_id: v.block_ids for v in snap.running}
-    assert dash.texts == {rid: eng.requests[rid].text for rid in dash.request_ids}
+    assert dash.texts == {rid: eng.output(rid).text for rid in dash.request_ids}
     assert dash.stats_view.values["KV blocks in use"] == f"{mgr.stats().num_in_use} / {mgr.num_blocks}"
 
 
@@ -306,7 +306,7 @@ except AssertionError as err:
 #
 # | minienv | what it does | vLLM (v1) | SGLang |
 # |---|---|---|---|
-# | `minienv/engine.py` — `InferenceEngine` | the loop: add / step / abort, generate, stream, stats | `vllm/v1/engine/llm_engine.py` (`LLMEngine`), `vllm/v1/engine/core.py` (`EngineCore.step`), `vllm/entrypoints/llm.py` (`LLM.generate`) | `python/sglang/srt/managers/scheduler.py` (event loop), `python/sglang/srt/entrypoints/engine.py` |
+# | `minienv/engine/` — `InferenceEngine` (`core.py`), outputs routed per consumer (`outputs.py`) | the loop: add / step / abort, generate, stream, stats; a failed step rolled back | `vllm/v1/engine/llm_engine.py` (`LLMEngine`), `vllm/v1/engine/core.py` (`EngineCore.step`), `vllm/entrypoints/llm.py` (`LLM.generate`) | `python/sglang/srt/managers/scheduler.py` (event loop), `python/sglang/srt/entrypoints/engine.py` |
 # | `minienv/scheduler.py` — `Scheduler`, `SchedulerOutput` | waiting / running, token budget, chunked prefill, preemption | `vllm/v1/core/sched/scheduler.py`, `vllm/v1/core/sched/output.py` | `python/sglang/srt/managers/scheduler.py`, `schedule_policy.py` (`PrefillAdder`), `schedule_batch.py` (`retract_decode`) |
 # | `minienv/request.py` — `Request`, `RequestMetrics` | one request's tokens, `num_computed_tokens`, status | `vllm/v1/request.py` | `python/sglang/srt/managers/schedule_batch.py` (`Req`) |
 # | `minienv/kv/kv_cache_manager.py` — `KVCacheManager` | block tables, prefix lookup, allocate / free, stats | `vllm/v1/core/kv_cache_manager.py` | `python/sglang/srt/mem_cache/radix_cache.py` (`match_prefix`, `cache_finished_req`) |
@@ -327,15 +327,21 @@ except AssertionError as err:
 # NBVAL_CHECK_OUTPUT
 import importlib
 
-modules = ["minienv.engine", "minienv.scheduler", "minienv.request", "minienv.kv.kv_cache_manager",
-           "minienv.kv.block_pool", "minienv.kv.hashing", "minienv.kv.kv_pool", "minienv.kv.paged_attention",
-           "minienv.model.llama", "minienv.sampling", "minienv.tokenizer"]
+modules = ["minienv.engine.core", "minienv.engine.outputs", "minienv.scheduler", "minienv.request",
+           "minienv.kv.kv_cache_manager", "minienv.kv.block_pool", "minienv.kv.hashing", "minienv.kv.kv_pool",
+           "minienv.kv.paged_attention", "minienv.model.llama", "minienv.sampling", "minienv.tokenizer"]
 for name in modules:
     importlib.import_module(name)  # every minienv part in the table exists
 print(f"{len(modules)} minienv modules in the map, all importable")
 
 # %%
-assert len(modules) == 11
+import pkgutil
+
+import minienv
+
+package = {m.name for m in pkgutil.walk_packages(minienv.__path__, "minienv.")}
+assert len(set(modules)) == len(modules) and set(modules) <= package  # every row names a real, distinct module
+assert not any(m.startswith(("minienv.lab", "minienv.viz")) for m in modules)  # the map is the engine path
 
 # %% [markdown]
 # ## Summary

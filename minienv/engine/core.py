@@ -13,7 +13,7 @@ step commits (the model, an out-of-memory, the stop button's ``KeyboardInterrupt
 gives the reserved slots back and puts admitted requests back at the head of the queue, and the exception
 propagates. Every request is then exactly where it was before the step, so resuming gives each one the output it
 has alone. (Cached-free blocks evicted while planning stay evicted, and a preemption the plan made stands: both
-leave valid states, and neither changes any output.) The bookkeeping phases run with Ctrl-C deferred, so an
+leave valid states, and neither changes any output; so does a static padding slot released to make room.) The bookkeeping phases run with Ctrl-C deferred, so an
 interrupt lands in the model call or between steps, never halfway through a refcount update.
 
 **Failures that belong to one request stay with it.** A token the tokenizer cannot decode, a sampler that
@@ -258,8 +258,11 @@ class InferenceEngine:
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput:
-        """Stop an unfinished request now: it leaves its queue and frees its blocks; its owner reads the final
-        output (``finish_reason="abort"``) as usual. Returns that output (a look: it is still delivered)."""
+        """Stop an unfinished request now: it leaves its queue and frees its blocks.
+
+        Returns its final output (``finish_reason="abort"``). For a request added with :meth:`add_request` that
+        *is* its delivery (``step()`` will not repeat it); a request of a ``generate`` / ``stream`` consumer is
+        still delivered there, and the returned output is only a look."""
         if not isinstance(request_id, str):
             raise TypeError(f"request ids are str, got {request_id!r} ({type(request_id).__name__})")
         if request_id not in self.scheduler.requests:
@@ -267,7 +270,13 @@ class InferenceEngine:
         req = self.requests[request_id]
         with _interrupt_deferred():
             self._finish(req, "abort", time.perf_counter(), self.scheduler.num_steps)
-        return make_output(req, advance=False)
+            if req.consumer is not self._step_consumer:
+                return make_output(req, advance=False)
+            del self._step_consumer.pending[request_id]
+            self._step_consumer.live.pop(request_id, None)
+            out = make_output(req, advance=True)
+            self._release(req)
+        return out
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

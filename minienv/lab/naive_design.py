@@ -34,7 +34,6 @@ import numpy as np
 from minienv.generate import dense_greedy
 from minienv.kv.block_pool import BlockPool
 from minienv.kv.block_table import BlockTable, cdiv
-from minienv.kv.errors import OutOfBlocksError
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.kv.kv_pool import KVPool
 from minienv.kv.paged_attention import PagedAttentionBackend, PagedAttentionMetadata
@@ -188,7 +187,7 @@ class EvictInUseDemo:
     ``naive_kv_overwritten`` says A's K/V in such a block were overwritten by B's prefill (the data-level proof);
     ``naive_a_ids`` is A's greedy output under the naive design (corrupted), ``ours_a_ids`` under the real manager, both
     beside ``reference_a_ids`` (no cache at all). ``ours_b_refused`` says the real manager refused B while A ran
-    (OutOfBlocksError: the scheduler would queue or preempt), and ``ours_b_ids`` == ``reference_b_ids`` once A is done.
+    (``allocate`` returns None: the scheduler would queue or preempt), and ``ours_b_ids`` == ``reference_b_ids`` once A is done.
     """
 
     block_size: int
@@ -272,7 +271,7 @@ def demo_evict_in_use(
     # ---------------- ours: the same arrival; B does not fit while A runs, so it waits
     kv = KVPool.for_model(model.config, num_blocks * block_size, block_size)
     backend = PagedAttentionBackend(kv)
-    ours = KVCacheManager(num_blocks, block_size, kv_pool=kv)
+    ours = KVCacheManager(num_blocks, block_size)  # no forks here: no copy-on-write copies to apply
 
     def ours_feed(rid: str, tokens: list[int], first: bool) -> int:
         alloc = ours.allocate(rid, tokens) if first else ours.append_slots(rid, tokens)
@@ -284,11 +283,10 @@ def demo_evict_in_use(
     b_refused = False
     while len(ours_a) < max_new_tokens:
         if len(ours_a) == b_arrives_after:
-            try:
-                ours.allocate("B", prompt_b, num_new_tokens=len(prompt_b))
-                ours.free("B")  # (does not happen with the default budget)
-            except OutOfBlocksError:
+            if ours.allocate("B", prompt_b, num_new_tokens=len(prompt_b)) is None:
                 b_refused = True
+            else:
+                ours.free("B")  # (does not happen with the default budget)
         ours_a.append(ours_feed("A", [ours_a[-1]], False))
     ours.free("A")
     ours_b = [ours_feed("B", prompt_b, True)]
@@ -544,7 +542,7 @@ def demo_evictor_damage(model, prompt_a: Sequence[int], prompt_b: Sequence[int],
     # ---- ours: same budget, same arrival
     kv = KVPool.for_model(model.config, num_blocks * block_size, block_size)
     backend = PagedAttentionBackend(kv)
-    ours = KVCacheManager(num_blocks, block_size, kv_pool=kv)
+    ours = KVCacheManager(num_blocks, block_size)  # no forks here: no copy-on-write copies to apply
     alloc = ours.allocate("A", pa)
     rows = [_paged_step(model, backend, ours.block_ids("A"), alloc.token_ids, ours.num_tokens("A"))]
     ours.commit("A")
@@ -554,11 +552,10 @@ def demo_evictor_damage(model, prompt_a: Sequence[int], prompt_b: Sequence[int],
         if len(out) == max_new_tokens:
             break
         if len(out) == b_arrives_after:
-            try:
-                ours.allocate("B", pb)
-                ours.free("B")
-            except OutOfBlocksError:
+            if ours.allocate("B", pb) is None:
                 refused = True
+            else:
+                ours.free("B")
         ours.append_slots("A", [out[-1]])
         rows.append(_paged_step(model, backend, ours.block_ids("A"), [out[-1]], ours.num_tokens("A")))
         ours.commit("A")

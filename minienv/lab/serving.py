@@ -133,7 +133,7 @@ def serve_greedy(
     engine = InferenceEngine(model, _TokenIds(), kv_budget_tokens=num_blocks * block_size, block_size=block_size,
                              enable_prefix_caching=caching, max_num_seqs=max_running,
                              max_num_batched_tokens=max(max_running, sum(len(p) for p in prompts) + max_running),
-                             record_history=False)
+                             history_size=0)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0)
     order = sorted(range(len(prompts)), key=lambda i: (arrivals[i], i))
     in_flight: set[str] = set()

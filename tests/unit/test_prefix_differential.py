@@ -22,7 +22,7 @@ import pytest
 from minienv.generate import dense_greedy
 from minienv.kv import KVPool, PagedAttentionBackend, PagedAttentionMetadata
 from minienv.kv.block_table import cdiv
-from minienv.kv.kv_cache_manager import KVCacheManager
+from minienv.kv.kv_cache_manager import KVCacheManager, copy_blocks
 from minienv.model import LlamaConfig, LlamaModel, random_weights
 from minienv.lab.serving import serve_greedy
 
@@ -116,10 +116,11 @@ def test_fork_copy_on_write_through_the_model(model):
     block_size = 4
     prompt = list(map(int, np.random.default_rng(5).integers(0, 97, 10)))  # 10 tokens: last block half full
     kv = KVPool.for_model(model.config, 64 * block_size, block_size)
-    mgr = KVCacheManager(64, block_size, kv_pool=kv)
+    mgr = KVCacheManager(64, block_size)  # bookkeeping only: this step applies the copies it asks for
     backend = PagedAttentionBackend(kv)
 
     def step(rids, allocs):
+        copy_blocks(kv, [pair for a in allocs for pair in a.blocks_to_copy])
         meta = PagedAttentionMetadata.from_block_tables([mgr.block_table(r) for r in rids],
                                                         [a.num_new_tokens for a in allocs])
         backend.set_metadata(meta)
