@@ -154,8 +154,8 @@ def test_d2_string_prompt_ids_are_range_checked_and_nothing_is_queued(model, tok
         e.generate([PROMPTS[1], "BAD", PROMPTS[2]], GREEDY20)
     assert info.value.index == 1
     assert not diff_fingerprints(before, fingerprint(e)), "a rejected generate must queue nothing"
-    with pytest.raises(InvalidRequestError):
-        e.stream(["BAD too"], GREEDY20)
+    with pytest.raises(InvalidRequestError):  # at the call (today) or at the first next() (a lazy stream)
+        next(e.stream(["BAD too"], GREEDY20))
     assert not diff_fingerprints(before, fingerprint(e)), "a rejected stream must queue nothing"
     outs = e.generate([PROMPTS[1], PROMPTS[2]], GREEDY20)
     assert [o.token_ids for o in outs] == [ref(model, tok, p, GREEDY20) for p in PROMPTS[1:]]
@@ -320,7 +320,7 @@ def test_d4_a_stream_paused_across_a_generate_still_gets_everything(model, tok):
     check_against_alone(model, tok, rs, [PROMPTS[0]], sp)
 
 
-@pytest.mark.parametrize("order_seed", [0, 1, 2])
+@pytest.mark.parametrize("order_seed", range(6))
 def test_d4_step_generate_and_streams_interleaved_each_consumer_gets_its_own(model, tok, order_seed):
     """add_request (the step() consumer), two streams (the second opened midway) and a generate (midway), driven
     in a seeded random order under a tight budget (preemptions): each consumer receives exactly its own requests'
@@ -334,6 +334,7 @@ def test_d4_step_generate_and_streams_interleaved_each_consumer_gets_its_own(mod
     s2, rec2, s2_opened = None, Received("stream 2"), False
     gen_done = False
     rng = np.random.default_rng(order_seed)
+    rounds = 0
     while s1 is not None or s2 is not None or not s2_opened or not gen_done or len(step_rec.final) < len(step_ids):
         action = int(rng.integers(0, 4))
         if action == 0 and s1 is not None:
@@ -359,7 +360,9 @@ def test_d4_step_generate_and_streams_interleaved_each_consumer_gets_its_own(mod
             assert not foreign, f"step() returned outputs of requests it does not own: {foreign}"
             step_rec.take_all(outs)
         e.check_invariants()
-        assert e.scheduler.num_steps < 3000, "the consumers never finished"
+        rounds += 1
+        assert rounds < 5000, (f"the consumers never finished: step() consumer has finals for "
+                               f"{sorted(step_rec.final)} of {step_ids}")
     check_against_alone(model, tok, step_rec, PROMPTS, sp, ids=step_ids)
     check_against_alone(model, tok, rec1, more[:2], sp)
     check_against_alone(model, tok, rec2, more[2:4], sp)
