@@ -195,6 +195,8 @@ class InferenceEngine:
         self._step_consumer = Consumer("step")
         self._ids = itertools.count()
         self._step_listeners: list[Callable[[StepRecord], None]] = []
+        self._finish_listeners: list[Callable[[Request], None]] = []
+        self._metrics: Any = None  # minienv.metrics.EngineMetrics, made by the `metrics` property on first use
         self._kv_events: list[KVEvent] = []
         if history_size:
             self.kv_cache_manager.add_listener(self._kv_events.append)
@@ -476,6 +478,8 @@ class InferenceEngine:
         self.counters.finished += 1
         self.counters.errors += reason == "error"
         self.router.notify(req)
+        for listener in self._finish_listeners:
+            listener(req)
 
     # ------------------------------------------------------------------ observation
     def add_step_listener(self, listener: Callable[[StepRecord], None]) -> None:
@@ -483,6 +487,24 @@ class InferenceEngine:
         if not self._step_listeners and not self.history.maxlen:
             self.kv_cache_manager.add_listener(self._kv_events.append)
         self._step_listeners.append(listener)
+
+    def add_finish_listener(self, listener: Callable[[Request], None]) -> None:
+        """Call ``listener(request)`` when a request finishes, in a step or by an abort between steps (metrics)."""
+        self._finish_listeners.append(listener)
+
+    @property
+    def metrics(self) -> Any:
+        """This engine's Prometheus metrics (:class:`minienv.metrics.EngineMetrics`, its own registry), made on
+        first use; needs the ``metrics`` extra."""
+        if self._metrics is None:
+            from minienv.metrics import EngineMetrics
+
+            self._metrics = EngineMetrics(self)
+        return self._metrics
+
+    def serve_metrics(self, port: int, host: str = "127.0.0.1") -> Any:
+        """Serve :attr:`metrics` at ``http://host:port/metrics`` from a daemon thread (port 0: a free one)."""
+        return self.metrics.serve(port, host)
 
     @property
     def stats(self) -> EngineStats:
