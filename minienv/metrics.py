@@ -16,6 +16,9 @@ How it is fed, without slowing the engine:
   ``vllm:request_success{finished_reason}`` from the finish listener, once per finished request — aborted ones
   included (vLLM v0.13 dropped those: vllm-project/vllm#31503).
 
+So pulled counters are the engine's totals since it was built, while the pushed series count from the moment the
+metrics were attached (``engine.metrics`` attaches on first use): attach before the workload you want to see.
+
 Invariants:
 
 1. One :class:`prometheus_client.CollectorRegistry` per :class:`EngineMetrics`, never the process-global one: two

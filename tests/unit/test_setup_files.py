@@ -31,7 +31,7 @@ def _pyproject_pins() -> dict[str, str]:
     for requirement in project["dependencies"] + [r for extra in project["optional-dependencies"].values()
                                                   for r in extra]:
         name, _, version = requirement.partition("==")
-        pins[name.strip().lower()] = version.split(";")[0].strip()
+        pins[name.strip().lower().replace("_", "-")] = version.split(";")[0].strip()
     return pins
 
 
@@ -40,7 +40,7 @@ def _environment_pins() -> dict[str, str]:
     for line in (REPO / "environment.yml").read_text().splitlines():
         match = re.match(r"^\s*-\s*([A-Za-z0-9_.-]+)\s*=\s*([^\s#]+)", line)
         if match:
-            pins[match[1].lower()] = match[2]
+            pins[match[1].lower().replace("_", "-")] = match[2]  # conda-forge spells prometheus_client
     return pins
 
 
@@ -55,7 +55,7 @@ def test_environment_yml_matches_pyproject():
     env, py = _environment_pins(), _pyproject_pins()
     env.pop("python")
     lab_and_test = {"numpy", "jupyterlab", "ipywidgets", "plotly", "anywidget", "pytest", "nbval", "jupytext",
-                    "hypothesis"}
+                    "hypothesis", "prometheus-client"}
     assert set(env) == lab_and_test
     mismatched = {name: (env[name], py.get(name)) for name in env if env[name] != py.get(name)}
     assert not mismatched, f"environment.yml vs pyproject.toml (env, pyproject): {mismatched}"

@@ -1,0 +1,365 @@
+"""minienv.metrics: vLLM's names, types and buckets; series that agree with engine.stats; golden relations between
+the histograms; one registry per engine; the /metrics server and its errors; the extra being optional."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+prometheus_client = pytest.importorskip("prometheus_client")
+
+from minienv.engine import InferenceEngine  # noqa: E402
+from minienv.metrics import (  # noqa: E402
+    FINISHED_REASON, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, SERIES, TTFT_BUCKETS, EngineMetrics, MetricsServerError,
+    request_tokens_buckets, stored_series_names, token_slots_in_use)
+from minienv.model import LlamaConfig, LlamaModel, random_weights  # noqa: E402
+from minienv.sampling import SamplingParams  # noqa: E402
+from minienv.tokenizer import BPETokenizer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = ["The quick brown fox", "To be, or not", "a", "Once upon a time, in a land far away, there", "xyz" * 5,
+           "The quick brown fox jumps", "To be, or not to be"]
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaModel:
+    cfg = LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=96, tie_word_embeddings=True)
+    return LlamaModel(cfg, random_weights(cfg, seed=1, scale=0.3))
+
+
+@pytest.fixture(scope="module")
+def tok() -> BPETokenizer:
+    return BPETokenizer([])
+
+
+def make(model, tok, **kw) -> InferenceEngine:
+    kw = {"kv_budget_tokens": 1024, "block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 64} | kw
+    return InferenceEngine(model, tok, **kw)
+
+
+def tight(model, tok) -> InferenceEngine:
+    """Small enough to preempt and to evict cached-free blocks on PROMPTS."""
+    return make(model, tok, kv_budget_tokens=64, max_num_seqs=4, max_num_batched_tokens=32)
+
+
+def params(n: int = 12) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0)
+
+
+PULLED = {  # stored name -> EngineStats field (or function of it)
+    "vllm:num_requests_running": lambda s: s.num_running,
+    "vllm:num_requests_waiting": lambda s: s.num_waiting,
+    "vllm:kv_cache_usage_perc": lambda s: s.kv_usage,
+    "vllm:prefix_cache_queries_total": lambda s: s.prefix_cache_queries_tokens,
+    "vllm:prefix_cache_hits_total": lambda s: s.prefix_cache_hits_tokens,
+    "vllm:num_preemptions_total": lambda s: s.num_preemptions,
+    "vllm:prompt_tokens_total": lambda s: s.num_prompt_tokens,
+    "vllm:generation_tokens_total": lambda s: s.num_generated_tokens,
+    "minienv:kv_cache_cached_free_blocks": lambda s: s.num_cached_free_blocks,
+    "minienv:kv_cache_evicted_blocks_total": lambda s: s.evicted_blocks,
+    "minienv:kv_cache_evicted_tokens_total": lambda s: s.evicted_tokens,
+}
+
+
+def _all_samples(m: EngineMetrics) -> dict[tuple, float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in m.registry.collect() for s in fam.samples
+            if not s.name.endswith("_created")}
+
+
+# ------------------------------------------------------------------------------------------------ names and types
+def test_every_series_is_exported_with_vllm_type_and_labels(model, tok):
+    e = make(model, tok)
+    e.generate(PROMPTS[:2], params(3))
+    families = {f.name: f for f in e.metrics.registry.collect()}
+    for s in SERIES:
+        base = s.name  # prometheus-client strips _total from a counter family's name
+        assert base in families, s.name
+        assert families[base].type == s.type, (s.name, families[base].type)
+        names = {x.name for x in families[base].samples if not x.name.endswith("_created")}
+        assert names == set(s.stored_names), (s.name, names)
+        for x in families[base].samples:
+            assert x.labels["model_name"] == "minienv" and x.labels["engine"] == "0"
+    assert stored_series_names() >= {"vllm:generation_tokens_total", "vllm:request_success_total",
+                                     "vllm:time_to_first_token_seconds_bucket", "vllm:num_requests_running"}
+
+
+def test_histograms_have_vllm_buckets(model, tok):
+    m = make(model, tok).metrics
+    les = lambda name: [le for le, _ in m.histogram_buckets(name)][:-1]  # noqa: E731 - +Inf last
+    assert les("vllm:time_to_first_token_seconds") == list(TTFT_BUCKETS)
+    assert les("vllm:inter_token_latency_seconds") == list(ITL_BUCKETS)
+    for name in ("e2e_request_latency", "request_queue_time", "request_prefill_time", "request_decode_time",
+                 "request_inference_time"):
+        assert les(f"vllm:{name}_seconds") == list(REQUEST_LATENCY_BUCKETS)
+    # vLLM v0.11.0's lists, written out here once more so a typo in either copy fails
+    assert TTFT_BUCKETS[:4] == (0.001, 0.005, 0.01, 0.02) and TTFT_BUCKETS[-3:] == (160.0, 640.0, 2560.0)
+    assert len(TTFT_BUCKETS) == 22 and len(ITL_BUCKETS) == 19 and len(REQUEST_LATENCY_BUCKETS) == 21
+    assert REQUEST_LATENCY_BUCKETS[-2:] == (1920.0, 7680.0)
+    assert request_tokens_buckets(100) == (1, 2, 5, 10, 20, 50, 100)
+    assert request_tokens_buckets(96) == (1, 2, 5, 10, 20, 50)
+    assert les("vllm:request_prompt_tokens") == [1, 2, 5, 10, 20, 50]  # the model's max_position_embeddings = 96
+    with pytest.raises(KeyError, match="no histogram named"):
+        m.histogram_buckets("vllm:num_requests_running")
+
+
+# ------------------------------------------------------------------------------------------------ golden relations
+def test_pulled_series_equal_engine_stats_and_idle_usage_is_zero(model, tok):
+    e = tight(model, tok)
+    m = e.metrics
+    e.generate(PROMPTS, params())
+    s = e.stats
+    assert s.num_preemptions > 0 and s.evicted_blocks > 0 and s.prefix_cache_hits_tokens > 0  # the workload bites
+    for name, field in PULLED.items():
+        assert m.value(name) == pytest.approx(field(s)), name
+    assert m.value("vllm:kv_cache_usage_perc") == 0 and m.value("minienv:kv_cache_token_usage_perc") == 0
+    assert m.value("vllm:num_requests_running") == 0 and m.value("vllm:num_requests_waiting") == 0
+    assert m.value("vllm:prefix_cache_hits_total") <= m.value("vllm:prefix_cache_queries_total")
+
+
+def test_counters_and_histogram_counts_never_go_down_and_track_every_step(model, tok):
+    e = tight(model, tok)
+    m = e.metrics
+    for p in PROMPTS:
+        e.add_request(p, params())
+    before = _all_samples(m)
+    steps = 0
+    while e.has_unfinished_requests():
+        e.step()
+        steps += 1
+        now = _all_samples(m)
+        for key, value in now.items():
+            name = key[0]
+            if name.endswith(("_total", "_count", "_bucket", "_sum")):
+                assert value >= before.get(key, 0), (key, before.get(key), value)
+        for name, field in PULLED.items():  # gauges and counters are the stats of the step just run
+            assert m.value(name) == pytest.approx(field(e.history[-1].stats)), (name, steps)
+        assert m.value("vllm:prefix_cache_hits_total") <= m.value("vllm:prefix_cache_queries_total")
+        before = now
+    assert steps > 5
+
+
+def test_ttft_count_is_requests_with_a_token_and_e2e_is_queue_plus_prefill_plus_decode(model, tok):
+    e = tight(model, tok)
+    m = e.metrics
+    ids = [e.add_request(p, params(1 + i % 5)) for i, p in enumerate(PROMPTS)]
+    e.step()
+    late = e.add_request("never scheduled", params())
+    e.abort(late)  # aborted while waiting: no token, no queue time; counted as success{abort} and in e2e
+    e.run()
+    outs = [e.output(i) for i in ids]
+    with_token = [o for o in outs if o.metrics.first_token_time is not None]
+    assert len(with_token) == len(PROMPTS)
+    assert m.value("vllm:time_to_first_token_seconds_count") == len(with_token)
+    assert m.value("vllm:time_to_first_token_seconds_sum") == pytest.approx(sum(o.metrics.ttft for o in outs))
+    assert m.value("vllm:e2e_request_latency_seconds_count") == len(PROMPTS) + 1
+    for name in ("queue_time", "prefill_time", "decode_time", "inference_time"):
+        assert m.value(f"vllm:request_{name}_seconds_count") == len(PROMPTS), name
+    e2e_of_token_requests = sum(o.metrics.e2e_latency for o in outs)
+    parts = sum(m.value(f"vllm:request_{p}_seconds_sum") for p in ("queue_time", "prefill_time", "decode_time"))
+    assert parts == pytest.approx(e2e_of_token_requests, rel=1e-9, abs=1e-9)
+    inference = m.value("vllm:request_inference_time_seconds_sum")
+    assert inference == pytest.approx(m.value("vllm:request_prefill_time_seconds_sum")
+                                      + m.value("vllm:request_decode_time_seconds_sum"), rel=1e-9)
+    # ITL: one sample per sampled token after a request's first (an EOS that ends a request included)
+    sampled = sum(len(r.sampled) for r in e.history)
+    assert len(e.history) == e.stats.num_steps  # the ring kept every step
+    assert m.value("vllm:inter_token_latency_seconds_count") == sampled - len(with_token)
+    assert m.value("vllm:inter_token_latency_seconds_sum") == pytest.approx(
+        m.value("vllm:request_decode_time_seconds_sum"), rel=0.05, abs=2e-3)
+    assert m.value("vllm:request_generation_tokens_sum") == sum(len(o.token_ids) for o in outs)
+    assert m.value("vllm:request_prompt_tokens_count") == len(PROMPTS) + 1
+
+
+def test_request_success_by_finished_reason_including_aborts(model, tok):
+    eos_tok = BPETokenizer([])
+    e = make(model, eos_tok)
+    m = e.metrics
+    a = e.add_request(PROMPTS[0], params(3))  # length
+    b = e.add_request(PROMPTS[1], SamplingParams(max_tokens=40, temperature=0, stop=[PROMPTS[1][0]]))
+    c = e.add_request(PROMPTS[2], params(30))
+    e.step()
+    e.step()
+    e.abort(c)  # running, then aborted between steps
+    for out in e.stream(PROMPTS[3:4], params(30)):
+        break  # closing the stream early aborts its request
+    del out
+    e.run()
+    reasons = [e.output(a).finish_reason, e.output(b).finish_reason, "abort", "abort"]
+    expected = {r: 0 for r in set(FINISHED_REASON.values())}
+    for r in reasons:
+        expected[FINISHED_REASON[r]] += 1
+    got = {r: m.value("vllm:request_success_total", finished_reason=r) for r in expected}
+    assert got == expected and expected["abort"] == 2
+    assert sum(got.values()) == e.stats.num_finished
+    assert m.value("vllm:num_requests_running") == e.stats.num_running == 0  # the aborts refreshed the gauges
+
+
+def test_an_abort_between_steps_refreshes_the_gauges(model, tok):
+    e = make(model, tok)
+    m = e.metrics
+    rid = e.add_request(PROMPTS[3], params(20))
+    e.step()
+    assert m.value("vllm:num_requests_running") == 1 and m.value("vllm:kv_cache_usage_perc") > 0
+    e.abort(rid)
+    assert m.value("vllm:num_requests_running") == 0 and m.value("vllm:kv_cache_usage_perc") == 0
+    assert m.value("minienv:kv_cache_token_usage_perc") == 0
+
+
+def test_token_usage_counts_slots_not_blocks(model, tok):
+    """Differential: the formula against counting every physical slot by hand, at every step."""
+    e = tight(model, tok)
+    m = e.metrics
+    for p in PROMPTS:
+        e.add_request(p, params())
+    bs = e.block_size
+    seen_partial = False
+    while e.has_unfinished_requests():
+        e.step()
+        mgr = e.kv_cache_manager
+        fill: dict[int, int] = {}
+        for rid in mgr.request_ids():
+            r = mgr.request(rid)
+            for j, b in enumerate(r.block_ids):
+                fill[b] = max(fill.get(b, 0), min(bs, len(r.token_ids) - j * bs))
+        assert token_slots_in_use(e) == sum(fill.values())
+        token_usage = m.value("minienv:kv_cache_token_usage_perc")
+        assert token_usage == pytest.approx(sum(fill.values()) / e.kv_budget_tokens)
+        assert token_usage <= m.value("vllm:kv_cache_usage_perc") + 1e-12
+        seen_partial |= token_usage < m.value("vllm:kv_cache_usage_perc")
+    assert seen_partial  # block-based usage overstated it at least once
+
+
+def test_preemptions_and_evictions_equal_engine_stats(model, tok):
+    e = tight(model, tok)
+    m = e.metrics
+    e.generate(PROMPTS, params(16))
+    e.generate(PROMPTS[::-1], params(16))
+    s = e.stats
+    assert s.num_preemptions > 0 and s.evicted_blocks > 0
+    assert m.value("vllm:num_preemptions_total") == s.num_preemptions
+    assert m.value("minienv:kv_cache_evicted_blocks_total") == s.evicted_blocks
+    assert m.value("minienv:kv_cache_evicted_tokens_total") == s.evicted_tokens == s.evicted_blocks * e.block_size
+
+
+def test_metrics_do_not_change_outputs(model, tok):
+    plain = tight(model, tok).generate(PROMPTS, params())
+    e = tight(model, tok)
+    e.metrics  # noqa: B018 - attaching is the point
+    observed = e.generate(PROMPTS, params())
+    assert [o.token_ids for o in observed] == [o.token_ids for o in plain]
+
+
+# ------------------------------------------------------------------------------------------------ registries
+def test_two_engines_and_a_recreated_engine_register_cleanly(model, tok):
+    e1, e2 = make(model, tok), make(model, tok)
+    m1, m2 = e1.metrics, e2.metrics
+    assert e1.metrics is m1 and m1.registry is not m2.registry
+    assert m1.registry is not prometheus_client.REGISTRY
+    e1.generate(PROMPTS[:3], params(4))
+    assert m1.value("vllm:request_success_total", finished_reason="length") == 3
+    assert m2.value("vllm:request_success_total", finished_reason="length") == 0
+    for _ in range(2):  # a notebook cell run twice: a new engine, new metrics, no "Duplicated timeseries" error
+        e1 = make(model, tok)
+        e1.generate(PROMPTS[:1], params(2))
+        assert e1.metrics.value("vllm:generation_tokens_total") == 0  # counted from its own stats only...
+        assert e1.metrics.value("vllm:prompt_tokens_total") == e1.stats.num_prompt_tokens  # ...which are totals
+    extra = EngineMetrics(e2, model_name="other", engine_label="7")  # a second view of the same engine
+    e2.generate(PROMPTS[:1], params(2))
+    assert extra.value("vllm:request_success_total", finished_reason="length") == 1
+    assert e2.metrics.value("vllm:request_success_total", finished_reason="length") == 1
+    assert 'model_name="other"' in extra.exposition() and 'engine="7"' in extra.exposition()
+    with pytest.raises(ValueError, match="model_name"):
+        EngineMetrics(e2, model_name="")
+
+
+# ------------------------------------------------------------------------------------------------ the server
+def _get(url: str, accept: str | None = None) -> tuple[str, str]:
+    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return r.headers["Content-Type"], r.read().decode()
+
+
+PROMETHEUS_2_42_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+                          "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
+def test_served_metrics_keep_the_colon_names_whatever_the_scraper_accepts(model, tok):
+    e = make(model, tok)
+    e.generate(PROMPTS[:2], params(3))
+    with e.serve_metrics(0) as srv:
+        assert srv.url.startswith("http://127.0.0.1:") and srv.port > 0
+        for accept in (None, PROMETHEUS_2_42_ACCEPT, "application/openmetrics-text; version=1.0.0"):
+            ctype, body = _get(srv.url, accept)
+            assert ctype.startswith("text/plain; version=0.0.4"), (accept, ctype)
+            assert "\nvllm:generation_tokens_total{" in body and "vllm_generation_tokens_total" not in body
+            assert f'vllm:generation_tokens_total{{engine="0",model_name="minienv"}} {e.stats.num_generated_tokens}.0' \
+                   in body
+    assert not srv.running
+    # what prometheus-client itself would have answered Prometheus 2.42 (the trap this server avoids)
+    from prometheus_client.exposition import choose_encoder
+    encoder, _ = choose_encoder(PROMETHEUS_2_42_ACCEPT)
+    assert "vllm_generation_tokens_total" in encoder(e.metrics.registry).decode()
+
+
+def test_bad_ports_and_hosts_give_clear_errors_and_leave_nothing_running(model, tok):
+    e = make(model, tok)
+    for bad in (-1, 65536, "9100", True, 9100.0, None):
+        with pytest.raises(ValueError, match=r"metrics port must be an int in \[0, 65535\]"):
+            e.serve_metrics(bad)
+    with pytest.raises(ValueError, match="metrics host"):
+        e.serve_metrics(0, host="")
+    with pytest.raises(MetricsServerError, match="cannot serve metrics on host 'no-such-host.invalid'"):
+        e.serve_metrics(0, host="no-such-host.invalid")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    try:
+        with pytest.raises(MetricsServerError, match=f"127.0.0.1:{port}: the port is in use") as info:
+            e.serve_metrics(port)
+        assert isinstance(info.value, OSError)
+    finally:
+        busy.close()
+    assert e.metrics.server is None
+    with e.serve_metrics(0) as srv:  # and serving still works afterwards
+        with pytest.raises(RuntimeError, match="already serves its metrics"):
+            e.serve_metrics(0)
+        assert _get(srv.url)[1].count("vllm:num_requests_running{") == 1
+    with e.serve_metrics(0) as again:  # once closed, it can serve again
+        assert again.running
+
+
+def test_without_the_extra_minienv_imports_and_metrics_say_what_to_install():
+    """A real interpreter where prometheus_client cannot be imported (None in sys.modules blocks the import)."""
+    code = """
+import sys
+sys.modules["prometheus_client"] = None
+import minienv, minienv.engine
+from minienv.engine import InferenceEngine
+from minienv.model import LlamaConfig, LlamaModel, random_weights
+from minienv.tokenizer import BPETokenizer
+from minienv.metrics import MetricsUnavailableError
+cfg = LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=True)
+e = InferenceEngine(LlamaModel(cfg, random_weights(cfg, seed=1)), BPETokenizer([]), kv_budget_tokens=64, block_size=4)
+print(len(e.generate(["ab"])[0].token_ids) > 0)
+for call in (lambda: e.metrics, lambda: e.serve_metrics(0)):
+    try:
+        call()
+    except MetricsUnavailableError as exc:
+        assert isinstance(exc, ImportError)
+        print(exc)
+"""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "True" and len(lines) == 3
+    assert all("pip install 'minienv[metrics]'" in line for line in lines[1:])
