@@ -213,3 +213,22 @@ def test_promql_rates_and_quantiles_work_on_the_stored_series(scraped):
     assert float(hit_rate[0]["value"][1]) == pytest.approx(s.prefix_cache_hit_rate)
     rate = prom.query('rate(vllm:generation_tokens_total{job="minienv"}[1m])')
     assert len(rate) == 1 and float(rate[0]["value"][1]) >= 0
+
+
+def test_every_dashboard_query_returns_data_from_the_real_server(scraped):
+    """Each query of assets/grafana/minienv.json, as Grafana would send it, evaluated by the real Prometheus."""
+    dash = json.loads((Path(__file__).resolve().parents[2] / "assets" / "grafana" / "minienv.json").read_text())
+    engine, prom = scraped
+    engine.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0))
+    engine.abort(engine.add_request("aborted", SamplingParams(max_tokens=8)))
+    prom.wait_for('vllm:generation_tokens_total{job="minienv"}', engine.stats.num_generated_tokens)
+    prom.wait_for('vllm:e2e_request_latency_seconds_count{job="minienv"}', engine.metrics.value(
+        "vllm:e2e_request_latency_seconds_count"))
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$model_name", ".*").replace("$__rate_interval", "1m")
+            res = prom.query(expr)
+            assert res, f"{panel['title']}: {expr} returned nothing"
+    reasons = {r["metric"]["finished_reason"] for r in prom.query(
+        'sum by (finished_reason) (rate(vllm:request_success_total{job="minienv"}[1m])) > 0')}
+    assert "abort" in reasons

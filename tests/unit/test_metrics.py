@@ -363,3 +363,47 @@ for call in (lambda: e.metrics, lambda: e.serve_metrics(0)):
     lines = out.stdout.splitlines()
     assert lines[0] == "True" and len(lines) == 3
     assert all("pip install 'minienv[metrics]'" in line for line in lines[1:])
+
+
+# ------------------------------------------------------------------------------------------------ the dashboard
+DASHBOARD = REPO / "assets" / "grafana" / "minienv.json"
+SERIES_NAME = r"\b(?:vllm|minienv)[:_][a-z0-9_:]+"
+
+
+def dashboard_queries() -> list[str]:
+    import json
+
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["definition"] for v in dash["templating"]["list"]]
+    return exprs
+
+
+def test_every_dashboard_query_names_only_series_minienv_exports():
+    import json
+    import re
+
+    dash = json.loads(DASHBOARD.read_text())
+    assert [i["name"] for i in dash["__inputs"]] == ["DS_PROMETHEUS"]  # Grafana's import format asks for one
+    assert all(p["datasource"]["uid"] == "${DS_PROMETHEUS}" for p in dash["panels"])
+    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"]) >= 10
+    exported = stored_series_names()
+    used = set()
+    for expr in dashboard_queries():
+        names = set(re.findall(SERIES_NAME, expr))
+        assert names, f"a query names no series: {expr}"
+        assert names <= exported, f"{expr}: not exported: {names - exported}"
+        used |= names
+    # every metric family the issue asks for is on the dashboard
+    families = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in used}
+    assert {s.name for s in SERIES} <= families, {s.name for s in SERIES} - families
+
+
+def test_the_dashboard_check_catches_a_wrong_name(tmp_path):
+    """The check above must fail on the names a vLLM dashboard got wrong: the stored-name trap, a renamed metric."""
+    import re
+
+    exported = stored_series_names()
+    for bad in ("rate(vllm_generation_tokens_total[1m])", "vllm:gpu_cache_usage_perc",
+                "histogram_quantile(0.9, rate(vllm:time_per_output_token_seconds_bucket[1m]))"):
+        assert not set(re.findall(SERIES_NAME, bad)) <= exported, bad
