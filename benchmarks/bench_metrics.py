@@ -1,0 +1,139 @@
+"""Metrics on vs off: does observing the engine slow it? Engine tokens/s with and without ``engine.metrics``.
+
+    .venv/bin/python benchmarks/bench_metrics.py [--requests 48] [--rounds 5] [--blas-threads 1]
+
+Three variants of the same engine on the same seeded mixed-length workload (``minienv.lab.workload``), in
+interleaved rounds with the order rotated each round, each run on a fresh engine:
+
+* **off** — ``history_size=0``, no listeners: the lean engine the other benchmarks time;
+* **off, history** — the default ``history_size=256`` and no metrics: the engine already builds a ``StepRecord``
+  per step for its history ring, which is what a step listener costs (so this is the seam's price, not metrics');
+* **on** — the same engine with ``engine.metrics`` attached (its step and finish listeners; a step listener makes
+  the engine build a ``StepRecord`` with its stats every step, which ``history_size=0`` otherwise skips);
+* **on + scraped** — also serving ``/metrics`` while a thread GETs it every 250 ms, as a Prometheus with a short
+  scrape interval would (the scrape competes for the GIL).
+
+Reports min and median seconds per side, tokens/s, and the ratio on / off of engine tokens/s from the medians (the
+target is >= 0.97), and checks the three variants generated the same tokens. Generation runs to exactly
+``max_tokens`` (EOS ignored). The machine may be shared: the spread between min and median says how noisy the run
+was. Ends with exactly one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
+BLAS_THREADS = pin_blas_threads()
+
+import numpy as np  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from minienv.engine import InferenceEngine  # noqa: E402
+from minienv.lab.workload import LengthDistribution, WorkloadConfig, generate_workload  # noqa: E402
+from minienv.model import load_model  # noqa: E402
+from minienv.sampling import SamplingParams  # noqa: E402
+from minienv.tokenizer import load_tokenizer  # noqa: E402
+
+MIXED = WorkloadConfig("mixed", LengthDistribution(32.0, 0.6), LengthDistribution(48.0, 1.0))
+VARIANTS = ("off", "off, history", "on", "on + scraped")
+
+
+def run(variant: str, model, tok, prompts, params, engine_kw) -> tuple[float, int, list, int]:
+    """(seconds in generate, generated tokens, outputs' token ids, scrapes served)."""
+    e = InferenceEngine(model, tok, history_size=256 if variant == "off, history" else 0, **engine_kw)
+    e.eos_token_id = None
+    scrapes = 0
+    stop = threading.Event()
+    scraper = None
+    if variant.startswith("on"):
+        e.metrics  # noqa: B018 - attach
+    if variant == "on + scraped":
+        server = e.serve_metrics(0)
+
+        def scrape() -> None:
+            nonlocal scrapes
+            while not stop.wait(0.25):
+                with urllib.request.urlopen(server.url, timeout=5) as r:
+                    r.read()
+                scrapes += 1
+
+        scraper = threading.Thread(target=scrape, daemon=True)
+        scraper.start()
+    t0 = time.perf_counter()
+    outs = e.generate(prompts, params)
+    seconds = time.perf_counter() - t0
+    if scraper is not None:
+        stop.set()
+        scraper.join()
+        server.close()
+    if variant.startswith("on"):  # the metrics saw the whole run
+        assert e.metrics.value("vllm:generation_tokens_total") == e.stats.num_generated_tokens
+        assert e.metrics.value("vllm:request_success_total", finished_reason="length") == len(prompts)
+    return seconds, e.stats.num_generated_tokens, [o.token_ids for o in outs], scrapes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--blas-threads", default="1")
+    args = ap.parse_args()
+
+    model, tok = load_model(), load_tokenizer()
+    specs = generate_workload(args.requests, MIXED, max_len=min(256, model.config.max_position_embeddings), seed=0)
+    rng = np.random.default_rng(0)
+    prompts = [list(map(int, rng.integers(0, tok.vocab_size - 1, s.prompt_len))) for s in specs]
+    params = [SamplingParams(max_tokens=s.output_len, temperature=0) for s in specs]
+    budget = sum(s.total_len for s in specs) // 2  # tight enough that some requests wait and get preempted
+    engine_kw = dict(kv_budget_tokens=budget, block_size=16, max_num_seqs=16, max_num_batched_tokens=256)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+          f"numpy {np.__version__}, BLAS threads {BLAS_THREADS}; load average {os.getloadavg()}")
+    print(f"workload: {len(specs)} requests, {sum(s.prompt_len for s in specs)} prompt + "
+          f"{sum(s.output_len for s in specs)} output tokens; engine {engine_kw}")
+
+    run("off", model, tok, prompts[:4], [SamplingParams(max_tokens=4, temperature=0)] * 4, engine_kw)  # warm-up
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    tokens: dict[str, int] = {}
+    outputs: dict[str, list] = {}
+    scrapes = 0
+    for r in range(args.rounds):
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+        for v in order:
+            sec, ntok, outs, n_scrapes = run(v, model, tok, prompts, params, engine_kw)
+            times[v].append(sec)
+            tokens[v], outputs[v] = ntok, outs
+            scrapes += n_scrapes
+        print(f"round {r + 1}: " + ", ".join(f"{v} {times[v][-1]:.3f} s" for v in VARIANTS))
+    assert all(outputs[v] == outputs["off"] for v in VARIANTS), "metrics changed the generated tokens"
+    assert len(set(tokens.values())) == 1
+
+    result: dict = {"benchmark": "metrics", "requests": len(specs), "generated_tokens": tokens["off"],
+                    "rounds": args.rounds, "blas_threads": BLAS_THREADS, "scrapes": scrapes}
+    print(f"\n{'variant':<14} {'min s':>7} {'median s':>9} {'tok/s (median)':>15} {'ratio vs off':>13}")
+    med_off = statistics.median(times["off"])
+    for v in VARIANTS:
+        lo, med = min(times[v]), statistics.median(times[v])
+        ratio = med_off / med  # tokens/s ratio = inverse time ratio (same tokens)
+        ratio_min = min(times["off"]) / lo
+        print(f"{v:<14} {lo:7.3f} {med:9.3f} {tokens[v] / med:15.1f} {ratio:13.3f}")
+        key = v.replace(" + ", "_").replace(", ", "_").replace(" ", "_")
+        result[key] = {"min_s": round(lo, 4), "median_s": round(med, 4), "tokens_per_s": round(tokens[v] / med, 1),
+                       "ratio_vs_off_median": round(ratio, 4), "ratio_vs_off_min": round(ratio_min, 4)}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
