@@ -1,0 +1,83 @@
+"""Notebook 09's exercise: the check passes the solution, says "not implemented yet" to the stub, and rejects a
+wrong answer for every rule it states, naming that rule."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from minienv.lab.metrics_exercise import CASES, check_quantile_from_buckets
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _solution():
+    spec = importlib.util.spec_from_file_location("solutions_09_metrics", REPO / "solutions" / "09_metrics.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.quantile_from_buckets
+
+
+def _wrong(*, cumulative=True, interpolate=True, first_lower_zero=True, inf_ok=True, empty_nan=True):
+    def fn(q, buckets):
+        counts = [c for _, c in buckets]
+        if not cumulative:  # treats each count as the bucket's own
+            counts = [sum(counts[: i + 1]) for i in range(len(counts))]
+        total = counts[-1]
+        if total == 0 and empty_nan:
+            return math.nan
+        rank = q * total
+        lower, below = (0.0 if first_lower_zero else buckets[0][0]), 0.0
+        for (le, _), count in zip(buckets, counts, strict=True):
+            if count >= rank:
+                if le == math.inf:
+                    return lower if inf_ok else math.inf
+                if not interpolate:
+                    return le
+                return lower + (le - lower) * (rank - below) / (count - below)
+            lower, below = le, count
+        return math.nan
+    return fn
+
+
+def test_the_solution_passes_including_a_live_histogram():
+    values = [0.0012, 0.003, 0.004, 0.0045, 0.006, 0.009, 0.011, 0.015, 0.03, 0.07]
+    bounds = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, math.inf]
+    buckets = [(le, sum(v <= le for v in values)) for le in bounds]
+    verdict = check_quantile_from_buckets(_solution(), buckets, values)
+    assert verdict.startswith(f"correct on all {len(CASES)} rules") and "live p90" in verdict
+
+
+def test_the_stub_is_not_implemented_yet_and_does_not_raise():
+    def stub(q, buckets):
+        raise NotImplementedError
+    assert check_quantile_from_buckets(stub).startswith("not implemented yet")
+
+
+@pytest.mark.parametrize("wrong, rule", [
+    (_wrong(cumulative=False), "cumulative"),
+    (_wrong(interpolate=False), "interpolate linearly"),
+    (_wrong(first_lower_zero=False), "first bucket's lower bound is 0"),
+    (_wrong(inf_ok=False), "+Inf bucket"),
+    (_wrong(empty_nan=False), "no observations"),
+    (lambda q, b: b[-1][0], "cumulative"),  # always the last bound
+])
+def test_each_rule_rejects_its_wrong_answer_by_name(wrong, rule):
+    with pytest.raises(AssertionError, match="rule broken: .*" + rule.replace("+", r"\+")):
+        check_quantile_from_buckets(wrong)
+
+
+def test_a_live_estimate_outside_the_true_bucket_is_rejected():
+    values = [0.002] * 9 + [0.03]
+    bounds = [0.001, 0.005, 0.01, 0.02, 0.04, math.inf]
+    buckets = [(le, sum(v <= le for v in values)) for le in bounds]
+    sol = _solution()
+
+    def off_by_a_bucket(q, b):
+        return sol(q, b) if len(b) <= 5 else 0.03  # right on the fixed cases, wrong bucket on the live one
+
+    with pytest.raises(AssertionError, match="must land in the bucket that holds the true value"):
+        check_quantile_from_buckets(off_by_a_bucket, buckets, values)
