@@ -1,0 +1,447 @@
+# %% [markdown]
+# # 09 · Metrics: what to watch when the engine runs, in vLLM's names
+#
+# Notebook 08 watched one engine through a dashboard of its insides. In production nobody sees the insides: a
+# monitoring server (Prometheus) *scrapes* a few dozen numbers from every engine every few seconds, stores them as
+# time series, and dashboards and alerts are queries over those series. This notebook gives minienv's engine the
+# metrics vLLM exports — the same names, types, units and buckets — and teaches how to read them.
+#
+# **Learning goals.** After this notebook you can
+# 1. say what each standard serving metric measures — gauges (requests running / waiting, KV usage), counters
+#    (tokens, prefix-cache queries and hits, preemptions), histograms (time to first token, inter-token latency,
+#    end-to-end latency and its queue / prefill / decode parts) — and which part of the engine moves it;
+# 2. tell a healthy engine from a thrashing one by its metrics alone, and name the metrics that move when the KV
+#    budget shrinks or when prompts share a prefix;
+# 3. compute rates and quantiles the way PromQL does (`rate`, `histogram_quantile`), and know how far a quantile
+#    read from buckets can be from the true one;
+# 4. serve `/metrics` to a real Prometheus without the trap that renames every `vllm:` series;
+# 5. find the same metrics in vLLM and in SGLang.
+
+# %%
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # tiny matrices: one BLAS thread (set before numpy loads)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import math
+
+import numpy as np
+
+from minienv.engine import InferenceEngine
+from minienv.model import load_model
+from minienv.sampling import SamplingParams
+from minienv.tokenizer import load_tokenizer
+
+tokenizer = load_tokenizer()
+model = load_model()  # the bundled model (assets/target)
+
+SCENE = "ACT I. SCENE I. Verona. A public place.\n\n"  # a shared prefix, like a system prompt
+SPEAKERS = ["ROMEO", "JULIET", "MERCUTIO", "BENVOLIO", "TYBALT", "NURSE", "CAPULET", "PARIS"]
+LINES = ["But soft, what light", "O gentle friend", "What news, my lord?", "Good morrow to you all",
+         "I pray thee, tell me", "Come hither, man"]
+
+
+def prompts(n, shared_prefix=True):
+    """n play-script prompts; with `shared_prefix` they all start with the same scene heading."""
+    head = SCENE if shared_prefix else ""
+    return [f"{head}{SPEAKERS[i % 8]}.\n{LINES[(i * 5) % 6]}" for i in range(n)]
+
+
+ENGINE = dict(block_size=8, max_num_seqs=8, max_num_batched_tokens=64)
+PARAMS = SamplingParams(max_tokens=24, temperature=0)
+
+
+def serve_traffic(engine, texts, per_step=2, panel=None):
+    """Requests arrive `per_step` at a time, one engine step between arrivals (live traffic, not one batch)."""
+    queue = list(texts)
+    while queue or engine.has_unfinished_requests():
+        for _ in range(per_step):
+            if queue:
+                engine.add_request(queue.pop(0), PARAMS)
+        engine.step()
+        if panel is not None:
+            panel.update()
+
+
+print([len(tokenizer.encode(p)) for p in prompts(3)], "prompt tokens;", ENGINE, PARAMS)
+
+# %% [markdown]
+# ## The problem, with a number
+#
+# `engine.stats` tells you totals at one moment, and each `RequestOutput` carries its own timings. A service needs
+# more: *distributions over time*, in a format every monitoring tool reads. An average alone hides what users
+# feel. Twenty-four requests arrive two per step at an engine whose KV budget holds only a few of them at once —
+# time to first token, counted in engine steps (deterministic on any machine):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+eng = InferenceEngine(model, tokenizer, kv_budget_tokens=160, **ENGINE)
+m = eng.metrics  # the engine's Prometheus metrics (explained below), attached before the traffic
+serve_traffic(eng, prompts(24))
+ttft_steps = sorted(eng.output(str(i)).metrics.ttft_steps for i in range(24))
+p90_steps = ttft_steps[math.ceil(0.9 * 24) - 1]
+print(f"TTFT in steps: mean {np.mean(ttft_steps):.1f}, median {ttft_steps[11]}, p90 {p90_steps}, "
+      f"max {ttft_steps[-1]}; preemptions {eng.stats.num_preemptions}")
+
+# %%
+assert p90_steps > 2 * np.mean(ttft_steps)  # the tail is far above the mean
+assert eng.stats.num_preemptions > 0
+
+# %% [markdown]
+# One user in ten waited more than twice the mean. A p90 over the last five minutes, per engine, for a fleet:
+# that is what **histograms** scraped by Prometheus give, and why vLLM, SGLang and every serving stack export
+# them in one text format.
+#
+# ## Build it small: a counter, a gauge, a histogram, and their text
+#
+# Prometheus has three kinds of number that matter here. A **counter** only goes up (tokens generated so far); a
+# **gauge** goes up and down (requests running now); a **histogram** counts observations into fixed buckets,
+# *cumulatively*: the bucket `le="0.1"` counts every observation ≤ 0.1 s, so the `+Inf` bucket counts them all.
+# The exposition format is one line per sample: `name{labels} value`.
+
+# %%
+class TinyHistogram:
+    """Cumulative buckets, a sum and a count: all a Prometheus histogram stores."""
+
+    def __init__(self, bounds):
+        self.bounds = list(bounds) + [math.inf]
+        self.counts = [0] * len(self.bounds)
+        self.sum = 0.0
+
+    def observe(self, value):
+        self.sum += value
+        for i, le in enumerate(self.bounds):
+            if value <= le:
+                self.counts[i] += 1  # cumulative: every bucket at or above the value
+
+    def lines(self, name):
+        def le_text(le):
+            return "+Inf" if le == math.inf else repr(float(le))
+        out = [f'{name}_bucket{{le="{le_text(le)}"}} {float(c)}' for le, c in zip(self.bounds, self.counts)]
+        return out + [f"{name}_count {float(self.counts[-1])}", f"{name}_sum {self.sum}"]
+
+
+tiny = TinyHistogram([0.01, 0.05, 0.1])
+for v in (0.004, 0.02, 0.03, 0.07, 0.5):
+    tiny.observe(v)
+print("\n".join(tiny.lines("ttft_seconds")))
+
+# %% [markdown]
+# prometheus-client, the library vLLM uses, writes the same lines for the same observations:
+
+# %%
+import prometheus_client
+
+registry = prometheus_client.CollectorRegistry()  # a registry of our own, never the process-wide default
+lib = prometheus_client.Histogram("ttft_seconds", "demo", registry=registry, buckets=[0.01, 0.05, 0.1])
+for v in (0.004, 0.02, 0.03, 0.07, 0.5):
+    lib.observe(v)
+text = prometheus_client.generate_latest(registry).decode()
+ours = tiny.lines("ttft_seconds")
+assert all(line in text.splitlines() for line in ours[:-1])  # every bucket and the count, line for line
+assert math.isclose(registry.get_sample_value("ttft_seconds_sum"), tiny.sum)  # the same sum
+print(f"{len(ours)} lines identical to prometheus-client's")
+
+# %% [markdown]
+# ## minienv's version: `engine.metrics`
+#
+# `engine.metrics` (`minienv/metrics.py`) is a registry per engine with vLLM's series. Gauges and counters are read
+# from the engine's own stats after each step — nothing extra is counted, so they *equal* `engine.stats`.
+# Histograms are fed once per token (inter-token latency), once per first token (TTFT), and once per finished
+# request (the rest). Where minienv teaches something vLLM does not export, the name says `minienv:`.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from minienv.metrics import SERIES, VLLM_RELEASE
+
+print(f"{'series (as Prometheus stores it)':<52} {'type':<9} labels: model_name, engine (+)  — vLLM {VLLM_RELEASE}")
+for s in SERIES:
+    stored = s.stored_names[0] if len(s.stored_names) == 1 else s.name + "_{bucket,sum,count}"
+    print(f"{stored:<52} {s.type:<9} {'+ ' + ', '.join(s.extra_labels) if s.extra_labels else ''}")
+
+# %%
+s = eng.stats  # the engine of the first cell, whose metrics were attached before its traffic
+for name, value in [("vllm:generation_tokens_total", s.num_generated_tokens),
+                    ("vllm:prompt_tokens_total", s.num_prompt_tokens),
+                    ("vllm:num_preemptions_total", s.num_preemptions),
+                    ("vllm:prefix_cache_hits_total", s.prefix_cache_hits_tokens),
+                    ("minienv:kv_cache_evicted_blocks_total", s.evicted_blocks)]:
+    assert m.value(name) == value, name
+assert m.value("vllm:time_to_first_token_seconds_count") == 24  # one TTFT per request that produced a token
+parts = sum(m.value(f"vllm:request_{p}_seconds_sum") for p in ("queue_time", "prefill_time", "decode_time"))
+assert abs(parts - m.value("vllm:e2e_request_latency_seconds_sum")) < 1e-9  # e2e = queue + prefill + decode
+print("\n".join(line for line in m.exposition().splitlines()
+                if line.startswith(("vllm:generation_tokens_total", "vllm:num_requests_running",
+                                    "vllm:request_success_total{", "vllm:time_to_first_token_seconds_count"))))
+
+# %% [markdown]
+# Every request's end-to-end latency splits into **queue** (arrival → first scheduled), **prefill** (→ first
+# token) and **decode** (→ finished), from one monotonic clock; the cell above checked that the three sums add up
+# to the end-to-end sum. `vllm:request_success_total{finished_reason=...}` counts aborted requests too (vLLM 0.13
+# did not: vllm-project/vllm#31503).
+#
+# ## Live: the metrics while traffic arrives
+#
+# `MetricsPanel` (`minienv/viz/metrics_panel.py`) reads the registry after every step — exactly what a scrape would
+# return — and draws five charts: requests running / waiting, KV usage in blocks and in token slots, the prefix
+# hit rate over the last 8 steps (PromQL's `rate(hits[w]) / rate(queries[w])`), preemptions and evicted blocks,
+# and the TTFT histogram filling, one bar per vLLM bucket. Re-run the cell to watch it move.
+
+# %%
+from minienv.viz.metrics_panel import MetricsPanel
+
+live_engine = InferenceEngine(model, tokenizer, kv_budget_tokens=160, **ENGINE)
+panel = MetricsPanel(live_engine.metrics, title="minienv, 160-token KV budget, 2 arrivals per step")
+display(panel)  # noqa: F821 - IPython's display
+serve_traffic(live_engine, prompts(24), panel=panel)
+
+# %%
+last = panel.samples[-1]
+assert len(panel.samples) == live_engine.stats.num_steps
+assert last.preemptions == live_engine.stats.num_preemptions > 0
+assert last.running == last.waiting == 0 and last.kv_blocks == 0  # idle: nothing held
+assert max(s.kv_tokens for s in panel.samples) < max(s.kv_blocks for s in panel.samples)  # blocks overstate
+assert sum(panel.ttft_bars()[1]) == 24
+
+# %% [markdown]
+# For readers without a kernel, the same five charts at the end of the run:
+
+# %%
+panel.static()
+
+# %%
+svg = panel.to_svg()
+assert svg.startswith("<svg") and svg.count("<polyline") >= 6 and "time to first token" in svg
+
+# %% [markdown]
+# ## What moves when: healthy vs thrashing, shared vs distinct prompts
+#
+# Same traffic, four engines: a KV budget that holds everybody (healthy) or only a few requests (thrashing), and
+# prompts that share their scene heading or not. Only counters and step counts are printed — they are the same on
+# every machine.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+runs = {}
+for budget, label in ((1024, "healthy"), (160, "thrashing")):
+    for shared in (True, False):
+        if (label, shared) == ("thrashing", True):
+            e, p = live_engine, panel  # the live run above was this one
+        else:
+            e = InferenceEngine(model, tokenizer, kv_budget_tokens=budget, **ENGINE)
+            p = MetricsPanel(e.metrics)  # attached before the traffic
+            serve_traffic(e, prompts(24, shared_prefix=shared), panel=p)
+        runs[label, shared] = (e, p)
+        v = e.metrics.value
+        hit = v("vllm:prefix_cache_hits_total") / v("vllm:prefix_cache_queries_total")
+        print(f"{label:>9}, {'shared' if shared else 'distinct'} prompts: {e.stats.num_steps:3d} steps, "
+              f"peak running {max(s.running for s in p.samples):.0f}, peak waiting "
+              f"{max(s.waiting for s in p.samples):2.0f}, preemptions {v('vllm:num_preemptions_total'):3.0f}, "
+              f"evicted blocks {v('minienv:kv_cache_evicted_blocks_total'):3.0f}, prefix hit rate {hit:.0%}")
+
+# %%
+(healthy, hp), (thrash, tp) = runs["healthy", True], runs["thrashing", True]
+hv, tv = healthy.metrics.value, thrash.metrics.value
+assert hv("vllm:num_preemptions_total") == 0 < tv("vllm:num_preemptions_total")  # too little KV: preemption
+assert max(s.waiting for s in tp.samples) > max(s.waiting for s in hp.samples)  # ...and a queue
+assert thrash.stats.num_steps > healthy.stats.num_steps  # recomputation costs steps
+distinct = runs["healthy", False][0].metrics.value
+hit_rate = lambda v: v("vllm:prefix_cache_hits_total") / v("vllm:prefix_cache_queries_total")  # noqa: E731
+assert hit_rate(hv) > 5 * hit_rate(distinct)  # the shared scene heading is computed once, then hit
+assert tv("minienv:kv_cache_evicted_blocks_total") > 0  # the tight pool reuses cached-free blocks
+
+# %% [markdown]
+# Read it as an operator would:
+#
+# * **Healthy**: the queue is the burst of arrivals waiting for one of the `max_num_seqs = 8` batch slots, and it
+#   drains steadily; no preemptions, no evictions; KV usage rises and falls with the traffic.
+# * **Thrashing**: `vllm:num_requests_waiting` keeps a queue, `vllm:num_preemptions_total` climbs steadily (each
+#   preemption throws K/V away and recomputes it later), KV usage sits near 1, evictions climb, and TTFT's tail
+#   stretches. The fix is capacity (more KV, or fewer `max_num_seqs`), not a faster model.
+# * **Shared prefix**: `vllm:prefix_cache_hits_total` grows with `queries` — the scene heading is computed once.
+#   Under thrashing the hit rate can still be high: a preempted request's resume finds its own blocks cached.
+#
+# The thrashing engine, for readers without a kernel:
+
+# %%
+tp.static()
+
+# %%
+assert max(s.waiting for s in tp.samples) >= 4 and tp.samples[-1].preemptions == tv("vllm:num_preemptions_total")
+
+# %% [markdown]
+# ## PromQL, worked through
+#
+# Prometheus stores each series as (time, value) samples; dashboards query them with PromQL.
+#
+# **`rate(c[w])`** — how fast a counter grows: `(value now − value w ago) / w`, per second (with care for counter
+# resets). `rate(vllm:generation_tokens_total[1m])` is tokens/s. The same, by hand, from two reads of the registry
+# around a burst of steps:
+
+# %%
+import time
+
+rate_engine = InferenceEngine(model, tokenizer, kv_budget_tokens=1024, **ENGINE)
+for text in prompts(8):
+    rate_engine.add_request(text, SamplingParams(max_tokens=40, temperature=0))
+while any(rate_engine.output(str(i)).metrics.first_token_time is None for i in range(8)):
+    rate_engine.step()  # until all 8 prompts are prefilled and decoding
+read = rate_engine.metrics.value
+t1, v1 = time.perf_counter(), read("vllm:generation_tokens_total")
+for _ in range(20):
+    rate_engine.step()
+t2, v2 = time.perf_counter(), read("vllm:generation_tokens_total")
+print(f"rate = ({v2:.0f} - {v1:.0f}) / {t2 - t1:.3f} s = {(v2 - v1) / (t2 - t1):.0f} tokens/s; "
+      f"per step: {(v2 - v1) / 20:.0f} tokens (8 requests decoding)")
+
+# %%
+assert v2 - v1 == 20 * 8  # 8 requests, one token each per step
+
+# %% [markdown]
+# **`histogram_quantile(φ, rate(h_bucket[w]))`** — a quantile from buckets. Prometheus does not have the raw values,
+# only cumulative bucket counts, so it (1) finds the *rank* φ × total, (2) finds the first bucket whose cumulative
+# count reaches the rank, and (3) interpolates linearly inside that bucket, assuming its observations are spread
+# evenly between the bucket's lower and upper bounds. Worked example: buckets `le=0.01 → 5`, `le=0.02 → 9`,
+# `le=0.04 → 10`, `+Inf → 10`, φ = 0.9. Rank = 9; the first bucket reaching 9 is `le=0.02`; it holds 9 − 5 = 4
+# observations between 0.01 and 0.02, and the rank is the 4th of them: 0.01 + 0.01 × 4/4 = **0.02 s**.
+#
+# The answer can only be as fine as the buckets. vLLM's buckets are made for large models on GPUs; minienv's tiny
+# model decodes a token in a couple of milliseconds, so **every** inter-token latency falls into vLLM's first
+# bucket (≤ 10 ms):
+
+# %%
+itl = m.histogram_buckets("vllm:inter_token_latency_seconds")
+total = itl[-1][1]
+print(f"{itl[0][1]:.0f} of {total:.0f} inter-token latencies are in the first bucket (le={itl[0][0]} s); "
+      f"histogram_quantile(0.5) would say {0.01 * 0.5 * 1e3:.0f} ms, whatever the truth is (not checked: timing)")
+
+# %%
+assert itl[0][1] >= total / 2  # the median is in the first bucket: from the buckets, "somewhere in 0–10 ms"
+
+# %% [markdown]
+# ## Serving `/metrics`, and the trap that renames every series
+#
+# `engine.serve_metrics(port)` serves the registry over HTTP (prometheus-client's own threaded server, on
+# 127.0.0.1; port 0 picks a free one). A Prometheus 2.42 asks for the OpenMetrics format first. prometheus-client
+# 0.26 answers it with sample names escaped as if they were *label* names, and `:` is not allowed in a label
+# name — so Prometheus stores `vllm_generation_tokens_total`, and every `vllm:` query of a vLLM dashboard finds
+# nothing. minienv's server always answers in the classic text format, where `:` is legal:
+
+# %%
+import urllib.request
+
+from prometheus_client.exposition import choose_encoder
+
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")  # what Prometheus 2.42 sends
+with eng.serve_metrics(0) as server:
+    request = urllib.request.Request(server.url, headers={"Accept": PROMETHEUS_ACCEPT})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        served, content_type = response.read().decode(), response.headers["Content-Type"]
+stock = choose_encoder(PROMETHEUS_ACCEPT)[0](eng.metrics.registry).decode()  # what the library would answer
+pick = lambda body: [ln.split("{")[0] for ln in body.splitlines() if "generation_tokens_total{" in ln]  # noqa: E731
+print("minienv serves:          ", content_type, pick(served))
+print("prometheus-client stock: ", pick(stock))
+
+# %%
+assert pick(served) == ["vllm:generation_tokens_total"] and pick(stock) == ["vllm_generation_tokens_total"]
+assert not server.running
+
+# %% [markdown]
+# The test suite checks this against a **real** Prometheus (the `prometheus` tier, `tests/prometheus/`): it starts
+# Debian's Prometheus 2.42, scrapes an engine every 250 ms, runs traffic, and asks Prometheus' HTTP API which
+# series it stored and what values they hold — which must equal `engine.stats`. A Grafana dashboard for these
+# series ships in `assets/grafana/minienv.json` (README: how to import it); every query in it is run against the
+# real server too.
+#
+# ## Exercise: p90 TTFT from the buckets
+#
+# Write `quantile_from_buckets(q, buckets)`: PromQL's `histogram_quantile` on one histogram. `buckets` is
+# `[(le, cumulative_count), ...]` sorted by `le`, `float("inf")` last — what `m.histogram_buckets(name)` returns.
+# The check runs your function on five small cases, one per rule (cumulative counts; linear interpolation; the
+# first bucket starts at 0; a rank in the `+Inf` bucket; no observations → NaN), then on the live TTFT histogram
+# of the thrashing run, where it compares your p90 with the exact p90 of the raw TTFTs.
+#
+# <details><summary>Hint 1</summary>The rank is <code>q * total</code>, and <code>total</code> is the
+# <code>+Inf</code> bucket's count.</details>
+# <details><summary>Hint 2</summary>Walk the buckets keeping the previous bound and the previous cumulative count:
+# the bucket you stop in holds <code>count - previous_count</code> observations between <code>previous_le</code>
+# and <code>le</code>.</details>
+# <details><summary>Hint 3</summary>If you stop in the <code>+Inf</code> bucket there is no upper bound to
+# interpolate to: answer the previous bound.</details>
+
+# %%
+from minienv.lab.metrics_exercise import check_quantile_from_buckets
+
+
+def quantile_from_buckets(q, buckets):
+    # your turn: replace this line
+    raise NotImplementedError
+
+
+thrash_ttft = [thrash.output(str(i)).metrics.ttft for i in range(24)]
+print(check_quantile_from_buckets(quantile_from_buckets, thrash.metrics.histogram_buckets(
+    "vllm:time_to_first_token_seconds"), thrash_ttft))
+
+# %% [markdown]
+# A classic slip — answering the bucket's upper bound instead of interpolating — breaks the rule it should:
+
+# %%
+def upper_bound_only(q, buckets):
+    rank = q * buckets[-1][1]
+    return next(le for le, count in buckets if count >= rank)
+
+
+try:
+    check_quantile_from_buckets(upper_bound_only)
+    raise RuntimeError("the check should have rejected it")
+except AssertionError as err:
+    print(str(err)[:110])
+
+# %% [markdown]
+# (Solution: `solutions/09_metrics.py`.)
+#
+# ## Where it lives in vLLM and SGLang
+#
+# | minienv (`minienv/metrics.py`) | vLLM v0.11.0 (`vllm/v1/metrics/loggers.py`, `stats.py`) | SGLang v0.5 (`python/sglang/srt/metrics/collector.py`) |
+# |---|---|---|
+# | `vllm:num_requests_running` / `_waiting` | the same (`SchedulerStats.num_running_reqs`, `num_waiting_reqs`) | `sglang:num_running_reqs`, `sglang:num_queue_reqs` |
+# | `vllm:kv_cache_usage_perc` (blocks) · `minienv:kv_cache_token_usage_perc` | `vllm:kv_cache_usage_perc` (blocks only) | `sglang:token_usage` (SGLang's pool is per token) |
+# | `vllm:prefix_cache_queries` / `_hits` (tokens) | the same (`PrefixCacheStats`) | `sglang:cache_hit_rate` (a gauge ratio) |
+# | `vllm:num_preemptions` | the same | `sglang:num_retracted_reqs` (SGLang calls preemption *retraction*) |
+# | `vllm:prompt_tokens`, `vllm:generation_tokens` | the same | `sglang:prompt_tokens_total`, `sglang:generation_tokens_total` |
+# | `vllm:request_success{finished_reason}` | the same (aborts missing in 0.13: #31503) | — |
+# | TTFT, ITL, e2e histograms | `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`, `vllm:e2e_request_latency_seconds` | `sglang:time_to_first_token_seconds`, `sglang:inter_token_latency_seconds`, `sglang:e2e_request_latency_seconds` |
+# | queue / prefill / decode time | `vllm:request_queue_time_seconds`, `_prefill_time_`, `_decode_time_` | `sglang:queue_time_seconds` |
+# | `minienv:kv_cache_evicted_blocks` / `_tokens`, `minienv:kv_cache_cached_free_blocks` | — (KV events, not metrics) | — |
+#
+# Two traps worth knowing. vLLM registers into prometheus-client's process-wide registry and unregisters its own
+# metrics first (`unregister_vllm_metrics()` in `loggers.py`), because a second engine in the same process would
+# otherwise crash on duplicate names; minienv gives every engine its own registry (the second engine below
+# registers cleanly). And renamed metrics break dashboards silently: vLLM's `time_per_output_token_seconds` became
+# `inter_token_latency_seconds`, `gpu_cache_usage_perc` became `kv_cache_usage_perc`.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+again = InferenceEngine(model, tokenizer, kv_budget_tokens=160, **ENGINE)
+again.generate(prompts(2), PARAMS)
+successes = sum(again.metrics.value("vllm:request_success_total", finished_reason=r) for r in ("length", "stop"))
+print(f"a second engine, its own registry: {again.metrics.registry is not eng.metrics.registry}; metrics attached "
+      f"after generate(): generation tokens {again.metrics.value('vllm:generation_tokens_total'):.0f} (totals, from "
+      f"its stats), request_success {successes:.0f} (events, counted from the attach on)")
+
+# %%
+assert again.metrics.value("vllm:generation_tokens_total") == again.stats.num_generated_tokens
+
+# %% [markdown]
+# ## Summary
+#
+# * **Gauges** say how the engine is now (running, waiting, KV usage); **counters** only grow and are read as
+#   rates (tokens/s, hits/queries, preemptions/s); **histograms** keep cumulative bucket counts from which
+#   quantiles are estimated — as fine as the buckets, no finer.
+# * A healthy engine drains its queue and rarely preempts; a thrashing one keeps a queue, preempts and evicts
+#   steadily, and its TTFT tail stretches. A shared prefix shows up as prefix-cache hits.
+# * Block-based KV usage overstates what the K/V occupies (a half-filled block counts as full); minienv also
+#   exports usage in token slots.
+# * minienv exports vLLM's names, types, units and buckets, so a vLLM dashboard reads it unchanged — provided the
+#   scrape keeps the `:` in the names, which minienv's `/metrics` guarantees and a real Prometheus test checks.
