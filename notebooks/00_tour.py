@@ -124,7 +124,8 @@ assert list(MODULES) == [s.name for s in ENGINE_MAP]
 # | **06 LRU eviction** | the token-budget LRU evictor | the free queue in LRU order; hit rate vs budget |
 # | **07 scheduling** | continuous batching, chunked prefill, preemption | static vs continuous timelines; throughput and latency |
 # | **08 engine** | `InferenceEngine` | the whole engine in one dashboard, text streaming in |
-# | extensions | metrics, a gRPC API, a persistent KV tier, speculative decoding, block-size tuning | |
+# | **09 metrics** | Prometheus metrics in vLLM's names | running / waiting, KV usage, hit rate, the TTFT histogram, live |
+# | extensions | a gRPC API, a persistent KV tier, speculative decoding, block-size tuning | |
 #
 # ## How to use the live views
 #

@@ -1,0 +1,62 @@
+"""MetricsPanel: every chart shows what the registry holds, the live figure and the SVG draw the same samples."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+pytest.importorskip("plotly")
+
+from minienv.engine import InferenceEngine  # noqa: E402
+from minienv.model import LlamaConfig, LlamaModel, random_weights  # noqa: E402
+from minienv.sampling import SamplingParams  # noqa: E402
+from minienv.tokenizer import BPETokenizer  # noqa: E402
+from minienv.viz.metrics_panel import MetricsPanel  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine_factory():
+    cfg = LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=96, tie_word_embeddings=True)
+    model = LlamaModel(cfg, random_weights(cfg, seed=1, scale=0.3))
+    return lambda: InferenceEngine(model, BPETokenizer([]), kv_budget_tokens=64, block_size=4, max_num_seqs=4,
+                                   max_num_batched_tokens=32)
+
+
+def test_samples_are_the_registry_and_the_figure_draws_them(engine_factory):
+    e = engine_factory()
+    panel = MetricsPanel(e.metrics, window=3)
+    prompts = ["The quick brown fox", "The quick brown cat", "To be, or not", "xyz" * 5, "The quick brown owl"]
+    for p in prompts:
+        e.add_request(p, SamplingParams(max_tokens=10, temperature=0))
+    while e.has_unfinished_requests():
+        e.step()
+        s = panel.update()
+        v = e.metrics.value
+        assert (s.running, s.waiting, s.kv_blocks, s.kv_tokens, s.preemptions, s.evicted_blocks) == (
+            v("vllm:num_requests_running"), v("vllm:num_requests_waiting"), v("vllm:kv_cache_usage_perc"),
+            v("minienv:kv_cache_token_usage_perc"), v("vllm:num_preemptions_total"),
+            v("minienv:kv_cache_evicted_blocks_total"))
+    samples = panel.samples
+    assert len(samples) == e.stats.num_steps and samples[-1].preemptions > 0
+    for i, s in enumerate(samples):  # the hit rate is over the last `window` samples, like rate(...[w])
+        past = samples[i - 3] if i >= 3 else None
+        dq = s.queries - (past.queries if past else 0)
+        dh = s.hits - (past.hits if past else 0)
+        assert s.hit_rate == (dh / dq if dq else None)
+    fig = panel.widget
+    assert list(fig.data[0].y) == [s.running for s in samples] and list(fig.data[3].y) == [s.kv_tokens for s in samples]
+    labels, counts = panel.ttft_bars()
+    assert list(fig.data[7].y) == counts and sum(counts) == len(prompts) and labels[0] == "1ms"
+    svg = panel.to_svg()
+    assert svg.count("<polyline") == 7 and f"sample {len(samples) - 1}" in svg
+    assert svg.count('fill="#59a14f"') == len(counts)
+
+
+def test_an_empty_panel_draws_and_bad_windows_are_refused(engine_factory):
+    e = engine_factory()
+    panel = MetricsPanel(e.metrics)
+    assert panel.to_svg().startswith("<svg") and panel.samples == []
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="window must be an int >= 1"):
+            MetricsPanel(e.metrics, window=bad)
