@@ -113,9 +113,9 @@ class MetricsPanel(View):
     # ------------------------------------------------------------------ static picture
     def to_svg(self) -> str:
         """The five charts as one SVG (no JavaScript): what GitHub and nbviewer readers see."""
-        W, H, pw, ph = 980, 470, 290, 160
+        W, H, pw, ph = 980, 490, 290, 160
         body = [S.svg_text(12, 16, self.title, size=13, anchor="start", bold=True)]
-        origins = [(40, 40), (360, 40), (680, 40), (40, 270), (360, 270)]
+        origins = [(40, 52), (360, 52), (680, 52), (40, 290), (360, 290)]
         xs = [s.index for s in self.samples]
         ymax_req = max([1.0] + [max(s.running, s.waiting) for s in self.samples])
         ymax_ev = max([1.0] + [max(s.preemptions, s.evicted_blocks) for s in self.samples])
@@ -144,11 +144,15 @@ class MetricsPanel(View):
         cmax = max([1.0] + counts)
         body += self._axes(x0, y0, pw, ph, TITLES[4], cmax)
         bw = pw / max(1, len(counts))
+        every = -(-len(counts) // 7)  # at most 7 bucket labels, so they never overlap
         for i, (label, c) in enumerate(zip(labels, counts, strict=True)):
             h = ph * c / cmax
             body.append(S.svg_rect(x0 + i * bw + 1, y0 + ph - h, bw - 2, h, "#59a14f", rx=1,
                                    tip=f"le {label}: {c:g} requests"))
-            body.append(S.svg_text(x0 + (i + 0.5) * bw, y0 + ph + 12, label, size=8))
+            if i % every == 0:
+                body.append(S.svg_text(x0 + (i + 0.5) * bw, y0 + ph + 12, f"≤{label}", size=9))
+        body.append(S.svg_text(x0 + pw, y0 + ph + 28, "bar = requests whose TTFT is in (previous, le]", size=9,
+                               anchor="end"))
         return S.svg_doc(W, H, body, title=self.title)
 
     @staticmethod
