@@ -125,7 +125,8 @@ SERIES: tuple[Series, ...] = (
     Series("minienv:kv_cache_cached_free_blocks", "gauge",
            "Blocks with no holder that keep their K/V for prefix hits (reclaimable, evicted LRU first)."),
     Series("minienv:kv_cache_evicted_blocks", "counter", "Cached-free blocks evicted (reused for new K/V)."),
-    Series("minienv:kv_cache_evicted_tokens", "counter", "Tokens of K/V lost to eviction (evicted blocks x block size)."),
+    Series("minienv:kv_cache_evicted_tokens", "counter",
+           "Tokens of K/V lost to eviction (evicted blocks x block size)."),
     # -- pushed per request / per token
     Series("vllm:request_success", "counter", "Count of finished requests, by finished_reason (aborts included).",
            ("finished_reason",)),

@@ -207,7 +207,8 @@ def test_promql_rates_and_quantiles_work_on_the_stored_series(scraped):
     prom.wait_for('vllm:generation_tokens_total{job="minienv"}', engine.stats.num_generated_tokens)
     p90 = prom.query('histogram_quantile(0.9, sum by (le) (vllm:time_to_first_token_seconds_bucket{job="minienv"}))')
     assert len(p90) == 1 and 0 < float(p90[0]["value"][1]) <= 2560
-    hit_rate = prom.query('vllm:prefix_cache_hits_total{job="minienv"} / vllm:prefix_cache_queries_total{job="minienv"}')
+    hit_rate = prom.query('vllm:prefix_cache_hits_total{job="minienv"} '
+                          '/ vllm:prefix_cache_queries_total{job="minienv"}')
     s = engine.stats
     assert float(hit_rate[0]["value"][1]) == pytest.approx(s.prefix_cache_hit_rate)
     rate = prom.query('rate(vllm:generation_tokens_total{job="minienv"}[1m])')
