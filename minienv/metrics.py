@@ -26,8 +26,9 @@ Invariants:
 2. Gauges and counters describe the engine as of the end of its last step (or abort): a scrape from another
    thread never reads the engine mid-step.
 3. Counters never decrease (they are the engine's own monotonic totals); ``hits <= queries``.
-4. For every finished request that produced a token, e2e = queue + prefill + decode exactly (one clock,
-   ``time.perf_counter``: arrival, first scheduled, first token, finished).
+4. For every finished request that produced a token, e2e = queue + prefill + decode exactly, and its inter-token
+   latencies add up to its decode time (one clock, ``time.perf_counter``: arrival, first scheduled, first token,
+   each step's tokens — ``StepRecord.token_time`` — and finished).
 
 **The stored-name trap.** prometheus-client 0.26 answers a scraper that accepts OpenMetrics (Prometheus 2.42 asks
 for it first) with sample names escaped for *label* names, so ``vllm:generation_tokens_total`` is stored as
@@ -41,7 +42,6 @@ from __future__ import annotations
 import errno
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -323,7 +323,7 @@ class EngineMetrics:
 
     def _on_step(self, record: "StepRecord") -> None:
         """After each step: TTFT of first tokens, ITL of later ones, and the stats snapshot scrapes read."""
-        now = time.perf_counter()
+        now = record.token_time  # the engine's clock for this step's tokens: ITLs add up to the decode time
         last = self._last_token_at
         requests = self.engine.requests  # a step's requests are still there while its listeners run
         for rid in record.sampled:

@@ -445,7 +445,7 @@ class InferenceEngine:
         c.busy_s += time.perf_counter() - t0
         if self.history.maxlen or self._step_listeners:
             record = StepRecord(plan.step, plan, sampled, finished, tuple(self._kv_events), self.stats,
-                                time.perf_counter() - t0)
+                                time.perf_counter() - t0, now)
             self.history.append(record)
             for listener in self._step_listeners:
                 listener(record)

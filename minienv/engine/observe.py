@@ -79,6 +79,7 @@ class StepRecord:
     kv_events: tuple[KVEvent, ...]
     stats: EngineStats
     duration_s: float
+    token_time: float = 0.0  # time.perf_counter() when this step's tokens came out (their first_token/finished time)
 
 
 @dataclass(frozen=True)
