@@ -362,6 +362,12 @@ class EngineMetrics:
         full = dict(zip(LABEL_NAMES, self.label_values, strict=True), **labels)
         return self.registry.get_sample_value(name, full)
 
+    def values(self) -> dict[str, float]:
+        """Every sample of this engine without extra labels, by stored name, from one pass over the registry (a
+        dashboard reading many values per step; :meth:`value` collects the whole registry per call)."""
+        own = dict(zip(LABEL_NAMES, self.label_values, strict=True))
+        return {s.name: s.value for family in self.registry.collect() for s in family.samples if s.labels == own}
+
     def histogram_buckets(self, name: str) -> list[tuple[float, float]]:
         """A histogram's cumulative buckets ``[(le, count), ...]``, ``+Inf`` last, as Prometheus stores them."""
         out = []

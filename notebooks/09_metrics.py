@@ -191,9 +191,10 @@ print("\n".join(line for line in m.exposition().splitlines()
 from minienv.viz.metrics_panel import MetricsPanel
 
 live_engine = InferenceEngine(model, tokenizer, kv_budget_tokens=160, **ENGINE)
-panel = MetricsPanel(live_engine.metrics, title="minienv, 160-token KV budget, 2 arrivals per step")
+panel = MetricsPanel(live_engine.metrics, redraw_every=4, title="minienv, 160-token KV budget, 2 arrivals per step")
 display(panel)  # noqa: F821 - IPython's display
 serve_traffic(live_engine, prompts(24), panel=panel)
+panel.redraw()  # the last samples too
 
 # %%
 last = panel.samples[-1]
@@ -229,7 +230,7 @@ for budget, label in ((1024, "healthy"), (160, "thrashing")):
             e, p = live_engine, panel  # the live run above was this one
         else:
             e = InferenceEngine(model, tokenizer, kv_budget_tokens=budget, **ENGINE)
-            p = MetricsPanel(e.metrics, title=f"{label}: {budget}-token KV budget, "  # attached before the traffic
+            p = MetricsPanel(e.metrics, live=False, title=f"{label}: {budget}-token KV budget, "  # attached now
                              f"{'shared' if shared else 'distinct'} prompts")
             serve_traffic(e, prompts(24, shared_prefix=shared), panel=p)
         runs[label, shared] = (e, p)
@@ -357,7 +358,7 @@ assert not server.running
 # series ships in `assets/grafana/minienv.json` (README: how to import it); every query in it is run against the
 # real server too.
 #
-# ## Exercise: p90 TTFT from the buckets
+# ## Exercise 1: p90 TTFT from the buckets
 #
 # Write `quantile_from_buckets(q, buckets)`: PromQL's `histogram_quantile` on one histogram. `buckets` is
 # `[(le, cumulative_count), ...]` sorted by `le`, `float("inf")` last — what `m.histogram_buckets(name)` returns.
@@ -402,7 +403,47 @@ except AssertionError as err:
     print(str(err)[:110])
 
 # %% [markdown]
-# (Solution: `solutions/09_metrics.py`.)
+# ## Exercise 2: a counter across a restart
+#
+# Counters only go up — until the process restarts and they start again from 0. That is why nobody plots a
+# counter's raw value, and why PromQL's `increase()` and `rate()` treat **any decrease as a reset**: the value after
+# the drop counted from 0, so all of it is increase. Write `increase(samples)` for `[(seconds, value), ...]`
+# (oldest first), without PromQL's extrapolation to the window's edges. The check runs four rules (no reset; a
+# reset; several resets; fewer than two samples → `None`), then live samples of `vllm:generation_tokens_total`
+# read after every step of one engine and then of its replacement.
+#
+# <details><summary>Hint 1</summary>Walk consecutive pairs of samples; each pair contributes its own increase.
+# </details>
+# <details><summary>Hint 2</summary>If <code>after &lt; before</code>, the counter restarted in between: the pair
+# contributes <code>after</code> (counted from 0), not <code>after - before</code>.</details>
+
+# %%
+from minienv.lab.metrics_exercise import check_increase
+
+
+def increase(samples):
+    # your turn: replace this line
+    raise NotImplementedError
+
+
+counter_samples, servers = [], []
+for restart in range(2):  # an engine, then a new one in its place: its counters start again from 0
+    server_engine = InferenceEngine(model, tokenizer, kv_budget_tokens=1024, **ENGINE)
+    servers.append(server_engine)
+    for text in prompts(6):
+        server_engine.add_request(text, PARAMS)
+    while server_engine.has_unfinished_requests():
+        server_engine.step()
+        counter_samples.append((time.perf_counter(), server_engine.metrics.value("vllm:generation_tokens_total")))
+true_increase = (servers[0].stats.num_generated_tokens - counter_samples[0][1]) + servers[1].stats.num_generated_tokens
+print(check_increase(increase, counter_samples, true_increase))
+
+# %%
+assert any(b[1] < a[1] for a, b in zip(counter_samples, counter_samples[1:]))  # the restart shows as a drop
+assert counter_samples[-1][1] - counter_samples[0][1] < true_increase  # last − first undercounts across it
+
+# %% [markdown]
+# (Solutions: `solutions/09_metrics.py`.)
 #
 # ## Where it lives in vLLM and SGLang
 #

@@ -73,3 +73,47 @@ def check_quantile_from_buckets(fn: Callable[[float, Buckets], float], live_buck
         verdict += (f"; live p{q * 100:g}: {est * 1e3:.2f} ms from the buckets vs {exact * 1e3:.2f} ms exact "
                     f"(bucket {lo * 1e3:g}–{hi * 1e3:g} ms)")
     return verdict
+
+
+# ------------------------------------------------------------------------------------------------ exercise 2
+#: (rule, samples, expected increase) — samples are (seconds, counter value), oldest first
+INCREASE_CASES: tuple[tuple[str, list[tuple[float, float]], float | None], ...] = (
+    ("without a reset, the increase is the last value minus the first",
+     [(0.0, 10.0), (15.0, 14.0), (30.0, 21.0)], 11.0),
+    ("a value lower than the one before is a reset: the counter restarted from 0, so the new value is all increase",
+     [(0.0, 10.0), (15.0, 15.0), (30.0, 4.0), (45.0, 7.0)], 12.0),
+    ("every reset in the window counts, not only the first",
+     [(0.0, 5.0), (1.0, 8.0), (2.0, 2.0), (3.0, 6.0), (4.0, 1.0), (5.0, 4.0)], 13.0),
+    ("fewer than two samples: no increase can be told (None)",
+     [(0.0, 42.0)], None),
+)
+
+
+def check_increase(fn: Callable[[Sequence[tuple[float, float]]], float | None],
+                   live_samples: Sequence[tuple[float, float]] | None = None,
+                   live_expected: float | None = None) -> str:
+    """Run ``fn(samples)`` (PromQL's ``increase`` without its extrapolation) on every rule's case, then on live
+    samples of ``vllm:generation_tokens_total`` across an engine restart if given. Same contract as
+    :func:`check_quantile_from_buckets`: "not implemented yet" for a stub, AssertionError naming a broken rule."""
+    try:
+        fn([(0.0, 1.0), (1.0, 2.0)])
+    except NotImplementedError:
+        return "not implemented yet: write increase(samples) in the cell above, then run this cell again"
+    for rule, samples, expected in INCREASE_CASES:
+        try:
+            got = fn(list(samples))
+        except Exception as exc:  # noqa: BLE001 - a student's code
+            raise AssertionError(f"rule broken: {rule}. For samples {samples} your function raised "
+                                 f"{type(exc).__name__}: {exc}") from exc
+        ok = got is None if expected is None else (got is not None and _same(float(got), expected))
+        assert ok, f"rule broken: {rule}. For samples {samples} the answer is {expected}, got {got!r}"
+    verdict = f"correct on all {len(INCREASE_CASES)} rules"
+    if live_samples is not None and live_expected is not None:
+        got = fn(list(live_samples))
+        assert got is not None and _same(float(got), live_expected), (
+            f"on the live counter across an engine restart: {live_expected:g} tokens were generated in the window, "
+            f"your increase says {got!r}")
+        seconds = live_samples[-1][0] - live_samples[0][0]
+        verdict += (f"; live: {got:g} tokens across the restart, rate = {got / seconds:.0f} tokens/s "
+                    f"over {seconds:.2f} s")
+    return verdict

@@ -51,11 +51,16 @@ def _bucket_label(le: float) -> str:
 class MetricsPanel(View):
     """Five live charts of one :class:`~minienv.metrics.EngineMetrics`; ``update()`` takes one sample."""
 
-    def __init__(self, metrics: Any, *, window: int = 8, title: str = "engine metrics") -> None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be an int >= 1 (samples), got {window!r}")
-        self.metrics, self.window, self.title = metrics, window, title
+    def __init__(self, metrics: Any, *, window: int = 8, redraw_every: int = 1, live: bool = True,
+                 title: str = "engine metrics") -> None:
+        for name, value in (("window", window), ("redraw_every", redraw_every)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1 (samples), got {value!r}")
+        self.metrics, self.window, self.redraw_every, self.title = metrics, window, redraw_every, title
         self.samples: list[MetricsSample] = []
+        self.widget: Any = None
+        if not live:  # samples and the static picture only (no plotly figure to keep in sync)
+            return
         go = S.require("plotly.graph_objects")
         subplots = S.require("plotly.subplots")
         fig = subplots.make_subplots(rows=2, cols=3, subplot_titles=TITLES, horizontal_spacing=0.08,
@@ -76,7 +81,7 @@ class MetricsPanel(View):
     # ------------------------------------------------------------------ reading the registry
     def read(self) -> MetricsSample:
         """The registry now (the same numbers a scrape of ``/metrics`` would carry)."""
-        v = self.metrics.value
+        v = self.metrics.values().__getitem__  # one pass over the registry
         hits, queries = v("vllm:prefix_cache_hits_total"), v("vllm:prefix_cache_queries_total")
         past = self.samples[-self.window] if len(self.samples) >= self.window else None
         d_hits, d_queries = (hits - past.hits, queries - past.queries) if past else (hits, queries)
@@ -95,9 +100,17 @@ class MetricsPanel(View):
         return [_bucket_label(le) for le, _ in buckets[:upto]], counts[:upto]
 
     def update(self) -> MetricsSample:
-        """Take one sample and redraw the live charts; return the sample."""
+        """Take one sample (and redraw the live charts every ``redraw_every`` samples); return the sample."""
         sample = self.read()
         self.samples.append(sample)
+        if self.widget is not None and len(self.samples) % self.redraw_every == 0:
+            self.redraw()
+        return sample
+
+    def redraw(self) -> None:
+        """Draw every sample taken so far on the live charts (``update`` does it every ``redraw_every`` samples)."""
+        if self.widget is None:
+            raise ValueError("this panel was made with live=False: it has no live figure (use static())")
         xs = [s.index for s in self.samples]
         series = [[s.running for s in self.samples], [s.waiting for s in self.samples],
                   [s.kv_blocks for s in self.samples], [s.kv_tokens for s in self.samples],
@@ -108,7 +121,6 @@ class MetricsPanel(View):
             for trace, ys in zip(self.widget.data[:7], series, strict=True):
                 trace.x, trace.y = xs, ys
             self.widget.data[7].x, self.widget.data[7].y = labels, counts
-        return sample
 
     # ------------------------------------------------------------------ static picture
     def to_svg(self) -> str:
@@ -169,3 +181,8 @@ class MetricsPanel(View):
     def static(self):
         """A static picture of the current state for readers without a kernel (GitHub, nbviewer)."""
         return S.require("IPython.display").SVG(data=self.to_svg())
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        if self.widget is None:
+            return {"image/svg+xml": self.to_svg(), "text/plain": repr(self)}
+        return super()._repr_mimebundle_(include=include, exclude=exclude, **kwargs)

@@ -81,3 +81,53 @@ def test_a_live_estimate_outside_the_true_bucket_is_rejected():
 
     with pytest.raises(AssertionError, match="must land in the bucket that holds the true value"):
         check_quantile_from_buckets(off_by_a_bucket, buckets, values)
+
+
+# ------------------------------------------------------------------------------------------------ exercise 2
+from minienv.lab.metrics_exercise import INCREASE_CASES, check_increase  # noqa: E402
+
+
+def _solution_increase():
+    spec = importlib.util.spec_from_file_location("solutions_09_metrics", REPO / "solutions" / "09_metrics.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.increase
+
+
+def test_increase_solution_passes_including_live_samples_across_a_restart():
+    live = [(0.0, 100.0), (0.5, 140.0), (1.0, 180.0), (1.5, 12.0), (2.0, 50.0)]  # restart between 1.0 and 1.5
+    verdict = check_increase(_solution_increase(), live, 80.0 + 12.0 + 38.0)
+    assert verdict.startswith(f"correct on all {len(INCREASE_CASES)} rules") and "across the restart" in verdict
+
+
+def test_increase_stub_is_not_implemented_yet():
+    def stub(samples):
+        raise NotImplementedError
+    assert check_increase(stub).startswith("not implemented yet")
+
+
+def _single_reset(samples):
+    if len(samples) < 2:
+        return None
+    values = [v for _, v in samples]
+    drop = next((i for i in range(1, len(values)) if values[i] < values[i - 1]), None)
+    return values[-1] - values[0] + (values[drop - 1] if drop else 0)
+
+
+@pytest.mark.parametrize("wrong, rule", [
+    (lambda s: s[-1][1] - s[0][1] if len(s) > 1 else None, "is a reset"),  # ignores resets
+    (lambda s: sum(max(0.0, b[1] - a[1]) for a, b in zip(s, s[1:])) if len(s) > 1 else None, "is a reset"),
+    (lambda s: max(v for _, v in s) - min(v for _, v in s) if len(s) > 1 else None, "is a reset"),  # spread
+    (_single_reset, "every reset"),
+    (lambda s: _solution_increase()(s) if len(s) > 1 else 0.0, "fewer than two samples"),
+    (lambda s: (s[-1][1] - s[0][1]) / (s[-1][0] - s[0][0]), "last value minus the first"),  # a rate, not increase
+])
+def test_increase_rejects_each_wrong_answer_by_rule(wrong, rule):
+    with pytest.raises(AssertionError, match="rule broken: .*" + rule):
+        check_increase(wrong)
+
+
+def test_increase_live_mismatch_is_rejected():
+    sol = _solution_increase()
+    with pytest.raises(AssertionError, match="across an engine restart"):
+        check_increase(lambda s: sol(s) if len(s) != 5 else 0.0, [(0, 1), (1, 2), (2, 0), (3, 1), (4, 5)], 6.0)

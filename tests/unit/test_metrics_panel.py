@@ -60,3 +60,22 @@ def test_an_empty_panel_draws_and_bad_windows_are_refused(engine_factory):
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="window must be an int >= 1"):
             MetricsPanel(e.metrics, window=bad)
+
+
+def test_redraw_every_and_a_panel_without_a_live_figure(engine_factory):
+    e = engine_factory()
+    live = MetricsPanel(e.metrics, redraw_every=3)
+    quiet = MetricsPanel(e.metrics, live=False)
+    e.add_request("The quick brown fox", SamplingParams(max_tokens=7, temperature=0))
+    for n in range(1, 6):
+        e.step()
+        live.update()
+        quiet.update()
+        assert len(live.widget.data[0].x) == (3 if n >= 3 else 0)  # drawn at samples 3, 6, ...
+    live.redraw()
+    assert len(live.widget.data[0].x) == 5 and quiet.samples == live.samples
+    assert quiet.widget is None and "image/svg+xml" in quiet._repr_mimebundle_()
+    with pytest.raises(ValueError, match="live=False"):
+        quiet.redraw()
+    with pytest.raises(ValueError, match="redraw_every must be an int >= 1"):
+        MetricsPanel(e.metrics, redraw_every=0)
