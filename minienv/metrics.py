@@ -9,12 +9,12 @@ bucket lists into ``vllm/v1/metrics/buckets.py``). What minienv teaches and vLLM
 How it is fed, without slowing the engine:
 
 * **Pulled at scrape time** (a custom collector): gauges and counters are read from the :class:`EngineStats` the
-  engine already builds after every step (``StepRecord.stats``), or after an abort between steps. Nothing is
-  added per step for them, and the counters equal ``engine.stats`` by construction.
+  engine builds after every step for its history ring and step listeners (``StepRecord.stats``), or re-read after
+  an abort between steps. Nothing is counted twice, and the counters equal ``engine.stats`` by construction.
 * **Pushed per event** (prometheus-client histograms and one counter): time to first token and inter-token latency
   from the step listener; end-to-end, queue, prefill, decode and inference time, token counts and
   ``vllm:request_success{finished_reason}`` from the finish listener, once per finished request — aborted ones
-  included (vLLM v0.13 dropped those: vllm-project/vllm#31503).
+  included (vLLM, as of v0.13, does not count those: vllm-project/vllm#31503).
 
 So pulled counters are the engine's totals since it was built, while the pushed series count from the moment the
 metrics were attached (``engine.metrics`` attaches on first use): attach before the workload you want to see.
