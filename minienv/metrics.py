@@ -42,6 +42,7 @@ from __future__ import annotations
 import errno
 import socket
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -288,7 +289,10 @@ class EngineMetrics:
         for name, value in (("model_name", model_name), ("engine_label", engine_label)):
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{name} must be a non-empty str, got {value!r}")
-        self.engine = engine
+        # NOTE: a weak reference. The engine holds this object (its listeners are our bound methods); a strong
+        # reference back would make a cycle, and an engine dropped with its metrics attached (a KV pool of
+        # megabytes) would wait for the cyclic garbage collector instead of being freed at once.
+        self._engine = weakref.ref(engine)
         self.label_values = (model_name, engine_label)
         self.registry = _prom.CollectorRegistry(auto_describe=True)
         self.server: MetricsServer | None = None
@@ -315,6 +319,13 @@ class EngineMetrics:
         self.registry.register(_StatsCollector(self))
         engine.add_step_listener(self._on_step)
         engine.add_finish_listener(self._on_finish)
+
+    @property
+    def engine(self) -> "InferenceEngine":
+        engine = self._engine()
+        if engine is None:
+            raise ReferenceError("the engine these metrics observed is gone (the last values stay readable)")
+        return engine
 
     # ------------------------------------------------------------------ feeding
     def _read_stats(self) -> tuple["EngineStats", float]:

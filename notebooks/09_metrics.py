@@ -92,7 +92,7 @@ assert eng.stats.num_preemptions > 0
 # that is what **histograms** scraped by Prometheus give, and why vLLM, SGLang and every serving stack export
 # them in one text format.
 #
-# ## Build it small: a counter, a gauge, a histogram, and their text
+# ## Build it small: a histogram and its text
 #
 # Prometheus has three kinds of number that matter here. A **counter** only goes up (tokens generated so far); a
 # **gauge** goes up and down (requests running now); a **histogram** counts observations into fixed buckets,

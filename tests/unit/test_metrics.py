@@ -408,3 +408,24 @@ def test_the_dashboard_check_catches_a_wrong_name(tmp_path):
     for bad in ("rate(vllm_generation_tokens_total[1m])", "vllm:gpu_cache_usage_perc",
                 "histogram_quantile(0.9, rate(vllm:time_per_output_token_seconds_bucket[1m]))"):
         assert not set(re.findall(SERIES_NAME, bad)) <= exported, bad
+
+
+def test_an_engine_with_metrics_is_freed_when_dropped(model, tok):
+    """No reference cycle engine <-> metrics: the KV pool goes when the engine does, not at the next cyclic GC."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        e = make(model, tok)
+        m = e.metrics
+        e.generate(PROMPTS[:2], params(3))
+        total = e.stats.num_generated_tokens
+        ref = weakref.ref(e)
+        del e
+        assert ref() is None
+        assert m.value("vllm:generation_tokens_total") == total  # the last values stay readable
+        with pytest.raises(ReferenceError, match="is gone"):
+            m.engine  # noqa: B018
+    finally:
+        gc.enable()
