@@ -375,6 +375,7 @@ assert not server.running
 # interpolate to: answer the previous bound.</details>
 
 # %%
+# NBVAL_CHECK_OUTPUT
 from minienv.lab.metrics_exercise import check_quantile_from_buckets
 
 
@@ -418,6 +419,7 @@ except AssertionError as err:
 # contributes <code>after</code> (counted from 0), not <code>after - before</code>.</details>
 
 # %%
+# NBVAL_CHECK_OUTPUT
 from minienv.lab.metrics_exercise import check_increase
 
 
