@@ -221,7 +221,7 @@ class InferenceEngine:
         return self.scheduler.scheduling
 
     def __repr__(self) -> str:
-        charitable = self.scheduling == "static" and not self.scheduler.static_padding
+        charitable = not getattr(self.scheduler, "static_padding", True)
         return (f"InferenceEngine(kv_budget_tokens={self.kv_budget_tokens}, block_size={self.block_size}, "
                 f"max_num_seqs={self.max_num_seqs}, max_num_batched_tokens={self.max_num_batched_tokens}, "
                 f"scheduling={self.scheduling!r}{', static_padding=False' if charitable else ''}, prefix_caching="
@@ -471,7 +471,7 @@ class InferenceEngine:
 
     def _finish(self, req: Request, reason: FinishReason, now: float, step: int, error: str | None = None) -> None:
         """End a request: out of the scheduler (blocks freed, or kept as a static padding slot), owner notified."""
-        self.scheduler.finish_request(req.request_id, pad=reason not in ("abort", "error"))
+        self.scheduler.finish_request(req.request_id, reason)
         req.finish(reason, now, step, error)
         self.counters.finished += 1
         self.counters.errors += reason == "error"

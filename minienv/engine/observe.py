@@ -147,7 +147,7 @@ def engine_stats(engine: "InferenceEngine") -> EngineStats:
         prefix_cache_queries_tokens=kv.prefix_queries_tokens, prefix_cache_hits_tokens=kv.prefix_hits_tokens,
         evicted_blocks=kv.evicted_blocks, evicted_tokens=kv.evicted_tokens, num_preemptions=sch.num_preemptions,
         num_prompt_tokens=c.prompt_tokens, num_computed_tokens=c.computed_tokens,
-        num_generated_tokens=c.generated_tokens, busy_time_s=c.busy_s, num_padding_tokens=sch.num_padding_tokens,
+        num_generated_tokens=c.generated_tokens, busy_time_s=c.busy_s, num_padding_tokens=getattr(sch, "num_padding_tokens", 0),
         num_errors=c.errors, num_failed_steps=c.failed_steps,
     )
 
