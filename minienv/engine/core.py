@@ -97,6 +97,7 @@ class EngineCounters:
     errors: int = 0
     failed_steps: int = 0
     busy_s: float = 0.0
+    peak_blocks_in_use: int = 0  # after a step; a counter, so it covers runs longer than ``history``
 
 
 def _check_count(name: str, value: object) -> int:
@@ -440,6 +441,7 @@ class InferenceEngine:
                 finished[req.request_id] = reason
             else:
                 self.router.notify(req)
+        c.peak_blocks_in_use = max(c.peak_blocks_in_use, self.kv_cache_manager.pool.num_used_blocks)
         c.busy_s += time.perf_counter() - t0
         if self.history.maxlen or self._step_listeners:
             record = StepRecord(plan.step, plan, sampled, finished, tuple(self._kv_events), self.stats,

@@ -52,6 +52,7 @@ class EngineStats:
     num_padding_tokens: int = 0
     num_errors: int = 0  # requests finished with finish_reason "error"
     num_failed_steps: int = 0  # steps that raised and were rolled back
+    peak_kv_usage: float = 0.0  # the largest ``kv_usage`` after any step so far
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -149,6 +150,7 @@ def engine_stats(engine: "InferenceEngine") -> EngineStats:
         num_prompt_tokens=c.prompt_tokens, num_computed_tokens=c.computed_tokens,
         num_generated_tokens=c.generated_tokens, busy_time_s=c.busy_s, num_padding_tokens=getattr(sch, "num_padding_tokens", 0),
         num_errors=c.errors, num_failed_steps=c.failed_steps,
+        peak_kv_usage=c.peak_blocks_in_use / kv.num_blocks,
     )
 
 
