@@ -1,28 +1,27 @@
 """The scheduler: which requests run in the next step, how many tokens each computes, and who is preempted.
 
 It owns the waiting queue (FIFO; a preempted request re-enters at the front) and the running list (admission
-order), and it is the only caller of the KV cache manager's ``allocate`` / ``append_slots`` / ``free`` for
-requests. Each :meth:`Scheduler.schedule` returns one :class:`SchedulerOutput`: the plan of one batched model call.
+order), and is the only caller of the KV cache manager's ``allocate`` / ``append_slots`` / ``free`` for requests.
+Each :meth:`Scheduler.schedule` returns one :class:`SchedulerOutput`, the plan of one batched model call.
 
 :class:`Scheduler` is continuous batching (vLLM v1's ``Scheduler.schedule``). One step:
 
-1. **Running requests first**, oldest first. A decode computes 1 token; a prefill (a long prompt, or a resume)
-   its next chunk: what is left of ``max_num_batched_tokens`` minus one token per decode still to be scheduled, so
-   a long prefill never starves the decodes.
-2. **Preemption by recompute.** A running request that gets no block (``append_slots`` returns None) makes a
+1. **Running requests first**, oldest first: a decode computes 1 token, a prefill (a long prompt, a resume) its
+   next chunk — the budget left minus one token per decode still to come, so a long prefill never starves decodes.
+2. **Preemption by recompute**: a running request that gets no block (``append_slots`` returns None) makes a
    victim — ``victim_policy`` over the requests not yet scheduled this step, the asking one first; by default the
    most recently admitted. The victim frees its KV (full blocks stay cached-free, so its resume is mostly prefix
-   hits), restarts at ``num_computed_tokens = 0`` and goes to the front of the waiting queue, keeping its tokens and
-   its sampler. Repeat until the block is granted or the request was the victim itself.
-3. **Admission**, unless the step preempted (memory is tight; vLLM's rule): while budget and ``max_num_seqs``
-   allow, the head of the queue takes its prefix hit and slots for its first chunk. If they do not fit it waits,
-   and nobody overtakes it (FCFS).
+   hits) and goes to the front of the waiting queue with its tokens and sampler. Repeat until the block is granted
+   or the request was the victim itself.
+3. **Admission**, unless the step preempted (memory is tight): while budget and ``max_num_seqs`` allow, the head
+   of the queue takes its prefix hit and slots for its first chunk; if they do not fit it waits, and nobody
+   overtakes it (FCFS).
 
-:class:`StaticBatchScheduler` is the baseline continuous batching is measured against (see its docstring).
+:class:`StaticBatchScheduler` is the baseline continuous batching is measured against.
 
-Why every request finishes: the oldest running request can always get its block — every other block is free,
-cached-free or held by a younger request that can be preempted, and the engine rejects any request that could not
-fit the whole budget alone. So the oldest request finishes, and by induction all do.
+Why every request finishes: the oldest running request can always get its block (every other block is free,
+cached-free or held by a younger, preemptible request, and the engine refuses a request that could not fit the
+budget alone), so the oldest finishes, and by induction all do.
 
 Invariants (``check_invariants``): a running request holds KV with ``num_computed_tokens`` equal to the manager's;
 a waiting one holds none; ``len(running) <= max_num_seqs``; a step schedules ``<= max_num_batched_tokens`` tokens.
@@ -152,14 +151,6 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
 
     # ------------------------------------------------------------------ the step
     def schedule(self) -> SchedulerOutput:
@@ -337,20 +328,19 @@ class Scheduler:
 
 class StaticBatchScheduler(Scheduler):
     """Static batching, the baseline: a *batch* is the first ``max_num_seqs`` waiting requests, fixed when nothing
-    runs; only its members are admitted, and the next batch forms once every member has finished. Budgets, chunking
-    and preemption are the continuous scheduler's, so a comparison measures one thing: refilling a freed slot at
-    once versus waiting for the batch's longest member.
+    runs; only its members are admitted, and the next batch forms once all have finished. Budgets, chunking and
+    preemption are the continuous scheduler's, so a comparison measures one thing: refilling a freed slot at once
+    versus waiting for the batch's longest member.
 
-    **Padding** (``padding=True``): a padded batch (``transformers.generate`` on a batch, FasterTransformer — what
-    the Orca and vLLM papers measured against) keeps a finished member's row, computed and thrown away each step
-    until the longest member ends. Here a finished member becomes a *padding slot*: its output is final, but it keeps
-    its KV and, in every step that runs live work, feeds its last token at its next position (kind ``"padding"``,
-    never sampled, committed like any token, counted against the token and KV budgets). The batch's last member
-    frees every padding slot. In static batching's favour: a padding slot is released (newest first) before any
-    live request waits or is preempted, and before it would pass the model's last position; prompts are not padded
-    to the longest. ``padding=False`` is the *charitable* baseline: finished members stop at once.
+    **Padding** (``padding=True``): a padded batch (``transformers.generate``, FasterTransformer: what the Orca and
+    vLLM papers measured against) keeps a finished member's row, computed and thrown away until the longest member
+    ends. Here a finished member becomes a *padding slot*: its output is final, but it keeps its KV and, in every
+    step that runs live work, feeds its last token at its next position (kind ``"padding"``, never sampled,
+    committed, counted against the token and KV budgets). In static batching's favour, a padding slot is released
+    (newest first) before any live request waits or is preempted, and before it would pass the model's last
+    position, and prompts are not padded to the longest. ``padding=False`` is the *charitable* baseline.
 
-    Invariant: padding slots are finished members of the current batch and hold KV; none outlive the batch.
+    Invariant: padding slots are finished members of the current batch holding KV; the batch's end frees them all.
     """
 
     scheduling: SchedulingPolicy = "static"

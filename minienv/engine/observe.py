@@ -141,7 +141,7 @@ def engine_stats(engine: "InferenceEngine") -> EngineStats:
     sch = engine.scheduler
     c = engine.counters
     return EngineStats(
-        num_steps=sch.num_steps, num_waiting=sch.num_waiting, num_running=sch.num_running,
+        num_steps=sch.num_steps, num_waiting=len(sch.waiting), num_running=len(sch.running),
         num_finished=c.finished, kv_budget_tokens=kv.kv_budget_tokens, block_size=kv.block_size,
         num_blocks=kv.num_blocks, num_blocks_in_use=kv.num_in_use, num_cached_free_blocks=kv.num_cached_free,
         num_free_empty_blocks=kv.num_free_empty, kv_usage=kv.usage,

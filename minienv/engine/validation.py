@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from minienv.request import InvalidRequestError, check_token_ids, kv_tokens_needed
+from minienv.request import InvalidRequestError, check_token_ids
 from minienv.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def validate_request(engine: "InferenceEngine", prompt: Any, params: Any) -> Che
         ids = _token_prompt(engine, prompt)
     if not ids:
         raise InvalidRequestError("the prompt is empty (zero tokens); give at least one token")
-    need = kv_tokens_needed(len(ids), params.max_tokens)
+    need = len(ids) + params.max_tokens  # the most slots it may hold (the last sampled token is never fed: -1 would do)
     limit = engine.model.config.max_position_embeddings
     if need > limit:
         raise InvalidRequestError(
