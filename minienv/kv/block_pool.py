@@ -35,10 +35,6 @@ class KVCacheBlock:
     ref_cnt: int = 0
     block_hash: bytes | None = None
 
-    @property
-    def is_free(self) -> bool:
-        return self.ref_cnt == 0
-
 
 class FreeBlockQueue:
     """Free blocks in eviction order: the head is taken first, freed blocks join at the tail.

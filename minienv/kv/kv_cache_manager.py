@@ -19,12 +19,9 @@ Invariants (``check_invariants``):
    eviction cuts a cached prefix from its tail, never from its middle;
 5. every table holds ``cdiv(num_tokens, block_size)`` blocks.
 
-The life cycle the scheduler drives: ``allocate`` (prefix hit + slots for the prompt's first chunk) -> the step
-writes K/V at the returned slots -> ``commit`` (newly full blocks enter the index) -> ``append_slots`` (next
-tokens; copy-on-write if the last block is shared) -> ... -> ``free`` (last block first; cached blocks stay
-findable). ``fork`` shares every block with children; ``truncate`` rolls a request back. ``allocate`` and
-``append_slots`` return ``None`` when the free blocks do not suffice (the scheduler preempts or waits); misuse
-raises before anything changes.
+A request's life: ``allocate`` (prefix hit + slots) -> the step writes K/V -> ``commit`` (full blocks indexed)
+-> ``append_slots`` ... -> ``free``. ``allocate`` / ``append_slots`` return ``None`` when the free blocks do not
+suffice (the scheduler preempts or waits); misuse raises before anything changes.
 """
 
 from __future__ import annotations
@@ -201,10 +198,9 @@ def _check_int(name: str, value: object, low: int, high: float = float("inf")) -
 class KVCacheManager:
     """Block tables for every request over one :class:`BlockPool` of ``num_blocks`` blocks of ``block_size`` slots.
 
-    ``enable_prefix_caching=False`` is the baseline the differential tests compare: no hashing, no index, every
-    freed block free-empty. ``extra_key`` is mixed into every block hash (:func:`~minienv.kv.hashing.make_extra_key`).
-    Observers for views and metrics: ``stats()``, ``sharing()``, ``free_queue()``, ``block_state(b)``,
-    ``ref_cnt(b)`` and ``add_listener(fn)`` (a :class:`KVEvent` per eviction, cache, hit, copy and free).
+    ``enable_prefix_caching=False`` (the differential tests' baseline): no hashing, no index. ``extra_key`` is
+    mixed into every block hash (:func:`~minienv.kv.hashing.make_extra_key`). Views read ``stats()``, ``sharing()``,
+    ``free_queue()``, ``block_state(b)``, ``ref_cnt(b)`` and :class:`KVEvent` listeners.
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
