@@ -129,9 +129,13 @@ class BlockPool:
     def allocate(self, num_blocks: int = 1) -> list[int]:
         """Take ``num_blocks`` blocks from the head of the free queue; return their ids in allocation order. All or
         nothing: a half-served request would hold blocks it cannot use while others are preempted."""
+        queue = self.free_block_queue._queue
+        if num_blocks == 1 and type(num_blocks) is int and queue:  # the hot path: one block at a block boundary
+            block = queue.popitem(False)[1]
+            block.ref_cnt = 1
+            return [block.block_id]
         if type(num_blocks) is not int or num_blocks < 0:
             raise ValueError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
-        queue = self.free_block_queue._queue
         if num_blocks > len(queue):
             raise OutOfBlocksError(num_blocks, len(queue), self.num_blocks)
         ids = []
@@ -148,8 +152,16 @@ class BlockPool:
         Raises before changing anything: :class:`UnknownBlockError` for an id not in the pool,
         :class:`DoubleFreeError` for a block freed more times than it is referenced.
         """
-        ids = [self._check_id(b) for b in block_ids]
         blocks = self.blocks
+        if type(block_ids) is list and len(block_ids) == 1:  # the hot path: one block
+            block = blocks[self._check_id(block_ids[0])]
+            if block.ref_cnt == 0:
+                raise DoubleFreeError(block.block_id)
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_block_queue._queue[block.block_id] = block
+            return
+        ids = [self._check_id(b) for b in block_ids]
         counts: dict[int, int] = {}
         for bid in ids:
             counts[bid] = counts.get(bid, 0) + 1

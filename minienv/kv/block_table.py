@@ -25,19 +25,22 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def batch_slot_mapping(block_tables: np.ndarray, seq_idx: np.ndarray | int, positions: np.ndarray,
-                       block_size: int) -> np.ndarray:
-    """The slot mapping (its one implementation): token ``i``, at ``positions[i]`` of sequence ``seq_idx[i]`` of
-    the padded ``[num_seqs, max_blocks]`` tables, is in slot ``tables[seq, p // B] * B + p % B`` — one fancy index,
-    as vLLM's ``BlockTable.compute_slot_mapping``."""
-    positions = np.asarray(positions, dtype=np.int64)
-    tables = np.asarray(block_tables, dtype=np.int64)
-    return tables[seq_idx, positions // block_size] * block_size + positions % block_size
-
-
 def slot_mapping(block_table: Sequence[int] | np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
-    """Pool slots of one sequence's tokens at ``positions``."""
-    return batch_slot_mapping(np.asarray(block_table, dtype=np.int64)[None], 0, positions, block_size)
+    """The slot mapping, its one implementation: the token at position ``p`` of a sequence is in pool slot
+    ``table[p // B] * B + p % B``."""
+    positions = np.asarray(positions, dtype=np.int64)
+    return np.asarray(block_table, dtype=np.int64)[positions // block_size] * block_size + positions % block_size
+
+
+def batch_slot_mapping(block_tables: np.ndarray, seq_idx: np.ndarray, positions: np.ndarray,
+                       block_size: int) -> np.ndarray:
+    """Slots of a flattened batch: token ``i`` is at ``positions[i]`` of sequence ``seq_idx[i]`` of the padded
+    ``[num_seqs, width]`` tables (vLLM's ``BlockTable.compute_slot_mapping``). Row-major, block ``j`` of sequence
+    ``s`` is entry ``s * width + j`` of the flat table, so position ``p`` of ``s`` is position ``s * width * B + p``
+    of one long sequence: :func:`slot_mapping`, one fancy index."""
+    tables = np.asarray(block_tables, dtype=np.int64)
+    offsets = np.asarray(seq_idx, dtype=np.int64) * (tables.shape[1] * block_size)
+    return slot_mapping(tables.reshape(-1), offsets + np.asarray(positions, dtype=np.int64), block_size)
 
 
 def pad_block_tables(tables: Sequence[Sequence[int]], width: int | None = None) -> np.ndarray:

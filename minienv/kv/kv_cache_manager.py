@@ -33,7 +33,7 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from minienv.kv.block_pool import BlockPool, KVCacheBlock
-from minienv.kv.block_table import BlockTable, cdiv
+from minienv.kv.block_table import BlockTable, cdiv, slot_mapping
 from minienv.kv.errors import KVBudgetError, KVCacheError
 from minienv.kv.hashing import ROOT_HASH, BlockHash, hash_block_tokens
 from minienv.kv.kv_pool import num_blocks_for_budget
@@ -418,8 +418,9 @@ class KVCacheManager:
 
     @staticmethod
     def _slots(req: RequestKV, start: int, new_ids: list[int], copies: tuple, n_cached: int) -> SlotAllocation:
-        return SlotAllocation(req.request_id, tuple(req.token_ids[start:]), np.arange(start, req.num_tokens, dtype=np.int64),
-                              req.slot_mapping(start), tuple(new_ids), copies, n_cached)
+        positions = np.arange(start, req.num_tokens, dtype=np.int64)
+        return SlotAllocation(req.request_id, tuple(req.token_ids[start:]), positions,
+                              slot_mapping(req.block_ids, positions, req.block_size), tuple(new_ids), copies, n_cached)
 
     # ------------------------------------------------------------------ commit: computed blocks become findable
     def commit(self, request_id: RequestId) -> list[int]:
