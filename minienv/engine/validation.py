@@ -40,11 +40,15 @@ def _encode(engine: "InferenceEngine", prompt: str) -> list[int]:
         raise InvalidRequestError(f"the tokenizer produced a bad id for this prompt: {exc}") from exc
 
 
+def _check_1d(prompt: np.ndarray) -> None:
+    if prompt.ndim != 1:
+        raise InvalidRequestError(f"a numpy prompt must be a 1-D array of token ids, got shape {prompt.shape}"
+                                  + (" (pass a list of 1-D prompts for a batch)" if prompt.ndim > 1 else ""))
+
+
 def _token_prompt(engine: "InferenceEngine", prompt: Any) -> list[int]:
-    if isinstance(prompt, np.ndarray) and prompt.ndim != 1:
-        raise InvalidRequestError(
-            f"a numpy prompt must be a 1-D array of token ids, got shape {prompt.shape}"
-            + (" (pass a list of 1-D prompts for a batch)" if prompt.ndim > 1 else ""))
+    if isinstance(prompt, np.ndarray):
+        _check_1d(prompt)
     try:
         return check_token_ids(list(prompt), engine.model.config.vocab_size)
     except ValueError as exc:
@@ -87,10 +91,7 @@ def validate_request(engine: "InferenceEngine", prompt: Any, params: Any) -> Che
 def validate_batch(engine: "InferenceEngine", prompts: Any, sampling_params: Any) -> list[Checked]:
     """Every prompt of a ``generate`` / ``stream`` call checked; the first bad one raises with its index."""
     if isinstance(prompts, np.ndarray):
-        if prompts.ndim != 1:
-            raise InvalidRequestError(
-                f"a numpy prompt must be a 1-D array of token ids, got shape {prompts.shape}"
-                + (" (pass a list of 1-D prompts for a batch)" if prompts.ndim > 1 else ""))
+        _check_1d(prompts)
         prompts = [prompts]
     elif isinstance(prompts, str) or (isinstance(prompts, Sequence) and len(prompts) > 0
                                       and isinstance(prompts[0], (int, np.integer))):
