@@ -55,6 +55,11 @@ class EngineStats:
         return self.prefix_cache_hits_tokens / q if q else 0.0
 
     @property
+    def generation_throughput(self) -> float:
+        """Generated tokens per second of engine time."""
+        return self.num_generated_tokens / self.busy_time_s if self.busy_time_s > 0 else 0.0
+
+    @property
     def resident_tokens(self) -> int:
         return (self.num_blocks_in_use + self.num_cached_free_blocks) * self.block_size
 
