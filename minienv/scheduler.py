@@ -194,6 +194,8 @@ class Scheduler:
         #: padding slots: finished members of the current static batch -> the token they keep feeding
         self._padding: dict[str, int] = {}
         self.num_padding_tokens = 0  # padding tokens computed so far (each one wasted work)
+        #: a persistent KV tier connector (:class:`minienv.kv_tier.KVTierConnector`), set by the engine, or None
+        self.kv_tier = None
 
     # ------------------------------------------------------------------ queues
     def add_request(self, request: Request) -> None:
@@ -322,16 +324,20 @@ class Scheduler:
                     break
                 tokens = req.all_token_ids
                 hit = self.kv.lookup(tokens).num_cached_tokens
-                n = min(len(tokens) - hit, budget)
-                alloc = self.kv.allocate(req.request_id, tokens, num_new_tokens=n)
+                # persistent KV tier: blocks beyond the local hit, read and verified (0 without a tier)
+                ext = self.kv_tier.prepare(req.request_id, tokens, hit) if self.kv_tier is not None else 0
+                n = min(len(tokens) - hit - ext, budget)
+                alloc = self.kv.allocate(req.request_id, tokens, num_new_tokens=ext + n)
                 if alloc is None:
                     if self._release_padding():
                         continue
                     break  # FCFS: the head waits for memory; nobody overtakes it
                 self.waiting.popleft()
+                if ext:  # the tier's K/V go into the fresh blocks; the step computes the n tokens after them
+                    alloc = self.kv_tier.load(req.request_id, alloc, ext)
                 is_resume = req.status is RequestStatus.PREEMPTED
                 req.status = RequestStatus.RUNNING
-                req.num_computed_tokens = alloc.num_cached_tokens
+                req.num_computed_tokens = alloc.num_cached_tokens + ext
                 if not is_resume and req.metrics.first_scheduled_step is None:
                     req.metrics.num_cached_tokens = alloc.num_cached_tokens
                 self.running.append(req)

@@ -58,6 +58,7 @@ from minienv.engine.validation import validate_batch, validate_request
 from minienv.kv.kv_cache_manager import KVCacheManager, KVEvent
 from minienv.kv.kv_pool import KVPool, num_blocks_for_budget
 from minienv.kv.paged_attention import PagedAttentionBackend
+from minienv.kv_tier import KVTierConnector
 from minienv.request import FinishReason, InvalidRequestError, Request, RequestMetrics, RequestNotFoundError
 from minienv.sampling import SamplingParams
 from minienv.scheduler import SchedulingPolicy, VictimPolicy, make_scheduler
@@ -136,6 +137,10 @@ class InferenceEngine:
     finished_retention:
         Finished requests remembered after their consumer has read their final output (for ``output(id)``,
         ``snapshot()``).
+    kv_tier:
+        A persistent KV tier under the pool (:mod:`minienv.kv_tier`): a directory (embedded SQLite store), a
+        ``redis://`` URL, or a store object. Full committed blocks are saved there and loaded at admission instead
+        of recomputed; ``engine.kv_tier.stats`` counts. None (default): no tier.
     """
 
     def __init__(
@@ -153,6 +158,7 @@ class InferenceEngine:
         static_padding: bool = True,
         history_size: int = 256,
         finished_retention: int = 256,
+        kv_tier: Any = None,
     ):
         if not isinstance(enable_prefix_caching, (bool, np.bool_)):
             raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
@@ -187,6 +193,8 @@ class InferenceEngine:
             scheduling=scheduling, victim_policy=victim_policy, static_padding=bool(static_padding),
             max_position=model.config.max_position_embeddings)
         self.backend = PagedAttentionBackend(self.kv_pool)
+        self.kv_tier = None if kv_tier is None else KVTierConnector(kv_tier, model=model, kv_pool=self.kv_pool)
+        self.scheduler.kv_tier = self.kv_tier
         self.history: deque[StepRecord] = deque(maxlen=history_size)
         self.requests: dict[str, Request] = {}  # live: unfinished, or finished with the final output unread
         self.retained: OrderedDict[str, Request] = OrderedDict()  # finished and read, most recent last
@@ -409,6 +417,8 @@ class InferenceEngine:
     def _commit(self, plan, sampling, logits: np.ndarray, t0: float) -> None:
         """After the model call: commit the K/V, sample, append, finish; record the step."""
         self.scheduler.update_from_output(plan)
+        if self.kv_tier is not None:  # newly full, committed blocks go to the persistent tier
+            self.kv_tier.save_committed(plan, self.kv_cache_manager)
         c = self.counters
         c.computed_tokens += plan.num_scheduled_tokens
         for s in plan.scheduled:
