@@ -134,7 +134,10 @@ class SQLiteStore:
             return self.db
 
         def __exit__(self, exc_type, exc, tb):
-            self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+            if exc_type is None:
+                self.db.execute("COMMIT")
+            elif self.db.in_transaction:  # some errors (SQLITE_FULL) have rolled back already
+                self.db.execute("ROLLBACK")
             return False
 
     def _write(self) -> "_Tx":
@@ -144,8 +147,6 @@ class SQLiteStore:
         try:
             return fn(*args)
         except sqlite3.Error as exc:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
             permanent = any(word in str(exc) for word in ("full", "readonly", "read-only"))
             raise TierBackendError(f"SQLite KV tier {str(self.path)!r}: {exc}", permanent=permanent) from exc
 
