@@ -135,8 +135,7 @@ class KVTierConnector:
         After a store failure that may be transient, the tier is skipped for this long, then tried again.
     """
 
-    def __init__(self, store: TierStore | str, *, model, kv_pool, retry_interval_s: float = 1.0,
-                 known_keys: int = 1 << 16):
+    def __init__(self, store: TierStore | str, *, model, kv_pool, retry_interval_s: float = 1.0):
         if not isinstance(retry_interval_s, (int, float)) or retry_interval_s < 0:
             raise TierConfigError(f"retry_interval_s must be a number >= 0, got {retry_interval_s!r}")
         self.store = open_store(store)
@@ -152,8 +151,6 @@ class KVTierConnector:
         self._down_until = 0.0
         self._staged: OrderedDict[str, _Staged] = OrderedDict()
         self._chains: dict[str, _Chain] = {}
-        self._known: OrderedDict[BlockHash, None] = OrderedDict()  # keys known to be stored (a hint, bounded)
-        self._known_cap = known_keys
         self._bad: set[BlockHash] = set()  # keys whose record was refused: the next save replaces it
         self._listeners: list[Callable[[TierEvent], None]] = []
 
@@ -186,12 +183,6 @@ class KVTierConnector:
                 warnings.warn(f"KV tier unavailable ({exc}); recomputing, retrying in {self.retry_interval_s:g} s",
                               TierWarning, stacklevel=3)
             self._down_until = time.monotonic() + self.retry_interval_s
-
-    def _remember(self, key: BlockHash) -> None:
-        self._known[key] = None
-        self._known.move_to_end(key)
-        if len(self._known) > self._known_cap:
-            self._known.popitem(last=False)
 
     # ------------------------------------------------------------------ admission
     def _keys(self, token_ids: Sequence[int]) -> list[BlockHash]:
@@ -259,12 +250,10 @@ class KVTierConnector:
                 else:
                     s.mismatched_records += 1
                 self._bad.add(key)
-                self._known.pop(key, None)
                 self._emit("refuse", request_id, j, None, key, str(exc))
                 break
             arrays.append(kv)
             s.bytes_loaded += len(record)
-            self._remember(key)
         dt = time.perf_counter() - t0
         s.load_seconds += dt
         s.max_load_seconds = max(s.max_load_seconds, dt)
@@ -314,26 +303,24 @@ class KVTierConnector:
                               parent_key=chain.last_key)
             for j, key in enumerate(keys, start=chain.num_blocks):
                 parent = chain.last_key
-                if key not in self._known or key in self._bad:
-                    record = encode_record(self.fingerprint, key, parent, req.token_ids[j * B:(j + 1) * B],
-                                           kv[:, :, req.block_ids[j]])
-                    try:
-                        result = self.store.put(key, parent, record, replace=key in self._bad)
-                    except TierBackendError as exc:
-                        self._failed(exc)
-                        return written
-                    self.stats.evictions += result.evicted
-                    if result.status in ("stored", "replaced"):
-                        written += 1
-                        self.stats.stores += 1
-                        self.stats.bytes_stored += len(record)
-                        self._bad.discard(key)
-                        self._emit("store", s.request_id, j, req.block_ids[j], key)
-                    else:
-                        self.stats.store_skipped += 1
-                        if result.status != "present":
-                            break  # orphan / too big: its children would be orphans too
-                    self._remember(key)
+                record = encode_record(self.fingerprint, key, parent, req.token_ids[j * B:(j + 1) * B],
+                                       kv[:, :, req.block_ids[j]])
+                try:
+                    result = self.store.put(key, parent, record, replace=key in self._bad)
+                except TierBackendError as exc:
+                    self._failed(exc)
+                    return written
+                self.stats.evictions += result.evicted
+                if result.status in ("stored", "replaced"):
+                    written += 1
+                    self.stats.stores += 1
+                    self.stats.bytes_stored += len(record)
+                    self._bad.discard(key)
+                    self._emit("store", s.request_id, j, req.block_ids[j], key)
+                else:
+                    self.stats.store_skipped += 1
+                    if result.status != "present":
+                        break  # orphan (evicted meanwhile) / too big: its children would be orphans too
                 chain.num_blocks, chain.last_key = j + 1, key
         if len(self._chains) > 2 * len(kv_manager.request_ids()) + 64:
             for rid in [r for r in self._chains if not kv_manager.has_request(r)]:

@@ -278,11 +278,13 @@ class SQLiteStore:
 
 
 # ---------------------------------------------------------------------- Redis
-# One Lua script per operation: Redis runs a script atomically, so a record and its metadata appear together.
+# One Lua script per operation: Redis runs a script atomically, so a record and its metadata appear together. A
+# script is not rolled back if a command inside fails, so the write script carries a shebang without `allow-oom`:
+# a server out of memory refuses it before its first command, never halfway (the read script may refresh LRU stamps).
 # Key names: <ns>:rec:<hex> the record; hashes <ns>:parent / :size / :kids (hex -> value); sorted sets <ns>:lru (all
 # records by access stamp) and <ns>:leaves (records without stored children, by stamp); counters <ns>:bytes,
 # :clock, :evictions.
-_LUA_PUT = """
+_LUA_PUT = """#!lua
 local ns, key, parent, rec, cap, replace, root = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local rk = ns .. ':rec:' .. key
 if redis.call('EXISTS', rk) == 1 then
@@ -326,7 +328,7 @@ redis.call('INCRBY', ns .. ':evictions', evicted)
 return {1, evicted}
 """
 
-_LUA_GET = """
+_LUA_GET = """#!lua flags=allow-oom
 local ns = ARGV[1]
 local out = {}
 local clock = nil
