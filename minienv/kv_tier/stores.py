@@ -256,6 +256,14 @@ class SQLiteStore:
         """Replace a record's bytes as they are, checksum and all (fault injection in tests and notebooks)."""
         self._run(lambda: self._db.execute("UPDATE blocks SET record=? WHERE key=?", (record, key)))
 
+    def clear(self) -> None:
+        """Delete every record (tests, notebooks)."""
+        def run():
+            with self._write() as db:
+                db.execute("DELETE FROM blocks")
+                db.execute("UPDATE meta SET value=0 WHERE name='bytes'")
+        self._run(run)
+
     def check_invariants(self) -> None:
         """No orphans, children counts exact, byte total exact, within capacity."""
         rows = self._db.execute("SELECT key, parent, nbytes, children FROM blocks").fetchall()
