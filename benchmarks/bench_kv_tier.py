@@ -120,7 +120,8 @@ def main() -> None:
     if "redis" not in times:
         print("  redis: skipped (no redis-server on this machine; Debian: apt-get install redis-server)")
     b = result["bytes_per_token"]
-    print(f"  bytes per token: raw K/V {b['raw_kv']}, stored record {b['record']:.1f}, SQLite db + WAL files {b["sqlite_files_incl_wal"]:.1f}")
+    print(f"  bytes per token: raw K/V {b['raw_kv']}, stored record {b['record']:.1f}, "
+          f"SQLite db + WAL files {b['sqlite_files_incl_wal']:.1f}")
     print(json.dumps(result))
 
 
