@@ -365,12 +365,9 @@ print(check_next_victim(next_victim))
 # The solution is in `solutions/11_persistent_kv.py`; the checker grades it the same way:
 
 # %%
-import importlib.util
+from minienv.lab.kv_tier_lab import load_solution
 
-spec = importlib.util.spec_from_file_location("solution_11", Path("..") / "solutions" / "11_persistent_kv.py")
-solution = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solution)
-print(check_next_victim(solution.next_victim))
+print(check_next_victim(load_solution()))
 
 # %% [markdown]
 # ## Where this lives in vLLM / LMCache / SGLang

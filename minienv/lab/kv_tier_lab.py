@@ -19,7 +19,11 @@ import numpy as np
 from minienv.kv.hashing import ROOT_HASH
 from minienv.kv_tier import KVTierStats, SQLiteStore, TierEvent, block_keys, encode_record
 
-__all__ = ["RECORD_FIELDS", "ServeRun", "check_next_victim", "keys_in_fresh_processes", "serve_with_tier"]
+__all__ = ["RECORD_FIELDS", "ServeRun", "check_next_victim", "keys_in_fresh_processes", "load_solution",
+           "serve_with_tier"]
+
+#: The exercise's solution, beside the notebooks in the repository (not part of the installed package).
+SOLUTION_PATH = Path(__file__).resolve().parents[2] / "solutions" / "11_persistent_kv.py"
 
 
 @dataclass
@@ -170,3 +174,15 @@ def check_next_victim(fn: Callable[[list[tuple[bytes, bytes, int]]], bytes]) -> 
                                      f"{predicted.hex()[:12] if isinstance(predicted, bytes) else predicted!r}{hint}")
             store.close()
     return "check_next_victim: correct"
+
+
+def load_solution() -> Callable[[list[tuple[bytes, bytes, int]]], bytes]:
+    """``next_victim`` from ``solutions/11_persistent_kv.py`` (found from the package, wherever the notebook runs)."""
+    import importlib.util
+
+    if not SOLUTION_PATH.is_file():
+        raise FileNotFoundError(f"the solution is not at {SOLUTION_PATH} (it ships with the repository, not the wheel)")
+    spec = importlib.util.spec_from_file_location("solution_11_persistent_kv", SOLUTION_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.next_victim

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from engine_harness import bundled
-from minienv.lab.kv_tier_lab import check_next_victim, keys_in_fresh_processes, serve_with_tier
-
-SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "11_persistent_kv.py"
+from minienv.lab.kv_tier_lab import (SOLUTION_PATH, check_next_victim, keys_in_fresh_processes, load_solution,
+                                     serve_with_tier)
 
 
 def _solution():
-    spec = importlib.util.spec_from_file_location("solution_11", SOLUTION)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.next_victim
+    return load_solution()
+
+
+def test_the_solution_is_the_file_in_the_repository():
+    assert SOLUTION_PATH.name == "11_persistent_kv.py" and SOLUTION_PATH.parent.name == "solutions"
 
 
 def test_the_solution_passes():
