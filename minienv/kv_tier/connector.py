@@ -115,10 +115,13 @@ class _Staged:
 
 @dataclass
 class _Chain:
-    """How far a request's blocks are known to be stored: blocks ``[0, num_blocks)``, the last one's key."""
+    """How far a request's blocks are known to be stored: blocks ``[0, num_blocks)``, the last one's key.
+    ``stopped``: the store refused a block (its parent was evicted meanwhile, or it is too big), so every later
+    block would be refused too; this request stores nothing more."""
 
     num_blocks: int = 0
     last_key: BlockHash = ROOT_HASH
+    stopped: bool = False
 
 
 class KVTierConnector:
@@ -210,6 +213,7 @@ class KVTierConnector:
         if staged is not None and staged.token_count == len(token_ids) and staged.num_local == num_local_tokens:
             return len(staged.arrays) * B  # the head of the queue waiting for memory: staged already
         self._staged.pop(request_id, None)
+        self._chains.pop(request_id, None)  # a new admission: where its chain is stored is asked again below
         if not self.available:
             return 0
         keys = self._keys(token_ids)
@@ -297,7 +301,7 @@ class KVTierConnector:
             req = kv_manager.request(s.request_id)
             chain = self._chains.setdefault(s.request_id, _Chain())
             n_full = req.num_computed_tokens // B
-            if n_full <= chain.num_blocks:
+            if n_full <= chain.num_blocks or chain.stopped:
                 continue
             keys = block_keys(req.token_ids[chain.num_blocks * B:n_full * B], B, self.fingerprint,
                               parent_key=chain.last_key)
@@ -320,7 +324,8 @@ class KVTierConnector:
                 else:
                     self.stats.store_skipped += 1
                     if result.status != "present":
-                        break  # orphan (evicted meanwhile) / too big: its children would be orphans too
+                        chain.stopped = True  # orphan (evicted meanwhile) / too big: its children would be too
+                        break
                 chain.num_blocks, chain.last_key = j + 1, key
         if len(self._chains) > 2 * len(kv_manager.request_ids()) + 64:
             for rid in [r for r in self._chains if not kv_manager.has_request(r)]:

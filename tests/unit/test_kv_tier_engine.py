@@ -247,3 +247,28 @@ def test_loaded_kv_are_bit_identical_to_computed_kv(tmp_path):
     _serve(loaded, prompts, params)
     assert loaded.kv_tier.stats.hit_tokens == (len(prompts[0]) - 1) // 16 * 16
     assert np.array_equal(cached_kv(off), cached_kv(loaded))
+
+
+def test_a_record_from_a_future_format_version_is_a_clean_miss(tmp_path):
+    prompts, params = _prompts(1), _params(1)
+    off = _serve(_engine(), prompts, params)
+    _serve(_engine(tmp_path), prompts, params)
+    store = SQLiteStore(tmp_path)
+    eng = _engine(tmp_path)
+    first = block_keys(prompts[0], 16, eng.kv_tier.fingerprint)[0]
+    raw = store.raw(first)
+    store.overwrite_raw(first, raw[:8] + (2).to_bytes(2, "little") + raw[10:])  # written by a "future" minienv
+    assert _serve(eng, prompts, params) == off
+    s = eng.kv_tier.stats
+    assert s.version_records == 1 and s.hit_tokens == 0 and s.backend_errors == 0
+
+
+def test_another_kv_layout_version_gets_zero_hits(tmp_path, monkeypatch):
+    from minienv.kv_tier import record
+
+    prompts, params = _prompts(2), _params(2)
+    _serve(_engine(tmp_path), prompts, params)
+    monkeypatch.setattr(record, "KV_LAYOUT_VERSION", record.KV_LAYOUT_VERSION + ".next")  # a later pool layout
+    eng = _engine(tmp_path)
+    assert _serve(eng, prompts, params) == _serve(_engine(), prompts, params)
+    assert eng.kv_tier.stats.hit_tokens == 0 and eng.kv_tier.stats.errors == 0
