@@ -106,7 +106,9 @@ class SQLiteStore:
         self.directory = path
         self.path = path / DB_NAME
         try:
-            self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
+            # check_same_thread=False: an engine may be built in one thread and stepped in another (a server's
+            # worker); it is never stepped from two at once, so one connection is used by one thread at a time.
+            self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]

@@ -272,3 +272,17 @@ def test_another_kv_layout_version_gets_zero_hits(tmp_path, monkeypatch):
     eng = _engine(tmp_path)
     assert _serve(eng, prompts, params) == _serve(_engine(), prompts, params)
     assert eng.kv_tier.stats.hit_tokens == 0 and eng.kv_tier.stats.errors == 0
+
+
+def test_an_engine_built_in_one_thread_serves_from_another(tmp_path):
+    import threading
+
+    prompts, params = _prompts(1), _params(1)
+    _serve(_engine(tmp_path), prompts, params)
+    eng = _engine(tmp_path)
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(_serve(eng, prompts, params)))
+    t.start()
+    t.join(120)
+    assert out and out[0] == _serve(_engine(), prompts, params)
+    assert eng.kv_tier.stats.hit_tokens > 0 and eng.kv_tier.stats.backend_errors == 0
