@@ -286,3 +286,15 @@ def test_an_engine_built_in_one_thread_serves_from_another(tmp_path):
     t.join(120)
     assert out and out[0] == _serve(_engine(), prompts, params)
     assert eng.kv_tier.stats.hit_tokens > 0 and eng.kv_tier.stats.backend_errors == 0
+
+
+def test_cli_kv_tier_flag(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "minienv", "ROMEO.\nBut soft, what light through yonder window breaks? " * 4,
+           "--max-tokens", "6", "--temperature", "0", "--kv-tier", str(tmp_path / "tier")]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert first.stdout == second.stdout and SQLiteStore(tmp_path / "tier").usage()[0] > 0
+    bad = subprocess.run(cmd[:-1] + ["/proc/minienv_tier"], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "cannot create the KV tier directory" in bad.stderr
