@@ -401,3 +401,8 @@ print(check_next_victim(load_solution()))
 # * Full stores evict **chain tails** first and never keep a block without its parent.
 # * The embedded SQLite store survives restarts with no server; Redis shares one cache between instances; either
 #   way the outputs are exactly the outputs without a tier.
+
+# %%
+import shutil
+
+shutil.rmtree(workdir, ignore_errors=True)  # the notebook's temporary tiers (a real tier would keep its directory)
