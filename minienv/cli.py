@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--scheduling", choices=("continuous", "static"), default="continuous",
                      help="continuous batching, or the static-batching baseline (default: continuous)")
     eng.add_argument("--no-prefix-caching", action="store_true", help="do not reuse K/V of shared prefixes")
+    eng.add_argument("--kv-tier", default=None, metavar="DIR|redis://HOST:PORT/DB",
+                     help="a persistent KV tier: full blocks are kept there and loaded instead of recomputed, "
+                          "across runs (a directory: embedded SQLite store; a redis:// URL: a shared Redis)")
     p.add_argument("--no-cache", action="store_true",
                    help="no KV cache at all: recompute the whole sequence every token (slow; single prompt only)")
     return p
@@ -167,8 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             engine = InferenceEngine(
                 model, tokenizer, kv_budget_tokens=args.kv_budget_tokens, block_size=args.block_size,
                 enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_num_batched_tokens, scheduling=args.scheduling)
-        except ValueError as exc:  # bad engine sizes are argument errors
+                max_num_batched_tokens=args.max_num_batched_tokens, scheduling=args.scheduling,
+                kv_tier=args.kv_tier)
+        except ValueError as exc:  # bad engine sizes or a bad --kv-tier are argument errors
             parser.error(str(exc))
         if prompts is None:
             for out in engine.stream([args.prompt], params):

@@ -141,6 +141,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.num_steps = 0
         self.num_preemptions = 0
+        #: a persistent KV tier connector (:class:`minienv.kv_tier.KVTierConnector`), set by the engine, or None
+        self.kv_tier = None
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -238,16 +240,21 @@ class Scheduler:
             if not self._may_admit(req):
                 break
             tokens = req.all_token_ids
-            n = min(len(tokens) - self.kv.lookup(tokens).num_cached_tokens, budget)
-            alloc = self.kv.allocate(req.request_id, tokens, num_new_tokens=n)
+            hit = self.kv.lookup(tokens).num_cached_tokens
+            # persistent KV tier: blocks beyond the local hit, read and verified (0 without a tier)
+            ext = self.kv_tier.prepare(req.request_id, tokens, hit) if self.kv_tier is not None else 0
+            n = min(len(tokens) - hit - ext, budget)
+            alloc = self.kv.allocate(req.request_id, tokens, num_new_tokens=ext + n)
             if alloc is None:
                 if self._reclaim():
                     continue
                 break  # FCFS: the head waits for memory; nobody overtakes it
             self.waiting.popleft()
+            if ext:  # the tier's K/V go into the fresh blocks; the step computes the n tokens after them
+                alloc = self.kv_tier.load(req.request_id, alloc, ext)
             is_resume = req.status is RequestStatus.PREEMPTED
             req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = alloc.num_cached_tokens
+            req.num_computed_tokens = alloc.num_cached_tokens + ext
             if not is_resume and req.metrics.first_scheduled_step is None:
                 req.metrics.num_cached_tokens = alloc.num_cached_tokens
             self.running.append(req)

@@ -44,6 +44,7 @@ from minienv.kv.kv_pool import KVPool, num_blocks_for_budget
 from minienv.kv.paged_attention import PagedAttentionBackend
 from minienv.request import FinishReason, InvalidRequestError, Request, RequestMetrics, RequestNotFoundError
 from minienv.sampling import SamplingParams
+from minienv.kv_tier import KVTierConnector
 from minienv.scheduler import SchedulingPolicy, VictimPolicy, make_scheduler
 
 Prompts = "str | Sequence[int] | Sequence[str | Sequence[int]]"
@@ -111,13 +112,17 @@ class InferenceEngine:
     history_size, finished_retention:
         Step records kept in ``history`` (a ring; 0 = none); finished requests remembered after their consumer read
         them (for ``output(id)`` and ``snapshot()``).
+    kv_tier:
+        A persistent KV tier under the pool (:mod:`minienv.kv_tier`): a directory (embedded SQLite store), a
+        ``redis://`` URL, or a store object. Full committed blocks are saved there and loaded at admission instead
+        of recomputed; ``engine.kv_tier.stats`` counts. None (default): no tier.
     """
 
     def __init__(self, model: Any = None, tokenizer: Any = None, *, kv_budget_tokens: int = 8192,
                  block_size: int = 16, enable_prefix_caching: bool = True, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 512, scheduling: SchedulingPolicy = "continuous",
                  victim_policy: VictimPolicy | None = None, static_padding: bool = True, history_size: int = 256,
-                 finished_retention: int = 256):
+                 finished_retention: int = 256, kv_tier: Any = None):
         for name, flag in (("enable_prefix_caching", enable_prefix_caching), ("static_padding", static_padding)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
@@ -147,6 +152,8 @@ class InferenceEngine:
             scheduling=scheduling, victim_policy=victim_policy, static_padding=bool(static_padding),
             max_position=model.config.max_position_embeddings)
         self.backend = PagedAttentionBackend(self.kv_pool)
+        self.kv_tier = None if kv_tier is None else KVTierConnector(kv_tier, model=model, kv_pool=self.kv_pool)
+        self.scheduler.kv_tier = self.kv_tier
         self.history: deque[StepRecord] = deque(maxlen=history_size)
         self.requests: dict[str, Request] = {}  # unfinished, or finished with the final output unread
         self.retained: OrderedDict[str, Request] = OrderedDict()  # finished and read, most recent last
@@ -357,6 +364,8 @@ class InferenceEngine:
     def _commit(self, plan, sampling, logits: np.ndarray, t0: float) -> None:
         """After the model call: commit the K/V, sample, append, finish; record the step."""
         self.scheduler.update_from_output(plan)
+        if self.kv_tier is not None:  # newly full, committed blocks go to the persistent tier
+            self.kv_tier.save_committed(plan, self.kv_cache_manager)
         c = self.counters
         c.computed_tokens += plan.num_scheduled_tokens
         for s in plan.scheduled:
