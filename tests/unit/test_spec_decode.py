@@ -125,3 +125,56 @@ def test_ngram_respects_min_n():
 def test_ngram_bad_parameters(kwargs, message):
     with pytest.raises(ValueError, match=message):
         NgramProposer(**kwargs)
+
+
+# ---------------------------------------------------------------- the draft model's own paged KV
+@pytest.fixture(scope="module")
+def draft_model():
+    from minienv.model.llama import load_model
+    from minienv.paths import assets_dir
+
+    return load_model(assets_dir() / "draft")
+
+
+def _plain_greedy(model, ids, n):
+    from minienv.generate import generate_ids
+    from minienv.sampling import SamplingParams
+
+    return list(generate_ids(model, list(ids), SamplingParams(temperature=0, max_tokens=n), eos_token_id=None))
+
+
+def test_draft_proposals_equal_plain_greedy_decoding_across_rollbacks(draft_model):
+    from minienv.sampling import Sampler, SamplingParams
+    from minienv.spec_decode.draft import DraftInput, DraftProposer
+
+    rng = np.random.default_rng(0)
+    V = draft_model.config.vocab_size
+    proposer = DraftProposer(draft_model, kv_budget_tokens=256, block_size=4, num_sampled_ids=V)
+    seqs = {str(i): [int(t) for t in rng.integers(0, V, int(rng.integers(1, 12)))] for i in range(3)}
+    samplers = {rid: Sampler(SamplingParams(temperature=0, max_tokens=64)) for rid in seqs}
+    for _ in range(6):  # propose, "verify" (keep a random prefix + one other token), propose again
+        k = int(rng.integers(1, 6))
+        out = proposer.propose([DraftInput(rid, ids, k, samplers[rid]) for rid, ids in seqs.items()])
+        for rid, ids in seqs.items():
+            assert out[rid].token_ids == _plain_greedy(draft_model, ids, k), rid
+            kept = int(rng.integers(0, k + 1))
+            seqs[rid] = ids + out[rid].token_ids[:kept] + [int(rng.integers(0, V))]
+        proposer.kv.check_invariants()
+    for rid in seqs:
+        proposer.free(rid)
+    assert proposer.kv.stats().num_in_use == 0
+
+
+def test_draft_without_room_proposes_nothing_and_holds_nothing(draft_model):
+    from minienv.sampling import Sampler, SamplingParams
+    from minienv.spec_decode.draft import DraftInput, DraftProposer
+
+    greedy = Sampler(SamplingParams(temperature=0))
+    proposer = DraftProposer(draft_model, kv_budget_tokens=8, block_size=4, num_sampled_ids=2048)
+    out = proposer.propose([DraftInput("long", list(range(20)), 3, greedy)])
+    assert out == {} and not proposer.kv.has_request("long")
+    # 6 real tokens fill 2 blocks with 2 slots to spare: d1 and d2 are fed, d3 is proposed, feeding it would need
+    # a third block, so the run stops at 3 of the 4 asked for
+    out = proposer.propose([DraftInput("mid", list(range(6)), 4, greedy)])
+    assert out["mid"].token_ids == _plain_greedy(draft_model, list(range(6)), 3)
+    proposer.kv.check_invariants()
