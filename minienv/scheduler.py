@@ -102,6 +102,8 @@ class ScheduledRequest:
     slot_mapping: np.ndarray = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     #: copy-on-write copies ``(src, dst)`` the KV pool must apply before this step writes (the pool's owner does)
     blocks_to_copy: tuple[tuple[int, int], ...] = field(default=(), repr=False)
+    #: speculative decoding: the last ``num_spec_tokens`` of ``token_ids`` are drafts to verify (a decode only)
+    num_spec_tokens: int = 0
 
 
 @dataclass
@@ -283,17 +285,23 @@ class Scheduler:
         while i < len(self.running):
             req = self.running[i]
             remaining = req.num_tokens_to_compute
+            spec: list[int] = []
             if remaining == 1:
                 decodes_after -= 1
                 n = 1
+                # drafts ride along when the budget has room beyond the decodes still to come
+                spec = req.spec_token_ids[:max(0, budget - decodes_after - 1)]
             else:
                 n = min(remaining, budget - decodes_after)
                 if n <= 0:
                     i += 1
                     continue  # no budget left for this prefill chunk this step; it keeps its blocks
             start = req.num_computed_tokens
-            tokens = req.all_token_ids[start:start + n]
+            tokens = req.all_token_ids[start:start + n] + spec
             while (alloc := self.kv.append_slots(req.request_id, tokens)) is None:
+                if spec:  # no room for the drafts: decode plainly before preempting anyone
+                    spec, tokens = [], tokens[:n]
+                    continue
                 if self._release_padding():
                     continue  # a padding slot gave its blocks back before any live request is preempted
                 candidates = self.running[i:]  # not yet scheduled in this step; req first
@@ -308,8 +316,8 @@ class Scheduler:
                     break
             if alloc is None:
                 continue  # the request preempted itself; running[i] is now the next one (default policy: none)
-            budget -= n
-            scheduled.append(self._scheduled(req, alloc, n, start, is_new=False))
+            budget -= n + len(spec)
+            scheduled.append(self._scheduled(req, alloc, n, start, is_new=False, num_spec=len(spec)))
             i += 1
 
         # 2. admission (continuous: any waiting request; static: members of the current batch only)
@@ -360,33 +368,41 @@ class Scheduler:
 
 
     def _scheduled(self, req: Request, alloc: SlotAllocation, n: int, start: int, *, is_new: bool,
-                   is_resume: bool = False, num_cached: int = 0) -> ScheduledRequest:
+                   is_resume: bool = False, num_cached: int = 0, num_spec: int = 0) -> ScheduledRequest:
         samples = start + n == req.num_tokens
         kind: StepKind = "decode" if (n == 1 and samples and start >= req.num_prompt_tokens and not is_new) \
             else "prefill"
-        return ScheduledRequest(req.request_id, kind, n, start, samples, is_new, is_resume, num_cached,
-                                alloc.token_ids, alloc.slot_mapping, alloc.blocks_to_copy)
+        return ScheduledRequest(req.request_id, kind, n + num_spec, start, samples, is_new, is_resume, num_cached,
+                                alloc.token_ids, alloc.slot_mapping, alloc.blocks_to_copy, num_spec)
 
     def _preempt(self, req: Request) -> None:
         """Free the request's KV (full blocks stay cached-free) and put it at the front of the waiting queue."""
         self.running.remove(req)
         self.kv.free(req.request_id)
+        req.spec_token_ids, req.spec_probs = [], None
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.metrics.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def update_from_output(self, output: SchedulerOutput) -> None:
-        """After the model step: the scheduled tokens' K/V exist. Commit them (full blocks become findable)."""
+    def update_from_output(self, output: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> None:
+        """After the model step: the scheduled tokens' K/V exist. Commit them (full blocks become findable).
+
+        ``num_rejected[id]`` drafts at the end of a speculative decode were rejected: their slots are truncated
+        *before* the commit, so only verified tokens are ever hashed into the prefix cache.
+        """
         for s in output.scheduled:
+            rejected = (num_rejected or {}).get(s.request_id, 0)
+            if rejected:
+                self.kv.truncate(s.request_id, s.num_computed_tokens + s.num_new_tokens - rejected)
             if s.kind == "padding":
                 self.kv.commit(s.request_id)
                 self.num_padding_tokens += s.num_new_tokens
                 continue
             req = self.requests[s.request_id]
             self.kv.commit(s.request_id)
-            req.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens
+            req.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens - rejected
             req.metrics.num_computed_tokens_total += s.num_new_tokens
 
     # ------------------------------------------------------------------ leaving
