@@ -94,6 +94,7 @@ class SpecDecodingStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)  # accepted_per_pos[i]: drafts kept at position i
+    num_rejections: int = 0  # verifications that rejected a draft (the others kept all of theirs)
 
     def __post_init__(self) -> None:
         self.accepted_per_pos = [0] * self.num_speculative_tokens
@@ -101,6 +102,14 @@ class SpecDecodingStats:
     @property
     def acceptance_rate(self) -> float:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def conditional_acceptance_rate(self) -> float:
+        """P(a draft is kept | every draft before it was): kept / drafts actually judged (a draft after the first
+        rejection is never judged). The alpha of the i.i.d. model, whose expected tokens per verification is
+        ``(1 - alpha^(k+1)) / (1 - alpha)``."""
+        judged = self.num_accepted_tokens + self.num_rejections
+        return self.num_accepted_tokens / judged if judged else 0.0
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -113,6 +122,7 @@ class SpecDecodingStats:
         self.num_drafts += 1
         self.num_draft_tokens += result.num_draft_tokens
         self.num_accepted_tokens += result.num_accepted
+        self.num_rejections += result.num_accepted < result.num_draft_tokens
         for i in range(result.num_accepted):
             self.accepted_per_pos[i] += 1
 
