@@ -420,6 +420,8 @@ class InferenceEngine:
     def _commit(self, plan, sampling, num_logits: list[int], logits: np.ndarray, t0: float) -> None:
         """After the model call: sample (verify drafts), commit the K/V, append, finish; record the step."""
         reqs = [self.requests[s.request_id] for s in sampling]
+        if self.speculator is not None:
+            self.speculator.last_results.clear()
         if len(num_logits) == sum(num_logits):
             tokens, errors = self._sample(reqs, logits[:len(reqs)])
             emitted = [[t] for t in tokens]

@@ -154,6 +154,8 @@ class Speculator:
         self.k = k
         self.num_sampled_ids = num_sampled_ids
         self.stats = SpecDecodingStats(k)
+        #: what verification decided in the latest step, by request id (views read it; cleared every step)
+        self.last_results: dict[str, VerifyResult] = {}
         self.ngram: NgramProposer | None = None
         self.draft: DraftProposer | None = None
         if config.method == "ngram":
@@ -214,4 +216,5 @@ class Speculator:
             q = q[: len(drafts)]  # the scheduler may have trimmed the drafts to fit the step
         result = verify(list(drafts), probs, None if greedy else q, req.sampler.rng, greedy)
         self.stats.observe(result)
+        self.last_results[req.request_id] = result
         return result
