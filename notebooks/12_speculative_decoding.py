@@ -357,6 +357,75 @@ for s in stats_by_t.values():
     assert s.accepted_per_pos == sorted(s.accepted_per_pos, reverse=True)  # position i needs i - 1 kept
 
 # %% [markdown]
+# ## Exercises
+#
+# **1 · The acceptance step.** Write `accept_step(drafts, target_probs, draft_probs, rng)`: `drafts` are `k`
+# token ids, `target_probs` is `[k + 1, V]` (the target's `p` at each position), `draft_probs` is `[k, V]` (the
+# `q` each draft was drawn from); return the tokens to append. Rules: (1) return the kept drafts, a prefix of
+# `drafts`, followed by exactly **one** token of the target's; (2) keep draft `i` with probability
+# `min(1, p(d)/q(d))` (draw `rng.random()`); (3) on the first rejection draw the token from
+# `normalise(max(p − q, 0))` and stop; (4) if all are kept, draw a bonus token from `p` at position `k + 1`. The
+# check tries one case per rule, then grades the distribution with the chi-square test above.
+
+# %%
+from minienv.exercises.speculative_decoding import check_accept_step, check_ngram
+
+
+def accept_step(drafts, target_probs, draft_probs, rng):
+    """The tokens a request appends after verifying ``drafts`` (see the rules above)."""
+    raise NotImplementedError("your code here")
+
+
+check_accept_step(accept_step)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# "With probability x" is `rng.random() < x`. Multiply both sides by `q(d)` and there is no division to worry
+# about when `q(d)` is tiny.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# To draw from a vector of non-negative weights `w`: `cdf = np.cumsum(w)`, then the first index where `cdf`
+# exceeds `rng.random() * cdf[-1]` (`np.searchsorted(cdf, u, side="right")`). The residual does not sum to 1 —
+# this handles that.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Loop over the drafts; `continue` while they are kept; on the first rejection `return` the kept ones plus the
+# residual draw. After the loop, every draft was kept: append the bonus from `target_probs[k]`.
+# </details>
+#
+# **2 · Prompt lookup.** Write `propose(token_ids, k, min_n, max_n)`: for `n` from `max_n` down to `min_n`, find
+# the **latest** earlier occurrence of the sequence's last `n` tokens (it may overlap the suffix but must end
+# before the last token, so something follows it) and return up to `k` tokens that followed it; `[]` if no `n`
+# matches. The check compares you with minienv's `NgramProposer` on hand-made cases (one per rule) and on 300
+# random sequences.
+
+# %%
+def propose(token_ids, k, min_n, max_n):
+    """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix n-gram."""
+    raise NotImplementedError("your code here")
+
+
+check_ngram(propose)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# The suffix is `token_ids[t - n:]` with `t = len(token_ids)`. A window starting at `s` is
+# `token_ids[s:s + n]`; the suffix itself starts at `t - n`, so earlier windows start at `t - n - 1` down to 0 —
+# search them latest first.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `n` cannot exceed `t - 1` (something must follow the match). Return `token_ids[s + n:s + n + k]`.
+# </details>
+
+# %% [markdown]
 # **Does it pay here?** `benchmarks/bench_spec_decode.py` measures k = 1 … 8 for both proposers. On this CPU a
 # call's cost is mostly per-call overhead, not weight reads, so the draft's `k` calls cost almost as much as the
 # target's one — fewer target calls (0.4–0.6 per token with the draft) do not become wall-clock speed: the draft
