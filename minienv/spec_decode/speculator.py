@@ -147,6 +147,9 @@ class Speculator:
         if k + 1 > max_num_batched_tokens:
             raise ValueError(f"speculative_config: num_speculative_tokens ({k}) + 1 must fit max_num_batched_tokens "
                              f"({max_num_batched_tokens}): verification feeds k + 1 tokens of one request at once")
+        if k + 1 > kv_budget_tokens:
+            raise ValueError(f"speculative_config: num_speculative_tokens ({k}) + 1 exceeds the KV budget "
+                             f"({kv_budget_tokens} tokens): the drafts of one request could never get slots")
         limit = target_model.config.max_position_embeddings
         if k >= limit:
             raise ValueError(f"speculative_config: num_speculative_tokens ({k}) must be below the model's context "

@@ -208,11 +208,21 @@ def test_engine_chi_square_catches_planted_bugs(model, tok, monkeypatch, method,
     ({"method": "ngram", "num_speculative_tokens": 2, "draft_model": "assets/draft"}, "uses no draft model"),
     ({"method": "draft", "num_speculative_tokens": 64}, r"\+ 1 must fit max_num_batched_tokens \(32\)"),
     ("ngram", "must be a SpeculativeConfig, a dict or None"),
+    ({"method": "draft", "num_speculative_tokens": 3, "draft_kv_budget_tokens": 2}, "smaller than one block"),
 ])
 def test_bad_speculative_configs_are_refused(model, tok, config, message):
     with pytest.raises(ValueError, match=message):
         InferenceEngine(model, tok, kv_budget_tokens=256, block_size=4, max_num_batched_tokens=32,
                         speculative_config=config)
+
+
+def test_drafts_beyond_the_kv_budget_or_the_context_are_refused(model, tok):
+    with pytest.raises(ValueError, match=r"\+ 1 exceeds the KV budget \(16 tokens\)"):
+        InferenceEngine(model, tok, kv_budget_tokens=16, block_size=4, max_num_batched_tokens=64, max_num_seqs=4,
+                        speculative_config={"method": "ngram", "num_speculative_tokens": 20})
+    with pytest.raises(ValueError, match=r"must be below the model's context \(1024 positions\)"):
+        InferenceEngine(model, tok, kv_budget_tokens=4096, block_size=16, max_num_batched_tokens=2048,
+                        speculative_config={"method": "ngram", "num_speculative_tokens": 1024})
 
 
 def test_static_scheduling_does_not_speculate(model, tok):
