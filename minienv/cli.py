@@ -103,7 +103,6 @@ def format_batch_stats(engine, outputs, wall_s: float) -> str:
     ttft = [o.metrics.ttft * 1e3 for o in outputs if o.metrics.ttft is not None]
     tpot = [o.metrics.tpot * 1e3 for o in outputs if o.metrics.tpot is not None and len(o.token_ids) > 1]
     ttft_steps = [o.metrics.ttft_steps for o in outputs if o.metrics.ttft_steps is not None]
-    peak = max((r.stats.kv_usage for r in engine.history), default=s.kv_usage)
     reasons: dict[str, int] = {}
     for o in outputs:
         reasons[o.finish_reason or "?"] = reasons.get(o.finish_reason or "?", 0) + 1
@@ -120,7 +119,7 @@ def format_batch_stats(engine, outputs, wall_s: float) -> str:
         f"{s.prefix_cache_queries_tokens} prompt tokens), evicted {s.evicted_blocks} blocks",
         f"preemptions         {s.num_preemptions}",
         f"KV budget           {s.kv_budget_tokens} tokens ({s.num_blocks} blocks of {s.block_size}), "
-        f"peak use {peak:.1%}",
+        f"peak use {s.peak_kv_usage:.1%}",
     ]
     return "\n".join(lines)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minienv.kv.block_table import pad_block_tables
-from minienv.kv.kv_cache_manager import KVCacheManager, copy_blocks
+from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.kv.kv_pool import KVPool
 from minienv.kv.paged_attention import PagedAttentionMetadata
 from minienv.scheduler import SchedulerOutput
@@ -33,7 +33,7 @@ class StepInputs:
 
 def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool) -> StepInputs:
     sched = plan.scheduled
-    copy_blocks(kv_pool, [pair for s in sched for pair in s.blocks_to_copy])
+    kv_pool.copy_blocks(pair for s in sched for pair in s.blocks_to_copy)
     n = len(sched)
     meta = PagedAttentionMetadata(
         pad_block_tables([kv.request(s.request_id).block_ids for s in sched]),
