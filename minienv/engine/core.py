@@ -112,10 +112,10 @@ class InferenceEngine:
     history_size, finished_retention:
         Step records kept in ``history`` (a ring; 0 = none); finished requests remembered after their consumer read
         them (for ``output(id)`` and ``snapshot()``).
-        speculative_config:
+    speculative_config:
         ``{"method": "draft" | "ngram", "num_speculative_tokens": k, ...}`` (or a
         :class:`~minienv.spec_decode.SpeculativeConfig`) turns on speculative decoding; ``None`` (default) is off.
-"""
+    """
 
     def __init__(self, model: Any = None, tokenizer: Any = None, *, kv_budget_tokens: int = 8192,
                  block_size: int = 16, enable_prefix_caching: bool = True, max_num_seqs: int = 16,
