@@ -146,6 +146,10 @@ class Request:
     delivered_tokens: int = 0
     delivered_chars: int = 0
     detokenizer: object = field(default=None, repr=False)
+    #: speculative decoding: the drafts proposed for this request's next step, and the distributions they were
+    #: drawn from (``None``: greedy or a deterministic proposer); [] when it does not speculate
+    spec_token_ids: list[int] = field(default_factory=list, repr=False)
+    spec_probs: object = field(default=None, repr=False)
     sampler: Sampler = field(init=False, repr=False)
     _all_token_ids: list[int] = field(init=False, repr=False)
 

@@ -71,6 +71,8 @@ class ScheduledRequest:
     slot_mapping: np.ndarray = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     #: copy-on-write copies ``(src, dst)`` the KV pool's owner applies before this step writes
     blocks_to_copy: tuple[tuple[int, int], ...] = field(default=(), repr=False)
+    #: speculative decoding: the last ``num_spec_tokens`` of ``token_ids`` are drafts to verify (a decode only)
+    num_spec_tokens: int = 0
 
 
 @dataclass
@@ -205,16 +207,22 @@ class Scheduler:
         i = 0
         while i < len(self.running):
             req = self.running[i]
+            spec: list[int] = []
             if req.num_tokens_to_compute == 1:
                 decodes_after -= 1
                 n = 1
+                # drafts ride along when the budget has room beyond the decodes still to come
+                spec = req.spec_token_ids[:max(0, budget - decodes_after - 1)]
             else:
                 n = min(req.num_tokens_to_compute, budget - decodes_after)
                 if n <= 0:  # no budget for this prefill chunk this step; it keeps its blocks
                     i += 1
                     continue
             start = req.num_computed_tokens
-            while (alloc := self.kv.append_slots(req.request_id, req.all_token_ids[start:start + n])) is None:
+            while (alloc := self.kv.append_slots(req.request_id, req.all_token_ids[start:start + n] + spec)) is None:
+                if spec:  # no room for the drafts: decode plainly before anyone is preempted
+                    spec = []
+                    continue
                 if self._reclaim():
                     continue
                 candidates = self.running[i:]  # not yet scheduled in this step; req first
@@ -228,8 +236,8 @@ class Scheduler:
                     break
             if alloc is None:
                 continue  # req preempted itself; running[i] is now the next one
-            budget -= n
-            out.scheduled.append(self._scheduled(req, alloc, n, start))
+            budget -= n + len(spec)
+            out.scheduled.append(self._scheduled(req, alloc, n, start, num_spec=len(spec)))
             i += 1
         return budget
 
@@ -273,32 +281,40 @@ class Scheduler:
 
     @staticmethod
     def _scheduled(req: Request, alloc: SlotAllocation, n: int, start: int, *, is_new: bool = False,
-                   is_resume: bool = False) -> ScheduledRequest:
+                   is_resume: bool = False, num_spec: int = 0) -> ScheduledRequest:
         samples = start + n == req.num_tokens
         decode = n == 1 and samples and start >= req.num_prompt_tokens and not is_new
-        return ScheduledRequest(req.request_id, "decode" if decode else "prefill", n, start, samples, is_new,
-                                is_resume, alloc.num_cached_tokens, alloc.token_ids, alloc.slot_mapping,
-                                alloc.blocks_to_copy)
+        return ScheduledRequest(req.request_id, "decode" if decode else "prefill", n + num_spec, start, samples,
+                                is_new, is_resume, alloc.num_cached_tokens, alloc.token_ids, alloc.slot_mapping,
+                                alloc.blocks_to_copy, num_spec)
 
     def _preempt(self, req: Request) -> None:
         """Free the request's KV (full blocks stay cached-free) and put it at the front of the waiting queue."""
         self.running.remove(req)
         self.kv.free(req.request_id)
+        req.spec_token_ids, req.spec_probs = [], None
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.metrics.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def update_from_output(self, output: SchedulerOutput) -> None:
-        """After the model step the scheduled tokens' K/V exist: commit them (full blocks become findable)."""
-        for s in output.scheduled:
-            self._commit(s)
+    def update_from_output(self, output: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> None:
+        """After the model step the scheduled tokens' K/V exist: commit them (full blocks become findable).
 
-    def _commit(self, s: ScheduledRequest) -> None:
+        ``num_rejected[id]`` drafts at the end of a speculative decode were rejected: their slots are truncated
+        *before* the commit, so only verified tokens are ever hashed into the prefix cache.
+        """
+        for s in output.scheduled:
+            rejected = num_rejected.get(s.request_id, 0) if num_rejected else 0
+            if rejected:
+                self.kv.truncate(s.request_id, s.num_computed_tokens + s.num_new_tokens - rejected)
+            self._commit(s, rejected)
+
+    def _commit(self, s: ScheduledRequest, rejected: int = 0) -> None:
         self.kv.commit(s.request_id)
         req = self.requests[s.request_id]
-        req.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens
+        req.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens - rejected
         req.metrics.num_computed_tokens_total += s.num_new_tokens
 
     # ------------------------------------------------------------------ leaving
@@ -416,12 +432,12 @@ class StaticBatchScheduler(Scheduler):
     def _reclaim(self) -> bool:
         return self._release_padding()
 
-    def _commit(self, s: ScheduledRequest) -> None:
+    def _commit(self, s: ScheduledRequest, rejected: int = 0) -> None:
         if s.kind == "padding":
             self.kv.commit(s.request_id)
             self.num_padding_tokens += s.num_new_tokens
         else:
-            super()._commit(s)
+            super()._commit(s, rejected)
 
     def finish_request(self, request_id: str, reason: FinishReason | None = None) -> Request:
         """A member that ends naturally while others of its batch run becomes a padding slot (an abort or an error

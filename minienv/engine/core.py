@@ -42,10 +42,11 @@ from minienv.kv.block_table import cdiv
 from minienv.kv.kv_cache_manager import KVCacheManager, KVEvent
 from minienv.kv.kv_pool import KVPool, num_blocks_for_budget
 from minienv.kv.paged_attention import PagedAttentionBackend
+from minienv.kv_tier import KVTierConnector
 from minienv.request import FinishReason, InvalidRequestError, Request, RequestMetrics, RequestNotFoundError
 from minienv.sampling import SamplingParams
-from minienv.kv_tier import KVTierConnector
 from minienv.scheduler import SchedulingPolicy, VictimPolicy, make_scheduler
+from minienv.spec_decode import SpeculativeConfig, Speculator
 
 Prompts = "str | Sequence[int] | Sequence[str | Sequence[int]]"
 
@@ -116,13 +117,16 @@ class InferenceEngine:
         A persistent KV tier under the pool (:mod:`minienv.kv_tier`): a directory (embedded SQLite store), a
         ``redis://`` URL, or a store object. Full committed blocks are saved there and loaded at admission instead
         of recomputed; ``engine.kv_tier.stats`` counts. None (default): no tier.
+    speculative_config:
+        ``{"method": "draft" | "ngram", "num_speculative_tokens": k, ...}`` (or a
+        :class:`~minienv.spec_decode.SpeculativeConfig`) turns on speculative decoding; ``None`` (default) is off.
     """
 
     def __init__(self, model: Any = None, tokenizer: Any = None, *, kv_budget_tokens: int = 8192,
                  block_size: int = 16, enable_prefix_caching: bool = True, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 512, scheduling: SchedulingPolicy = "continuous",
                  victim_policy: VictimPolicy | None = None, static_padding: bool = True, history_size: int = 256,
-                 finished_retention: int = 256, kv_tier: Any = None):
+                 finished_retention: int = 256, kv_tier: Any = None, speculative_config: Any = None):
         for name, flag in (("enable_prefix_caching", enable_prefix_caching), ("static_padding", static_padding)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
@@ -154,6 +158,15 @@ class InferenceEngine:
         self.backend = PagedAttentionBackend(self.kv_pool)
         self.kv_tier = None if kv_tier is None else KVTierConnector(kv_tier, model=model, kv_pool=self.kv_pool)
         self.scheduler.kv_tier = self.kv_tier
+        spec = SpeculativeConfig.coerce(speculative_config)
+        if spec is not None and scheduling != "continuous":
+            raise ValueError("speculative decoding needs scheduling='continuous' (the static baseline does not "
+                             "speculate)")
+        #: speculative decoding (None: off): proposes drafts after each step, verifies them in the next
+        self.speculator: Speculator | None = None if spec is None else Speculator(
+            spec, target_model=model, tokenizer=tokenizer, block_size=self.block_size,
+            kv_budget_tokens=self.kv_budget_tokens, num_sampled_ids=self.num_sampled_ids,
+            max_num_batched_tokens=self.scheduler.max_num_batched_tokens)
         self.history: deque[StepRecord] = deque(maxlen=history_size)
         self.requests: dict[str, Request] = {}  # unfinished, or finished with the final output unread
         self.retained: OrderedDict[str, Request] = OrderedDict()  # finished and read, most recent last
@@ -359,12 +372,21 @@ class InferenceEngine:
                 self.counters.failed_steps += 1
             raise
         with _interrupt_deferred():
-            self._commit(plan, [plan.scheduled[i] for i in inputs.sampling], logits, t0)
+            self._commit(plan, [plan.scheduled[i] for i in inputs.sampling], inputs.num_logits, logits, t0)
 
-    def _commit(self, plan, sampling, logits: np.ndarray, t0: float) -> None:
-        """After the model call: commit the K/V, sample, append, finish; record the step."""
-        self.scheduler.update_from_output(plan)
-        if self.kv_tier is not None:  # newly full, committed blocks go to the persistent tier
+    def _commit(self, plan, sampling, num_logits: list[int], logits: np.ndarray, t0: float) -> None:
+        """After the model call: sample (verify drafts), commit the K/V, append, finish; record the step."""
+        reqs = [self.requests[s.request_id] for s in sampling]
+        if self.speculator is not None:
+            self.speculator.last_results.clear()
+        if len(num_logits) == sum(num_logits):
+            tokens, errors = self._sample(reqs, logits[:len(reqs)])
+            emitted = [[t] for t in tokens]
+            rejected: dict[str, int] = {}
+        else:
+            emitted, errors, rejected = self._verify(sampling, reqs, num_logits, logits)
+        self.scheduler.update_from_output(plan, rejected)  # rejected drafts are truncated before the commit
+        if self.kv_tier is not None:  # newly full, committed (verified) blocks go to the persistent tier
             self.kv_tier.save_committed(plan, self.kv_cache_manager)
         c = self.counters
         c.computed_tokens += plan.num_scheduled_tokens
@@ -374,29 +396,32 @@ class InferenceEngine:
                 c.prompt_tokens += req.num_prompt_tokens
                 if req.metrics.first_scheduled_time is None:
                     req.metrics.first_scheduled_time, req.metrics.first_scheduled_step = t0, plan.step
-        reqs = [self.requests[s.request_id] for s in sampling]
-        tokens, errors = self._sample(reqs, logits[:len(reqs)])
         now = time.perf_counter()
         done_step = plan.step + 1  # the step count at which the token exists
         sampled: dict[str, int] = {}
         finished: dict[str, FinishReason] = {}
-        for req, tok, err in zip(reqs, tokens, errors, strict=True):
+        for req, toks, err in zip(reqs, emitted, errors, strict=True):
             reason: FinishReason | None = "error" if err else None
             if err is None:
-                sampled[req.request_id] = tok
+                sampled[req.request_id] = toks[-1]
                 if req.metrics.first_token_time is None:
                     req.metrics.first_token_time, req.metrics.first_token_step = now, done_step
-                try:
-                    reason = append_token(req, tok, self.eos_token_id)
-                except Exception as exc:  # noqa: BLE001 - the tokenizer failed on this request's token
-                    reason, err = "error", f"could not detokenize token {tok}: {type(exc).__name__}: {exc}"
-                c.generated_tokens += reason != "eos" and err is None
+                for tok in toks:  # one token, or the verified run of a speculative decode
+                    try:
+                        reason = append_token(req, tok, self.eos_token_id)
+                    except Exception as exc:  # noqa: BLE001 - the tokenizer failed on this request's token
+                        reason, err = "error", f"could not detokenize token {tok}: {type(exc).__name__}: {exc}"
+                    c.generated_tokens += reason != "eos" and err is None
+                    if reason is not None:
+                        break  # a stop inside the run: the tokens after it are dropped
             if reason is not None:
                 self._finish(req, reason, now, done_step, err)
                 finished[req.request_id] = reason
             else:
                 self.router.notify(req)
         c.peak_blocks_in_use = max(c.peak_blocks_in_use, self.kv_cache_manager.pool.num_used_blocks)
+        if self.speculator is not None:
+            self._propose(plan)
         c.busy_s += time.perf_counter() - t0
         if self.history.maxlen or self._step_listeners:
             record = StepRecord(plan.step, plan, sampled, finished, tuple(self._kv_events), self.stats,
@@ -404,6 +429,52 @@ class InferenceEngine:
             self.history.append(record)
             for listener in self._step_listeners:
                 listener(record)
+
+    def _verify(self, sampling, reqs: list[Request], num_logits: list[int], logits: np.ndarray):
+        """Speculative decoding: each request's rows -> the verified run of tokens it appends, and its rejections.
+
+        A request without drafts this step takes exactly the plain path (:meth:`_sample`); a row block with a
+        non-finite entry finishes its request with an error, as there.
+        """
+        assert self.speculator is not None
+        emitted: list[list[int]] = []
+        errors: list[str | None] = []
+        rejected: dict[str, int] = {}
+        offsets = np.cumsum([0] + num_logits)
+        for s, req, lo, hi in zip(sampling, reqs, offsets[:-1], offsets[1:], strict=True):
+            rows = logits[lo:hi]
+            if s.num_spec_tokens == 0:
+                (tok,), (err,) = self._sample([req], rows)
+                emitted.append([tok] if err is None else [])
+                errors.append(err)
+                continue
+            drafts = list(s.token_ids[len(s.token_ids) - s.num_spec_tokens:])
+            err = None if np.isfinite(rows).all() else \
+                "the model produced non-finite logits (NaN or inf) for this request"
+            if err is None:
+                try:
+                    result = self.speculator.verify(req, drafts, rows)
+                except Exception as exc:  # noqa: BLE001 - belongs to this request's sampling parameters
+                    err = f"sampling failed: {type(exc).__name__}: {exc}"
+            emitted.append([] if err else result.token_ids)
+            errors.append(err)
+            if err is None and result.num_accepted < len(drafts):
+                rejected[req.request_id] = len(drafts) - result.num_accepted
+        return emitted, errors, rejected
+
+    def _propose(self, plan) -> None:
+        """Drafts for every running request that decodes next step; preempted ones let go of theirs."""
+        spec = self.speculator
+        assert spec is not None
+        for rid in plan.preempted:
+            spec.free(rid)
+        ready = []
+        for r in self.scheduler.running:
+            if r.num_computed_tokens == r.num_tokens - 1:
+                ready.append(r)
+            else:
+                r.spec_token_ids, r.spec_probs = [], None
+        spec.propose(ready)
 
     def _sample(self, reqs: list[Request], logits: np.ndarray) -> tuple[list[int], list[str | None]]:
         """One token per request (greedy rows in one argmax), or an error message for a row that fails."""
@@ -430,6 +501,8 @@ class InferenceEngine:
         """End a request: out of the scheduler (which frees its blocks, or keeps them as static padding), owner
         notified."""
         self.scheduler.finish_request(req.request_id, reason)
+        if self.speculator is not None:
+            self.speculator.free(req.request_id)
         req.finish(reason, now, step, error)
         self.counters.finished += 1
         self.counters.errors += reason == "error"
