@@ -1,8 +1,9 @@
-"""Test tiers (see README): unit and notebook tests always run; `reference`, `browser` and `prometheus` tests skip
-when their dependencies are missing; `install` tests (they create a venv and pip-install from the network, e.g.
-`make lab`) skip unless MINIENV_INSTALL_TESTS=1. With MINIENV_REQUIRE_TIERS=1 (CI, `MINIENV_TIERS=all make test`,
-both of which also set MINIENV_INSTALL_TESTS=1) a skipped reference, browser, prometheus or install test fails the
-run instead, so CI can never go green by silently skipping a tier.
+"""Test tiers (see README): unit and notebook tests always run; `reference`, `browser`, `redis` and `prometheus`
+tests skip when their dependencies are missing (`redis`: Debian's redis-server binary; `prometheus`: Debian's
+prometheus binary); `install` tests (they create a venv and pip-install from the network, e.g. `make lab`) skip
+unless MINIENV_INSTALL_TESTS=1. With MINIENV_REQUIRE_TIERS=1 (CI, `MINIENV_TIERS=all make test`, both of which also
+set MINIENV_INSTALL_TESTS=1) a skipped reference, browser, redis, prometheus or install test fails the run instead,
+so CI can never go green by silently skipping a tier.
 
 The install tier is switched on by an environment variable, not by `-m`: a user's own `-m` expression would replace
 an `addopts` one and silently start installing, and a plain `pytest` must never touch the network."""
@@ -13,7 +14,7 @@ import os
 
 import pytest
 
-REQUIRED_TIERS = ("reference", "browser", "install", "prometheus")
+REQUIRED_TIERS = ("reference", "browser", "install", "redis", "prometheus")
 _skipped_in_required_tier: list[str] = []
 
 
