@@ -100,6 +100,8 @@ class Series:
     type: str
     help: str
     extra_labels: tuple[str, ...] = ()
+    #: exported only by an engine with this feature ("spec_decode": speculative_config; "kv_tier": kv_tier)
+    feature: str | None = None
 
     @property
     def stored_names(self) -> tuple[str, ...]:
@@ -142,13 +144,53 @@ SERIES: tuple[Series, ...] = (
     Series("vllm:request_prompt_tokens", "histogram", "Number of prefill tokens processed, per finished request."),
     Series("vllm:request_generation_tokens", "histogram",
            "Number of generation tokens processed, per finished request."),
+    # -- speculative decoding (vLLM's SpecDecodingProm names), pulled from engine.speculator.stats
+    Series("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts (verified proposals).",
+           feature="spec_decode"),
+    Series("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens.", feature="spec_decode"),
+    Series("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens.", feature="spec_decode"),
+    Series("vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.",
+           ("position",), feature="spec_decode"),
+    # -- the persistent KV tier (vLLM's KV-connector prefix-cache names + minienv's), from engine.kv_tier.stats
+    Series("vllm:external_prefix_cache_queries", "counter",
+           "External prefix cache queries from the KV tier, in tokens (asked beyond the local prefix cache).",
+           feature="kv_tier"),
+    Series("vllm:external_prefix_cache_hits", "counter",
+           "External prefix cache hits from the KV tier, in tokens (loaded instead of computed).", feature="kv_tier"),
+    Series("minienv:kv_tier_loaded_blocks", "counter", "Blocks of K/V loaded from the KV tier.", feature="kv_tier"),
+    Series("minienv:kv_tier_stored_blocks", "counter", "Blocks of K/V written to the KV tier.", feature="kv_tier"),
+    Series("minienv:kv_tier_refused_records", "counter",
+           "Records refused on load (corrupt, another model or layout, another format): each a miss, recomputed.",
+           feature="kv_tier"),
+    Series("minienv:kv_tier_backend_errors", "counter", "Store operations that failed (server down, disk full).",
+           feature="kv_tier"),
 )
 _HELP = {s.name: s.help for s in SERIES}
 
 
-def stored_series_names() -> set[str]:
-    """Every sample name a Prometheus scraping minienv stores (``*_created`` companions aside)."""
-    return {n for s in SERIES for n in s.stored_names}
+def stored_series_names(features: tuple[str, ...] = ("spec_decode", "kv_tier")) -> set[str]:
+    """Every sample name a Prometheus scraping minienv stores (``*_created`` companions aside), for an engine with
+    the given optional features (all of them by default; ``()``: a plain engine)."""
+    return {n for s in SERIES if s.feature is None or s.feature in features for n in s.stored_names}
+
+
+_TIER_SERIES = ("vllm:external_prefix_cache_queries", "vllm:external_prefix_cache_hits",
+                "minienv:kv_tier_loaded_blocks", "minienv:kv_tier_stored_blocks", "minienv:kv_tier_refused_records",
+                "minienv:kv_tier_backend_errors")
+
+
+def _feature_counters(engine: "InferenceEngine") -> tuple[tuple | None, tuple | None]:
+    """Copies of the speculator's and the KV tier's counters (plain ints: a scrape never sees a half-done step)."""
+    spec = tier = None
+    speculator = getattr(engine, "speculator", None)
+    if speculator is not None:
+        st = speculator.stats
+        spec = (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens, tuple(st.accepted_per_pos))
+    kv_tier = getattr(engine, "kv_tier", None)
+    if kv_tier is not None:
+        t = kv_tier.stats
+        tier = (t.queried_tokens, t.hit_tokens, t.loads, t.stores, t.record_errors, t.backend_errors)
+    return spec, tier
 
 
 class MetricsUnavailableError(ImportError):
@@ -189,7 +231,7 @@ class _StatsCollector:
         self.metrics = metrics
 
     def collect(self) -> Iterator[Any]:
-        s, token_usage = self.metrics._snapshot
+        s, token_usage, spec, tier = self.metrics._snapshot
         lv = list(self.metrics.label_values)
 
         def gauge(name: str, value: float) -> Any:
@@ -214,6 +256,20 @@ class _StatsCollector:
         yield gauge("minienv:kv_cache_cached_free_blocks", s.num_cached_free_blocks)
         yield counter("minienv:kv_cache_evicted_blocks", s.evicted_blocks)
         yield counter("minienv:kv_cache_evicted_tokens", s.evicted_tokens)
+        if spec is not None:
+            drafts, draft_tokens, accepted, per_pos = spec
+            yield counter("vllm:spec_decode_num_drafts", drafts)
+            yield counter("vllm:spec_decode_num_draft_tokens", draft_tokens)
+            yield counter("vllm:spec_decode_num_accepted_tokens", accepted)
+            c = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                    _HELP["vllm:spec_decode_num_accepted_tokens_per_pos"],
+                                    labels=LABEL_NAMES + ("position",))
+            for pos, n in enumerate(per_pos):
+                c.add_metric(lv + [str(pos)], n)
+            yield c
+        if tier is not None:
+            for name, value in zip(_TIER_SERIES, tier, strict=True):
+                yield counter(name, value)
 
 
 class _SilentHandler(WSGIRequestHandler):
@@ -296,7 +352,7 @@ class EngineMetrics:
         self.label_values = (model_name, engine_label)
         self.registry = _prom.CollectorRegistry(auto_describe=True)
         self.server: MetricsServer | None = None
-        self._snapshot: tuple[EngineStats, float] = self._read_stats()
+        self._snapshot: tuple[EngineStats, float, tuple | None, tuple | None] = self._read_stats()
         self._last_token_at: dict[str, float] = {}  # request id -> perf_counter when its last token came out
 
         def histogram(name: str, buckets: tuple[float, ...]) -> Any:
@@ -328,9 +384,11 @@ class EngineMetrics:
         return engine
 
     # ------------------------------------------------------------------ feeding
-    def _read_stats(self) -> tuple["EngineStats", float]:
-        stats = self.engine.stats
-        return stats, token_slots_in_use(self.engine) / stats.kv_budget_tokens
+    def _read_stats(self, stats: "EngineStats | None" = None) -> tuple["EngineStats", float, tuple | None, tuple | None]:
+        """What a scrape reads, taken between steps: the stats, token-slot usage, and the features' counters."""
+        engine = self.engine
+        stats = engine.stats if stats is None else stats
+        return (stats, token_slots_in_use(engine) / stats.kv_budget_tokens, *_feature_counters(engine))
 
     def _on_step(self, record: "StepRecord") -> None:
         """After each step: TTFT of first tokens, ITL of later ones, and the stats snapshot scrapes read."""
@@ -348,7 +406,7 @@ class EngineMetrics:
             last[rid] = now
         for rid in record.finished:
             last.pop(rid, None)
-        self._snapshot = (record.stats, token_slots_in_use(self.engine) / record.stats.kv_budget_tokens)
+        self._snapshot = self._read_stats(record.stats)
 
     def _on_finish(self, req: "Request") -> None:
         """Once per finished request, whatever ended it: the success counter and the per-request histograms."""

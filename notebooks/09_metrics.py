@@ -157,7 +157,9 @@ from minienv.metrics import SERIES, VLLM_RELEASE
 print(f"{'series (as Prometheus stores it)':<52} {'type':<9} labels: model_name, engine (+)  — vLLM {VLLM_RELEASE}")
 for s in SERIES:
     stored = s.stored_names[0] if len(s.stored_names) == 1 else s.name + "_{bucket,sum,count}"
-    print(f"{stored:<52} {s.type:<9} {'+ ' + ', '.join(s.extra_labels) if s.extra_labels else ''}")
+    extra = ("+ " + ", ".join(s.extra_labels) + " " if s.extra_labels else "") + (
+        {"spec_decode": "(with speculative decoding)", "kv_tier": "(with a KV tier)"}.get(s.feature, ""))
+    print(f"{stored:<52} {s.type:<9} {extra}")
 
 # %%
 s = eng.stats  # the engine of the first cell, whose metrics were attached before its traffic
@@ -460,6 +462,8 @@ assert counter_samples[-1][1] - counter_samples[0][1] < true_increase  # last �
 # | TTFT, ITL, e2e histograms | `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`, `vllm:e2e_request_latency_seconds` | `sglang:time_to_first_token_seconds`, `sglang:inter_token_latency_seconds`, `sglang:e2e_request_latency_seconds` |
 # | queue / prefill / decode time | `vllm:request_queue_time_seconds`, `_prefill_time_`, `_decode_time_` | `sglang:queue_time_seconds` |
 # | `minienv:kv_cache_evicted_blocks` / `_tokens`, `minienv:kv_cache_cached_free_blocks` | — (KV events, not metrics) | — |
+# | `vllm:spec_decode_num_drafts` / `_draft_tokens` / `_accepted_tokens` / `_accepted_tokens_per_pos` (notebook 12) | the same (`vllm/v1/spec_decode/metrics.py`) | `sglang:spec_accept_length` |
+# | `vllm:external_prefix_cache_queries` / `_hits`, `minienv:kv_tier_*` (notebook 11) | `vllm:external_prefix_cache_*` (KV connectors) | `sglang:hicache_host_used_tokens` and other `sglang:hicache_*` series (with the hierarchical cache) |
 #
 # Two traps worth knowing. vLLM registers into prometheus-client's process-wide registry and unregisters its own
 # metrics first (`unregister_vllm_metrics()` in `loggers.py`), because a second engine in the same process would

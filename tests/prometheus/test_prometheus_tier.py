@@ -133,10 +133,12 @@ def model() -> LlamaModel:
 @pytest.fixture(scope="module")
 def scraped(model, tmp_path_factory):
     """(engine, prometheus): an engine serving /metrics, scraped by a real Prometheus as job "minienv"; the same
-    registry also served by prometheus-client's stock server as job "stock"."""
+    registry also served by prometheus-client's stock server as job "stock". The engine speculates (n-gram) and
+    has a persistent KV tier, so every series minienv can export is there."""
     binary = _prometheus_binary()
     engine = InferenceEngine(model, BPETokenizer([]), kv_budget_tokens=64, block_size=4, max_num_seqs=4,
-                             max_num_batched_tokens=32)
+                             max_num_batched_tokens=32, kv_tier=tmp_path_factory.mktemp("kv_tier"),
+                             speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     server = engine.serve_metrics(0)
     stock_port = _free_port()
     stock_httpd, stock_thread = prometheus_client.start_http_server(stock_port, "127.0.0.1",
@@ -185,6 +187,19 @@ def test_prometheus_stores_the_vllm_names_and_they_agree_with_engine_stats(scrap
     success = {r["metric"]["finished_reason"]: float(r["value"][1])
                for r in prom.query(f"vllm:request_success_total{job}")}
     assert sum(success.values()) == s.num_finished
+    st, tier = engine.speculator.stats, engine.kv_tier.stats
+    assert st.num_accepted_tokens > 0 and tier.hit_tokens > 0
+    features = {"vllm:spec_decode_num_drafts_total": st.num_drafts,
+                "vllm:spec_decode_num_draft_tokens_total": st.num_draft_tokens,
+                "vllm:spec_decode_num_accepted_tokens_total": st.num_accepted_tokens,
+                "vllm:external_prefix_cache_queries_total": tier.queried_tokens,
+                "vllm:external_prefix_cache_hits_total": tier.hit_tokens,
+                "minienv:kv_tier_loaded_blocks_total": tier.loads, "minienv:kv_tier_stored_blocks_total": tier.stores}
+    for name, value in features.items():
+        assert float(prom.query(f"{name}{job}")[0]["value"][1]) == value, name
+    per_pos = {int(r["metric"]["position"]): float(r["value"][1])
+               for r in prom.query(f"vllm:spec_decode_num_accepted_tokens_per_pos_total{job}")}
+    assert [per_pos[i] for i in range(3)] == st.accepted_per_pos
 
     names = prom.names()
     ours = sorted(n for n in names if n.startswith(("vllm:", "minienv:")) and not n.endswith("_created"))

@@ -78,7 +78,8 @@ def test_every_series_is_exported_with_vllm_type_and_labels(model, tok):
     e = make(model, tok)
     e.generate(PROMPTS[:2], params(3))
     families = {f.name: f for f in e.metrics.registry.collect()}
-    for s in SERIES:
+    assert not any(s.feature and s.name in families for s in SERIES)  # a plain engine: no feature series
+    for s in (s for s in SERIES if s.feature is None):
         base = s.name  # prometheus-client strips _total from a counter family's name
         assert base in families, s.name
         assert families[base].type == s.type, (s.name, families[base].type)
@@ -86,8 +87,34 @@ def test_every_series_is_exported_with_vllm_type_and_labels(model, tok):
         assert names == set(s.stored_names), (s.name, names)
         for x in families[base].samples:
             assert x.labels["model_name"] == "minienv" and x.labels["engine"] == "0"
-    assert stored_series_names() >= {"vllm:generation_tokens_total", "vllm:request_success_total",
-                                     "vllm:time_to_first_token_seconds_bucket", "vllm:num_requests_running"}
+    assert stored_series_names(()) >= {"vllm:generation_tokens_total", "vllm:request_success_total",
+                                       "vllm:time_to_first_token_seconds_bucket", "vllm:num_requests_running"}
+
+
+def test_spec_decode_and_kv_tier_series_equal_their_stats(model, tok, tmp_path):
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    texts = ["abcabcabcabcabc", "xyzxyzxyzxyz", "The quick brown fox. The quick brown fox."]
+    first = make(model, tok, speculative_config=spec, kv_tier=tmp_path)
+    first.metrics  # noqa: B018
+    first.generate(texts, params(16))
+    second = make(model, tok, speculative_config=spec, kv_tier=tmp_path)  # the tier outlives the first engine
+    m = second.metrics
+    second.generate(texts, params(16))
+    st, tier = second.speculator.stats, second.kv_tier.stats
+    assert st.num_drafts > 0 and st.num_accepted_tokens > 0 and tier.hit_tokens > 0  # the workload bites
+    assert m.value("vllm:spec_decode_num_drafts_total") == st.num_drafts
+    assert m.value("vllm:spec_decode_num_draft_tokens_total") == st.num_draft_tokens
+    assert m.value("vllm:spec_decode_num_accepted_tokens_total") == st.num_accepted_tokens
+    per_pos = [m.value("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(3)]
+    assert per_pos == st.accepted_per_pos and sum(per_pos) == st.num_accepted_tokens
+    assert m.value("vllm:external_prefix_cache_queries_total") == tier.queried_tokens
+    assert m.value("vllm:external_prefix_cache_hits_total") == tier.hit_tokens <= tier.queried_tokens
+    assert m.value("minienv:kv_tier_loaded_blocks_total") == tier.loads > 0
+    assert m.value("minienv:kv_tier_stored_blocks_total") == tier.stores
+    assert m.value("minienv:kv_tier_refused_records_total") == tier.record_errors == 0
+    assert m.value("minienv:kv_tier_backend_errors_total") == tier.backend_errors == 0
+    names = {x.name for f in m.registry.collect() for x in f.samples if not x.name.endswith("_created")}
+    assert names == stored_series_names(), names ^ stored_series_names()
 
 
 def test_histograms_have_vllm_buckets(model, tok):
