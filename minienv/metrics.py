@@ -16,6 +16,10 @@ How it is fed, without slowing the engine:
   ``vllm:request_success{finished_reason}`` from the finish listener, once per finished request — aborted ones
   included (vLLM, as of v0.13, does not count those: vllm-project/vllm#31503).
 
+An inter-token latency is one sample per request per step, the gap between its outputs: with speculative decoding a
+step can emit several of a request's tokens at once, and — as in vLLM — they share one sample (the acceptance
+counters say how many tokens each verification gave).
+
 So pulled counters are the engine's totals since it was built, while the pushed series count from the moment the
 metrics were attached (``engine.metrics`` attaches on first use): attach before the workload you want to see.
 
