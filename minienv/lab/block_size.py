@@ -44,7 +44,7 @@ __all__ = [
     "BLOCK_SIZES", "TraceRequest", "Trace", "sharegpt_trace", "alpaca_trace", "shared_prompt_trace", "standard_traces",
     "check_block_size", "RunResult", "simulate", "sweep", "attention_time", "LengthStats", "length_stats",
     "predicted_fragmentation", "predicted_hit_tokens", "Recommendation", "recommend_block_size", "objective",
-    "format_table", "DEFAULT_DYNAMIC", "best_fixed", "ENTRY_COST_KEYS", "row_key", "step_time_us", "NUM_LAYERS",
+    "format_table", "DEFAULT_DYNAMIC", "best_fixed", "ENTRY_COST_KEYS", "row_key", "step_time_us", "step_work", "NUM_LAYERS",
 ]
 
 #: The sweep's block sizes: every power of two from 1 to 256.
@@ -317,18 +317,21 @@ def sweep(traces: Sequence[Trace], kv_budget_tokens: int, block_sizes: Sequence[
         first: list[RunResult] = []
         attn: list[list[float]] = [[] for _ in configs]
         mgr_t: list[list[float]] = [[] for _ in configs]
+        layout: list[tuple[int, int]] = [(0, 0) for _ in configs]
         for rnd in range(max(1, rounds)):
             for k, (b, d) in enumerate(configs):
                 r = simulate(trace, kv_budget_tokens, b, dynamic=d, **simulate_kwargs)
                 if rnd == 0:
                     first.append(r)
                 mgr_t[k].append(r.manager_us)
-                if attention:
-                    attn[k].append(attention_time(batch, b, dynamic=d, repeats=5)["median_us"])
+                a = attention_time(batch, b, dynamic=d, repeats=5 if attention else 1)
+                attn[k].append(a["median_us"])
+                if rnd == 0:
+                    layout[k] = (a["padded_keys"], a["blocks"])
         rows = []
         for k, r in enumerate(first):
             extra = {"manager_us_min": min(mgr_t[k]), "dynamic": dyn[k - len(block_sizes)] if r.scheme == "dynamic"
-                     else None}
+                     else None, "padded_keys": layout[k][0], "batch_blocks": layout[k][1]}
             a_med = None
             if attention:
                 extra["attn_us_min"] = min(attn[k])
@@ -357,20 +360,34 @@ def row_key(r: RunResult) -> int | str:
     return f"dyn {d.block_size}/{d.threshold_tokens}/{d.run_blocks}" if d else "dynamic"
 
 
-def objective(rows: Sequence[RunResult]) -> dict[int | str, float]:
+def step_work(r: RunResult, num_layers: int = NUM_LAYERS, entry_cost: float | None = None) -> float | None:
+    """The same step in key reads, from the layout the real manager produced (deterministic, unlike a timer):
+    ``num_layers x padded keys + entry_cost x table entries`` of the decode batch :func:`sweep` timed."""
+    if not r.extra or "padded_keys" not in r.extra:
+        return None
+    cost = ENTRY_COST_KEYS if entry_cost is None else entry_cost
+    return num_layers * r.extra["padded_keys"] + cost * r.extra["batch_blocks"]
+
+
+def objective(rows: Sequence[RunResult], time: str = "measured") -> dict[int | str, float]:
     """The single number the tuner is judged by, per row (lower is better), all three terms fractions:
 
     ``frag`` (memory wasted) + ``miss`` (prompt tokens a token-granular cache would serve that this size does
-    not, over all prompt tokens) + ``slowdown`` (:func:`step_time_us` over the fastest row, minus 1; 0 when
-    the rows have no timings). Keys: :func:`row_key` (the block size, or ``"dynamic B/T/m"``).
+    not, over all prompt tokens) + ``slowdown`` (step time over the fastest row, minus 1). ``time="measured"``
+    uses :func:`step_time_us` (wall clock: the truth, but noisy on a shared machine); ``time="work"`` uses
+    :func:`step_work` (key reads of the real layout under the cost model: deterministic, for tests); the slowdown
+    is 0 when the rows have neither. Keys: :func:`row_key` (the block size, or ``"dyn B/T/m"``).
     """
+    if time not in ("measured", "work"):
+        raise ValueError(f"time must be 'measured' or 'work', got {time!r}")
+    cost = step_time_us if time == "measured" else step_work
     best_hits = max(r.hit_tokens for r in rows)
-    timed = [t for r in rows if (t := step_time_us(r)) is not None]
+    timed = [t for r in rows if (t := cost(r)) is not None]
     fastest = min(timed) if timed else None
     out: dict[int | str, float] = {}
     for r in rows:
         miss = (best_hits - r.hit_tokens) / r.prompt_tokens
-        t = step_time_us(r)
+        t = cost(r)
         slow = (t / fastest - 1) if (fastest and t is not None) else 0.0
         out[row_key(r)] = r.frag + miss + slow
     return out
@@ -528,9 +545,9 @@ def recommend_block_size(workload: Trace | LengthStats, kv_budget_tokens: int, *
 DEFAULT_DYNAMIC = DynamicBlockConfig(block_size=16, threshold_tokens=128, run_blocks=8)
 
 
-def best_fixed(rows: Sequence[RunResult]) -> RunResult:
+def best_fixed(rows: Sequence[RunResult], time: str = "measured") -> RunResult:
     """The fixed-size row with the lowest :func:`objective`."""
-    obj = objective(rows)
+    obj = objective(rows, time)
     fixed = [r for r in rows if r.scheme == "fixed"]
     return min(fixed, key=lambda r: (obj[r.block_size], r.block_size))
 
