@@ -266,7 +266,7 @@ def test_predicted_fragmentation_matches_a_run_without_sharing_or_preemption():
     stats = bs.length_stats(trace)
     for b in (4, 16, 64):
         measured = bs.simulate(trace, 1 << 16, b).frag
-        assert abs(bs.predicted_fragmentation(stats, b) - measured) < 0.02, b
+        assert abs(bs.predicted_fragmentation(stats, b, sharing=False) - measured) < 1e-9, b
 
 
 def test_length_stats_finds_shared_prefixes():
@@ -314,3 +314,48 @@ def test_recommendation_bad_input():
     small = bs.LengthStats((8,), (4,), (0,))
     rec = bs.recommend_block_size(small, 16, candidates=(8, 16, 64))
     assert rec.block_size in (8, 16) and 64 not in rec.scores  # 64 > budget: dropped
+
+
+# ------------------------------------------------------------------------------------------------ the exercise
+def _solution():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "solutions" / "13_block_size.py"
+    spec = importlib.util.spec_from_file_location("solution_13", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.predict_fragmentation
+
+
+def test_exercise_check_accepts_the_solution_and_reports_a_stub():
+    assert bs.check_fragmentation_prediction(_solution()) == "check_fragmentation_prediction: correct"
+
+    def stub(lengths, block_size):
+        raise NotImplementedError
+
+    assert "not implemented yet" in bs.check_fragmentation_prediction(stub)
+
+
+def test_exercise_check_rejects_a_percentage_rule_1():
+    sol = _solution()
+    with pytest.raises(AssertionError, match="rule 1"):
+        bs.check_fragmentation_prediction(lambda lengths, b: 100 * sol(lengths, b) + (b == 16))
+
+
+def test_exercise_check_rejects_wrong_predictions_rule_2():
+    def rule_of_thumb(lengths, b):  # notebook 03's (B-1)/2 per request over the mean length
+        mean = sum(p + o / 2 for p, o in lengths) / len(lengths)
+        return min(0.99, (b - 1) / 2 / mean)
+
+    def final_length_only(lengths, b):  # only the final block's tail, once per request
+        wasted = sum(-(-(p + o) // b) * b - (p + o) for p, o in lengths)
+        return wasted / sum(-(-(p + o) // b) * b for p, o in lengths)
+
+    def off_by_one(lengths, b):  # lengths p .. p + o (one step too many)
+        return bs.predicted_fragmentation(
+            bs.LengthStats(tuple(p for p, _ in lengths), tuple(o + 1 for _, o in lengths), (0,) * len(lengths)), b)
+
+    for wrong in (rule_of_thumb, final_length_only, off_by_one):
+        with pytest.raises(AssertionError, match="rule 2"):
+            bs.check_fragmentation_prediction(wrong)
