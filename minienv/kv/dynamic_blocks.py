@@ -226,16 +226,15 @@ class DynamicKVCacheManager(KVCacheManager):
                     self.pool.free(list(ids))
                 self._ctx = (request_id, first_block, own)
                 alloc = call()
+        except BaseException:
+            alloc = None  # the plain manager validates before it changes anything: restore the reserves, re-raise
+            self._restore(request_id, lent, others)
+            raise
         finally:
             ctx, self._ctx = self._ctx, None
         blocks = self.pool.blocks
         if alloc is None:
-            self._hold(own)
-            if own:
-                self._reserve[request_id] = own
-            for rid, ids in others.items():
-                self._hold(ids)
-                self._reserve[rid] = ids
+            self._restore(request_id, lent, others)
             return None
         left = ctx[2] if ctx is not None else []
         if left and all(blocks[b].ref_cnt == 0 and blocks[b].block_hash is None for b in left):
@@ -247,6 +246,15 @@ class DynamicKVCacheManager(KVCacheManager):
             self.reserves_reclaimed += len(others)
         self.return_to_head(spare[::-1])
         return alloc
+
+    def _restore(self, request_id: RequestId, lent: list[int], others: dict[RequestId, list[int]]) -> None:
+        """Take lent reserves back exactly as they were (a call that found no room, or raised)."""
+        self._hold(lent)
+        if lent:
+            self._reserve[request_id] = list(lent)
+        for rid, ids in others.items():
+            self._hold(ids)
+            self._reserve[rid] = ids
 
     # ------------------------------------------------------------------ the plain API, reserve-aware
     def allocate(self, request_id: RequestId, prompt_token_ids: Sequence[int], *,

@@ -169,6 +169,25 @@ def test_a_long_request_lies_in_runs_and_a_short_one_reserves_nothing():
     mgr.check_invariants()
 
 
+def test_bad_calls_leave_the_manager_and_its_reserves_unchanged():
+    mgr = DynamicKVCacheManager(32, DynamicBlockConfig(2, 2, 4))
+    mgr.allocate("a", list(range(5)))  # 3 blocks: 1 single, then a run of 4 (2 used, 2 reserved)
+    mgr.commit("a")
+    reserved = mgr.reserved("a")
+    assert reserved
+    before = mgr.snapshot()
+    for bad in ([], "abc", [1, -2]):
+        with pytest.raises((ValueError, TypeError)):
+            mgr.append_slots("a", bad)
+        assert mgr.snapshot() == before and mgr.reserved("a") == reserved
+    with pytest.raises(ValueError, match="num_new_tokens"):
+        mgr.allocate("b", [1, 2, 3], num_new_tokens=9)
+    with pytest.raises(KeyError):
+        mgr.append_slots("nobody", [1])
+    assert mgr.snapshot() == before and mgr.reserved("a") == reserved
+    mgr.check_invariants()
+
+
 def test_reserves_are_taken_back_before_an_allocation_would_fail():
     mgr = DynamicKVCacheManager(12, DynamicBlockConfig(1, 0, 8), enable_prefix_caching=False)
     mgr.allocate("a", [1])
