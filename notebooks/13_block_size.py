@@ -412,8 +412,10 @@ assert sg.hit_tokens == shared_rows[16].hit_tokens, "one physical block size: th
 # * **Is it worth it?** Not here. The "overhead of small blocks" it was meant to cut is, in minienv, per *table
 #   entry* (the scheduler and manager walk, hash and copy tables entry by entry) — and the scheme has as many
 #   entries as its physical block size. The attention kernel gains nothing from larger blocks (next section).
-#   The best fixed size is as good or better on every column. vLLM went the other way: it keeps one block size
-#   and decouples the **hash granularity** from it (see below).
+#   The best fixed size has the better score on every trace; where the scheme wins a single column (less waste
+#   than a larger fixed block, fewer table runs than a smaller one), it is because it is compared with a different
+#   block size, and never by enough to pay for its reserves. vLLM went the other way: it keeps one block size and
+#   decouples the **hash granularity** from it (see below).
 #
 # ## The traps
 #
@@ -444,7 +446,7 @@ assert shared_rows[128].hit_rate < 0.6 * shared_rows[16].hit_rate
 # **3. Larger blocks were not faster.** The gather copies `B × heads × head_dim` contiguous floats per block: at
 # B = 16 that is already a 6 KiB memcpy, as efficient as a larger one. What grows with B is the padding: each
 # sequence's last block is attended over in full (masked), and the batch's tables are padded to the longest. So
-# attention time is flat from 2 to 64 and **rises** at 128 and 256. *Lesson:* measure before choosing large
+# attention time is roughly flat from 2 to 64 and **rises** at 128 and 256. *Lesson:* measure before choosing large
 # blocks for speed; the per-block cost that large blocks save must be larger than the padded keys they add.
 
 # %%
@@ -513,23 +515,24 @@ except AssertionError as err:
 #
 # ## Where this lives in vLLM / SGLang
 #
-# Pinned to the commits we read:
+# Pinned to the commits we read (file by file):
 #
-# > **vLLM** (commit `002f10e`)
-# > * `vllm/config/cache.py` — `CacheConfig.DEFAULT_BLOCK_SIZE = 16`, `block_size` ("size of a contiguous cache
+# > **vLLM**
+# > * `vllm/config/cache.py` (commit `002f10e`) — `CacheConfig.DEFAULT_BLOCK_SIZE = 16`, `block_size` ("size of a contiguous cache
 # >   block in number of tokens"), and `prefix_match_unit`: "the finest token boundary a prefix-cache hit can land
 # >   on", which may be finer than the physical block as long as it divides it — the hash granularity decoupled
 # >   from the block, the answer to trap 1 that keeps one physical size.
-# > * `vllm/v1/core/kv_cache_utils.py` — the per-block chain hashes; `vllm/v1/core/block_pool.py` — the pool of
+# > * `vllm/v1/core/kv_cache_utils.py` (commit `bbf906a`) — `hash_block_tokens`: one chain hash per full block
+# >   (the reason a prefix shorter than a block never hits); `vllm/v1/core/block_pool.py` — the pool of
 # >   fixed-size blocks and its free queue.
 # >
-# > **SGLang** (commit `02e29cb`)
-# > * `python/sglang/srt/server_args.py` — `page_size` (SGLang's block size; 1 by default: token-granular).
-# > * `python/sglang/srt/mem_cache/allocator.py` — `TokenToKVPoolAllocator` (page size 1) and
-# >   `PagedTokenToKVPoolAllocator` (page-aligned allocation); `merge_and_sort_free` sorts freed pages so that
-# >   later allocations come out contiguous — the contiguity our dynamic scheme chased.
-# > * `python/sglang/srt/mem_cache/radix_cache.py` — `_key_match_paged`: radix-tree keys compared a whole page at a
-# >   time, the page-granular hit of trap 1.
+# > **SGLang**
+# > * `python/sglang/srt/mem_cache/allocator.py` (commit `02e29cb`) — `TokenToKVPoolAllocator` (page size 1:
+# >   token-granular) and `PagedTokenToKVPoolAllocator` (page-aligned allocation); `merge_and_sort_free` sorts
+# >   freed pages so that later allocations come out contiguous — the contiguity our dynamic scheme chased.
+# > * `python/sglang/srt/mem_cache/radix_cache.py` (commit `006b0e3`) — `match_prefix` truncates the key to a
+# >   multiple of `page_size` and `_key_match_paged` compares a whole page at a time: the page-granular hit of
+# >   trap 1.
 # >
 # > **nano-vllm** (commit `bb823b3`): `nanovllm/config.py` — `kvcache_block_size: int = 256` (asserted a multiple
 # > of 256).
@@ -545,8 +548,8 @@ except AssertionError as err:
 # * Measured best: 8–32 on ShareGPT-like, 4–8 on Alpaca-like, 4–16 with shared system prompts; vLLM's 16 is
 #   best or second on two of three. Blocks of 128+ lose most prefix hits and preempt more.
 # * The dynamic scheme (one physical block, runs of contiguous blocks past a threshold) keeps the hits, runs in
-#   the real engine with outputs equal to each request alone, and costs reserved slots and run searches; it beats
-#   the best fixed size on no column here.
+#   the real engine with outputs equal to each request alone, and costs reserved slots and run searches; its
+#   overall score is worse than the best fixed size's on every trace.
 # * `recommend_block_size` predicts the measured optimum from lengths alone, within 0.05 of the best on every trace.
 
 # %%
