@@ -380,52 +380,85 @@ assert all(f">{b}<" in grid.to_svg() for b in range(8))
 #   because C held it too. Getting this wrong — freeing a block someone still reads — is the bug the naive
 #   design ships (notebook 05).
 #
-# ## Exercise: which blocks does the next request get?
+# ## Exercises
 #
-# Write `next_blocks(pool, n)`: the block ids the next `pool.allocate(req, n)` will take, in order, **without
-# changing the pool**. Then run the check.
+# Every notebook ends with exercises that work the same way:
+#
+# - the exercise cell holds a **stub** that raises `NotImplementedError`: replace its body with your code;
+# - the **check** cell below it runs your function on many cases. Until you write it, it prints *not implemented
+#   yet* (so Run All never fails on an unsolved exercise); a wrong answer stops with `ExerciseFailed: ✗ <the rule
+#   it broke>` and the case that shows it; a right one prints `✓`;
+# - **hints** are folded under the check, weakest first: open one at a time;
+# - **solutions** are in `solutions/00_tour.py` (one file per notebook), outside the notebook on purpose.
+#
+# The checks are `minienv/exercises/` — the test suite runs each one against its solution, against typical wrong
+# answers and against the stub you see here. If the kernel is in a strange state (a pool you changed by hand,
+# say), *Kernel → Restart and Run All* starts clean.
+#
+# ### Exercise 1: which blocks does the next request get?
+#
+# Write `next_blocks(pool, n)`: the block ids the next `pool.allocate(req, n)` will take, in order. Rules:
+# (1) allocation takes the **head** of the free queue first, in queue order; (2) it only predicts: the pool must
+# not change.
 
 # %%
+from minienv.exercises.tour import check_next_blocks, check_release
+
+
 def next_blocks(pool, n):
-    # YOUR CODE HERE (hint: allocation takes from the head of pool.free)
-    return None
+    """The ids ``pool.allocate(req, n)`` would take, in order, without changing ``pool``."""
+    raise NotImplementedError("your code here")
 
 
-def check_next_blocks(fn):
-    """Compare ``fn`` with what the allocator really does, on every prefix of the demo sequence."""
-    import copy
-
-    pool = ToyPool(8)
-    for i, action in enumerate([None] + ACTIONS):
-        if action is not None:
-            apply(pool, action)
-        for n in range(1, len(pool.free) + 1):
-            before = copy.deepcopy(pool.__dict__)
-            answer = fn(pool, n)
-            if pool.__dict__ != before:
-                print(f"✗ after step {i}: next_blocks changed the pool")
-                return False
-            trial = copy.deepcopy(pool)
-            trial.allocate("D", n)
-            expected = trial.tables["D"]
-            if answer is None or list(answer) != expected:
-                print(f"✗ after step {i}, n={n}: expected {expected}, got {answer}")
-                return False
-    print("✓ next_blocks matches the allocator everywhere")
-    return True
-
-
-_ = check_next_blocks(next_blocks)  # prints ✗ until you write next_blocks
+# %%
+check_next_blocks(next_blocks)
 
 # %% [markdown]
-# A solution, so the notebook proves itself: the next allocation takes the first `n` blocks of the free queue.
+# <details><summary>Hint 1</summary>
+#
+# `pool.free` is an `OrderedDict` whose keys are the free blocks, head first. What does `allocate` do with it?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `allocate` calls `popitem(last=False)` — that changes the pool. Read the keys instead: `list(pool.free)` is a
+# copy, head first.
+# </details>
+#
+# ### Exercise 2: give a request's blocks back
+#
+# Write `release(pool, req)`, the toy pool's `release`, from the rules (without looking up): (1) the request's
+# block table is removed; (2) each of its blocks loses exactly one reference; (3) a block goes back to the free
+# queue only when its refcount reaches 0 — another request may still read it; (4) freed blocks join the **tail**
+# of the queue, the table's **last** block first. The check replays the demo (and a longer sequence where three
+# requests share blocks) with your `release` and compares the whole pool after every step.
 
 # %%
-def next_blocks_solution(pool, n):
-    return list(pool.free)[:n]
+def release(pool, req):
+    """Give back ``req``'s blocks: refcount -1 each, last block first; at refcount 0 to the free queue's tail."""
+    raise NotImplementedError("your code here")
 
 
-assert check_next_blocks(next_blocks_solution)
+# %%
+check_release(release)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `pool.tables.pop(req)` removes the table and gives you its blocks in logical order.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Walk `reversed(...)` of that list. Appending a key to an `OrderedDict` (`pool.free[block] = None`) puts it at
+# the tail.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Why last block first? When a cached chain of blocks is evicted from the head of the queue later (notebook 06),
+# its tail goes first and its first block — the one other prompts are most likely to share — stays longest.
+# </details>
 
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang

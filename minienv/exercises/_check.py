@@ -6,8 +6,18 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-PASSED = "passed"
-NOT_IMPLEMENTED = "not implemented"
+
+
+class Verdict(str):
+    """What a check returns: ``PASSED`` or ``NOT_IMPLEMENTED``. The check has already printed its sentence, so a
+    notebook cell ending in ``check_x(x)`` shows nothing more (no ``Out[...]`` echo)."""
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
+PASSED = Verdict("passed")
+NOT_IMPLEMENTED = Verdict("not implemented")
 
 
 class ExerciseFailed(AssertionError):
@@ -70,7 +80,7 @@ def exercise(todo: str, *, none_ok: bool = False) -> Callable:
 
     def wrap(body: Callable[..., str]) -> Callable[..., str]:
         @functools.wraps(body)
-        def check(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+        def check(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Verdict:
             attempt = Attempt(fn, none_ok=none_ok)
             try:
                 message = body(attempt, *args, **kwargs)
