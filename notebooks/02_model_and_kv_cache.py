@@ -340,58 +340,73 @@ assert reserved == 8 * 2 * cfg.num_hidden_layers * cfg.max_position_embeddings *
 # small blocks on demand (PagedAttention), using the same `attend` seam you saw above.
 
 # %% [markdown]
-# ## Exercise: the cached attention step
+# ## Exercises
 #
-# Implement one decode step of attention for a single head: given the new token's query `q [D]` and the cache's keys
-# and values `K, V [t, D]` (the new token's own k/v already appended), return the attention output `[D]`. Then run
-# the self-check. (Hint: no mask is needed — why?)
+# (How they work — stubs, checks, hints, `solutions/02_model_and_kv_cache.py` — is explained in notebook 00.)
+#
+# ### Exercise 1: the cached attention step
+#
+# Implement one decode step of attention for a single head: given the new token's query `q [D]` and the cache's
+# keys and values `K, V [t, D]` (the new token's own k/v already appended), return the attention output `[D]`.
+# Rules: (1) the query attends to **every** cached token, its own included; (2) the output is one vector of size
+# `D`; (3) scores are `q·k / sqrt(D)`, softmaxed over the `t` tokens; (4) the softmax is numerically stable (the
+# check uses scores in the thousands).
 
 # %%
+from minienv.exercises.model import check_decode_attention, check_kv_bytes_per_token
+
+
 def decode_attention(q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
-    # YOUR CODE HERE: replace the line below
-    return None
+    """Attention output [D] of one query over t cached keys / values [t, D]."""
+    raise NotImplementedError("your code here")
 
 
-def check_decode_attention(fn) -> bool:
-    """Compare ``fn`` to minienv's kernel on random inputs; print what is wrong, if anything."""
-    r = np.random.default_rng(42)
-    for t, d in [(1, 4), (7, 16), (33, 64)]:
-        q, K, V = r.standard_normal(d), r.standard_normal((t, d)), r.standard_normal((t, d))
-        got = fn(q, K, V)
-        if got is None:
-            print("Not implemented yet: decode_attention returned None.")
-            return False
-        want = causal_attention(q[None, None].astype(np.float32), K[:, None].astype(np.float32),
-                                V[:, None].astype(np.float32), np.array([t - 1]))[0, 0]
-        if np.shape(got) != (d,) or not np.allclose(got, want, atol=1e-4):
-            print(f"Mismatch for t={t}, d={d}: expected {np.round(want[:3], 4)}..., got {np.round(np.ravel(got)[:3], 4)}...")
-            return False
-    print("Correct: one query attending to every cached token — O(t) work per step instead of O(t²).")
-    return True
-
-
+# %%
 check_decode_attention(decode_attention)
 
 # %% [markdown]
-# <details><summary>Solution</summary>
+# <details><summary>Hint 1</summary>
 #
-# ```python
-# def decode_attention(q, K, V):
-#     s = K @ q / np.sqrt(q.shape[-1])   # [t]: the newest token may see everything in the cache
-#     w = np.exp(s - s.max())
-#     return (w / w.sum()) @ V
-# ```
-# No mask is needed because the only query is the newest token, and every cached token is in its past.
+# No mask is needed: the only query is the newest token, and every cached token is in its past.
 # </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `s = K @ q / np.sqrt(len(q))` gives the `t` scores. `np.exp(s)` overflows to `inf` for a score near 1000;
+# `np.exp(s - s.max())` gives the same softmax and never overflows.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# With the weights `w` (summing to 1), the output is `w @ V`: a weighted sum of the rows of `V`.
+# </details>
+#
+# ### Exercise 2: the price of one token
+#
+# Write `kv_bytes_per_token(num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes)`: the KV-cache bytes one
+# token costs. Rules: (1) a token stores a K **and** a V vector; (2) with grouped-query attention only the
+# **KV heads** are stored; (3) every layer keeps its own; (4) times the bytes per element. The check ends on the
+# table above: Llama-3-8B, Llama-2-13B and Qwen2.5-7B.
 
 # %%
-def _reference_solution(q, K, V):
-    s = K @ q / np.sqrt(q.shape[-1])
-    w = np.exp(s - s.max())
-    return (w / w.sum()) @ V
+def kv_bytes_per_token(num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes):
+    """Bytes of K and V one token adds to the cache."""
+    raise NotImplementedError("your code here")
 
 
-assert check_decode_attention(_reference_solution)
+# %%
+check_kv_bytes_per_token(kv_bytes_per_token)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# One of the five arguments does not appear in the answer. Which heads does `k_proj` produce?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# It is a product of four of the arguments and a constant.
+# </details>
 
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang
