@@ -396,32 +396,69 @@ assert [round(sweep[b]["token_states"], 6) for b in BLOCK_SIZES] == sorted(
 # vLLM's default of 16 is a compromise: block size 1 would waste nothing but makes every attention read a
 # scatter-gather of single tokens; 256 wastes ~20 % of the memory on tails.
 #
-# ## Exercise: the waste of one request
+# ## Exercises
+#
+# (How they work — stubs, checks, hints, `solutions/03_kv_memory.py` — is explained in notebook 00.)
+#
+# ### Exercise 1: the waste of one request
 #
 # A request finished with `num_tokens` tokens in blocks of `block_size` slots. How many slots of its last
 # block are never used (its internal fragmentation)? Write `internal_frag(num_tokens, block_size)` without a
-# loop, then run the check. (A solution is in the cell; delete it and try yourself first.)
+# loop. Rules: (1) count the **empty** slots of the last block; (2) a last block that is exactly full wastes
+# nothing.
 
 # %%
+from minienv.exercises.kv_memory import check_internal_frag, check_slot_categories
+
+
 def internal_frag(num_tokens: int, block_size: int) -> int:
-    # --- solution: replace with your own ---
-    return -num_tokens % block_size
+    """Never-used slots in the last block of a finished request."""
+    raise NotImplementedError("your code here")
 
 
-def check_internal_frag(fn) -> None:
-    from minienv.lab.memory_accounting import paged_internal_fragmentation
-
-    cases = [(n, b) for n in range(1, 300) for b in (1, 2, 3, 4, 16, 64, 256)]
-    wrong = [(n, b, fn(n, b), paged_internal_fragmentation(n, b)) for n, b in cases
-             if fn(n, b) != paged_internal_fragmentation(n, b)]
-    if wrong:
-        n, b, got, want = wrong[0]
-        raise AssertionError(f"{len(wrong)} of {len(cases)} cases wrong, e.g. {n} tokens, block {b}: "
-                             f"got {got}, want {want}")
-    print(f"all {len(cases)} cases right")
-
-
+# %%
 check_internal_frag(internal_frag)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# The request holds `ceil(num_tokens / block_size)` blocks; the waste is what they hold minus the tokens.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# In Python, `-(-n // b)` is `ceil(n / b)` for integers, and `-n % b` is already the answer. Why?
+# </details>
+#
+# ### Exercise 2: one request's slots, by category
+#
+# Write `slot_categories(now, final, allocated)` for one running request with `now` tokens computed, `final`
+# tokens at the end and `allocated` slots: return `(token_states, reservation, internal_frag)`, as in the table
+# above. Rules: (1) token states are the tokens computed so far; (2) reservation is allocated room this request
+# will fill later — only allocated slots count, so under paging (`allocated < final`) it is
+# `allocated − now`; (3) internal fragmentation is allocated room beyond the final length, never negative;
+# (4) the three add up to `allocated`.
+
+# %%
+def slot_categories(now: int, final: int, allocated: int) -> tuple:
+    """(token_states, reservation, internal_frag) of one request's allocated slots."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+check_slot_categories(slot_categories)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Check yourself on the strips: request A of the Max strip is (3 now, 5 final, 8 allocated) → `AAAaaxxx`;
+# under paging with blocks of 4 it is (3, 5, 4) → `AAAa`.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Everything follows from one number: `min(allocated, final)`, the slots this request will ever fill.
+# </details>
 
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang
