@@ -287,6 +287,12 @@ check_slots(slot_of)
 # logical block lives?
 # </details>
 #
+# <details><summary>Hint 2</summary>
+#
+# Physical block `p` holds slots `p * block_size` … `p * block_size + block_size - 1`. Notebook 04's gather did
+# the same arithmetic on whole blocks.
+# </details>
+#
 # A classic slip — indexing the pool by the *logical* position — is caught as soon as a table is not
 # `[0, 1, 2, …]`:
 
