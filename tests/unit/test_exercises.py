@@ -64,6 +64,13 @@ def _release_ignoring_refcount(pool, req):
         pool.free[block] = None
 
 
+def _release_zeroes_refcount(pool, req):
+    for block in reversed(pool.tables.pop(req)):
+        pool.refcount[block] = 0  # drops every holder's reference, not just this request's
+        if block not in pool.free:
+            pool.free[block] = None
+
+
 def _release_keeps_table(pool, req):
     for block in reversed(pool.tables[req]):
         pool.refcount[block] -= 1
@@ -264,6 +271,7 @@ WRONG = [
         (_release_forward, "the table's last block first"),
         (_release_ignoring_refcount, "only when its refcount reaches 0"),
         (_release_keeps_table, "block table is removed"),
+        (_release_zeroes_refcount, "loses exactly one reference"),
         (_release_to_head, "join the tail of the queue"),
     ]),
     ("01_tokenizer", ex01.check_merge_step, "merge_step", [
