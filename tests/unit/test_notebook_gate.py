@@ -100,3 +100,61 @@ def test_strip_widget_state_keeps_the_views(tmp_path):
     nbtool.strip_widget_state(nb)
     assert "widgets" not in nb.metadata
     assert nb.cells[1].outputs[-1]["data"]["application/vnd.jupyter.widget-view+json"] == view
+
+
+def _with_figure_output(folder: Path, data: dict, source: str = "show(fig)") -> Path:
+    path = _executed_pair(folder)
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(source, execution_count=2, outputs=[
+        nbformat.v4.new_output("display_data", data=data)]))
+    nbformat.write(nb, path)
+    path.with_suffix(".py").write_text(nbtool.export_pair(nbformat.read(path, as_version=4)))
+    return path
+
+
+PLOTLY = {"application/vnd.plotly.v1+json": {"data": [], "layout": {}}}
+PNG = {"image/png": "iVBORw0KGgo="}
+
+
+def test_gate_fails_on_a_plotly_figure_without_an_image(tmp_path):
+    _with_figure_output(tmp_path, PLOTLY)
+    assert any("no static image" in m for m in nbtool.check(tmp_path))
+
+
+def test_gate_accepts_a_plotly_figure_with_its_image(tmp_path):
+    _with_figure_output(tmp_path, PLOTLY | PNG)
+    assert nbtool.check(tmp_path) == []
+
+
+def test_gate_fails_on_a_figure_widget_without_an_image(tmp_path):
+    view = {"application/vnd.jupyter.widget-view+json": {"model_id": "x", "version_major": 2, "version_minor": 0}}
+    _with_figure_output(tmp_path, view, source="fig = go.FigureWidget()\nfig")
+    assert any("live FigureWidget" in m for m in nbtool.check(tmp_path))
+    _with_figure_output(tmp_path, view | PNG, source="fig = go.FigureWidget()\nshow(fig)")
+    assert nbtool.check(tmp_path) == []
+
+
+def test_gate_fails_when_a_figure_cell_is_compared_by_nbval(tmp_path):
+    _with_figure_output(tmp_path, PLOTLY | PNG, source="# NBVAL_CHECK_OUTPUT\nshow(fig)")
+    assert any("NBVAL_CHECK_OUTPUT on a figure cell" in m for m in nbtool.check(tmp_path))
+
+
+def test_static_show_puts_the_image_in_the_figure_output():
+    """With the exporter installed (the lab extra), the bundle carries the live figure and a PNG of it; without,
+    the live figure alone and no error."""
+    go = pytest.importorskip("plotly.graph_objects")
+    from minienv.viz import static
+
+    fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4]))
+    data = static.bundle(fig)
+    assert "application/vnd.plotly.v1+json" in data
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        assert "image/png" not in data
+        return
+    if "image/png" not in data:
+        pytest.skip("kaleido is installed but found no Chromium to export with")
+    import base64
+
+    assert base64.b64decode(data["image/png"]).startswith(b"\x89PNG")
