@@ -38,6 +38,7 @@ encode, decode = tokenizer.encode, tokenizer.decode
 source = "bundled assets/target"
 cfg = model.config
 pio.renderers.default = "plotly_mimetype"  # drawn by JupyterLab itself: no CDN, no network
+from minienv.viz.static import show  # every figure: live, with a PNG of it for readers without a kernel
 print(source)
 print(model)
 
@@ -213,7 +214,7 @@ fig = go.Figure([
 ])
 fig.update_layout(title=f"Cumulative time to generate n tokens ({source})", xaxis_title="tokens generated",
                   yaxis_title="milliseconds", height=380, legend=dict(x=0.01, y=0.99))
-fig.show()
+show(fig)
 print(f"{n_steps} tokens: no cache {t_naive.sum():.2f} s, cache {t_cache.sum():.2f} s "
       f"→ {t_naive.sum() / t_cache.sum():.1f}x faster")
 
@@ -299,7 +300,7 @@ def on_context_change(change) -> None:
 
 
 ctx_slider.observe(on_context_change, names="value")
-display(widgets.VBox([ctx_slider, kv_fig]))
+show(kv_fig, live=widgets.VBox([ctx_slider, kv_fig]))  # the PNG: the slider's first position
 
 # %%
 ctx_slider.value = 8192  # what dragging the slider does
