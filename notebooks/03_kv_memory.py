@@ -68,6 +68,7 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 pio.renderers.default = "plotly_mimetype"  # drawn by JupyterLab itself: no CDN, no network
+from minienv.viz.static import show  # every figure: live, with a PNG of it for readers without a kernel
 
 prompt_lens = np.array([r.prompt_len for r in requests])
 output_lens = np.array([r.output_len for r in requests])
@@ -78,7 +79,7 @@ for col, lens in ((1, prompt_lens), (2, output_lens)):
     hist.add_vline(x=float(lens.mean()), line_dash="dash", line_color="black", row=1, col=col)
 hist.update_layout(height=300, showlegend=False, bargap=0.05,
                    title="ShareGPT-like workload: 1000 requests (dashed: mean)")
-hist.show()
+show(hist)
 
 # %%
 # What the histograms show: long tails, most requests far shorter than the mean, every request within max_len.
@@ -207,7 +208,7 @@ fig2.add_bar(x=[x_paper[-1]], y=[PAPER_FIGURE2["paged"]["reservation+internal"]]
 fig2.update_layout(barmode="stack", height=430, yaxis_title="% of KV-cache memory",
                    xaxis=dict(categoryorder="array", categoryarray=order),
                    title="Figure 2, reproduced: where the KV memory goes (paper bars beside ours)")
-fig2.show()
+show(fig2)
 
 # %%
 # Proof cells: the shape of the paper's figure holds in ours.
@@ -355,7 +356,7 @@ def on_block_size(change):
 
 slider.observe(on_block_size, names="value")
 on_block_size({"new": BLOCK_SIZE})
-widgets.VBox([slider, live])
+show(live, live=widgets.VBox([slider, live]))  # the PNG: the slider's first position
 
 # %%
 # The widget follows the slider, and the waste grows with the block size.
@@ -369,7 +370,7 @@ assert all(a <= b for a, b in zip(tail, tail[1:])), "last-block waste non-decrea
 assert sweep[16]["token_states"] >= 96.0 and sweep[256]["token_states"] < 85.0
 
 # %% [markdown]
-# The same curve as a static figure, for readers without a running kernel:
+# Every block size at once, as one figure:
 
 # %%
 static = go.Figure()
@@ -380,7 +381,7 @@ for cat in CATS4:
 static.update_layout(barmode="stack", height=360, xaxis_title="block size (slots)",
                      yaxis_title="% of KV memory", yaxis_range=[70, 100],
                      title="Paged KV memory by block size (ShareGPT-like workload, 15.7 K slots)")
-static.show()
+show(static)
 
 # %%
 # NBVAL_CHECK_OUTPUT
