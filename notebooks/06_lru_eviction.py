@@ -273,6 +273,8 @@ print(f"A, minienv:           {demo.decode(list(ev.ours_ids))!r}   B refused whi
 # %%
 import plotly.graph_objects as go
 
+from minienv.viz.static import show  # every figure: live, with a PNG of it for readers without a kernel
+
 steps = list(range(1, len(ev.naive_logit_error) + 1))
 damage = go.Figure([go.Bar(x=steps, y=ev.naive_logit_error, name="naive evictor"),
                     go.Bar(x=steps, y=ev.ours_logit_error, name="minienv")])
@@ -280,7 +282,7 @@ damage.add_vline(x=ev.b_arrives_after + 0.5, line_dash="dash", annotation_text="
 damage.update_layout(title="request A: max |served logits − dense logits of the same tokens|", barmode="group",
                      xaxis_title="A's output token", yaxis={"title": "max logit error", "type": "log"}, height=330,
                      margin={"t": 50, "b": 40})
-damage
+show(damage)
 
 # %%
 k = ev.b_arrives_after
@@ -323,7 +325,7 @@ fig.add_hline(y=100 * ceiling, line_dash="dot", line_color="grey", annotation_te
 fig.update_layout(title="prefix-cache hit rate vs KV budget (150 requests, popular system prompt + long tail)",
                   xaxis={"title": "KV budget (tokens)", "type": "log"}, yaxis={"title": "hit rate (% of prompt tokens)"},
                   height=380, margin={"t": 50, "b": 40})
-fig
+show(fig)
 
 # %%
 lru_rates = [s.hit_rate for s in sweep["minienv LRU"]]
