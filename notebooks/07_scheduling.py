@@ -213,6 +213,8 @@ for mode, (engine, outs) in runs.items():
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from minienv.viz.static import show
+
 fig = make_subplots(rows=1, cols=3, subplot_titles=("throughput (tokens / step)", "TTFT (steps)",
                                                     "TPOT (steps / token)"))
 for mode, color in (("static", "#9c755f"), ("continuous", "#4e79a7")):
@@ -222,7 +224,7 @@ for mode, color in (("static", "#9c755f"), ("continuous", "#4e79a7")):
                          showlegend=False), 1, 2)
     fig.add_trace(go.Bar(x=["mean"], y=[m["tpot_mean"]], marker_color=color, name=mode, showlegend=False), 1, 3)
 fig.update_layout(height=320, barmode="group", margin=dict(t=50, b=30), title_text="static vs continuous batching")
-fig
+show(fig)  # live, with a PNG of it for readers without a kernel
 
 # %%
 assert len(fig.data) == 6 and fig.data[0].y[0] == metrics["static"]["tps"]
