@@ -3,7 +3,9 @@
 GitHub and nbviewer render no JavaScript, so a figure committed only as ``application/vnd.plotly.v1+json`` (or a
 ``FigureWidget`` behind a slider) is blank there. ``show(fig)`` displays ONE output whose mime bundle holds both the
 live figure and a PNG of it: JupyterLab picks the interactive plotly renderer, a static renderer picks the PNG.
-No picture appears twice, and a live session loses nothing.
+No picture appears twice, and a live session loses nothing. A live widget (a slider with a ``FigureWidget``) is
+different: renderers that know the widget mimetype choose it even without a kernel, so its PNG (the figure as it
+is when the cell runs: the slider's first position) is a second output right under it.
 
 The PNG comes from plotly's exporter, kaleido 1.x, which drives a headless Chromium (the Debian ``chromium`` the
 browser test tier uses). It is optional: without kaleido or a browser, ``show`` displays the live figure alone and
@@ -90,4 +92,12 @@ def show(fig: Any, live: Any = None, **size: Any) -> None:
     """
     from IPython.display import display
 
-    display(bundle(fig, live, **size), raw=True)
+    if live is None:
+        display(bundle(fig, **size), raw=True)
+        return
+    # A widget view is drawn by JavaScript only, and renderers that know the widget mimetype pick it over any
+    # image in the same bundle: the PNG goes in its own output, right under the live view.
+    display(live)
+    png = png_bytes(fig, **size)
+    if png is not None:
+        display({PNG_MIME: base64.b64encode(png).decode("ascii")}, raw=True)

@@ -158,3 +158,43 @@ def test_static_show_puts_the_image_in_the_figure_output():
     import base64
 
     assert base64.b64decode(data["image/png"]).startswith(b"\x89PNG")
+
+
+def _figure_cells(nb) -> list[int]:
+    """Cells that draw a plotly figure: a plotly output, or a live FigureWidget built in the cell."""
+    def is_figure(cell) -> bool:
+        plotly = any("application/vnd.plotly.v1+json" in out.get("data", {}) for out in cell.get("outputs", []))
+        return plotly or "FigureWidget(" in cell.source
+    return [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and is_figure(c)]
+
+
+@pytest.mark.parametrize("path", nbtool.notebook_paths(), ids=lambda p: p.stem)
+def test_every_figure_shows_in_html_without_javascript(path):
+    """What a reader without JavaScript gets (nbconvert's HTML, scripts removed): every figure cell draws an image."""
+    nbconvert = pytest.importorskip("nbconvert")
+    nb = nbformat.read(path, as_version=4)
+    assert _figures_without_javascript(nb, nbconvert) == [], f"{path.name}: figure cells blank without JavaScript"
+
+
+def _figures_without_javascript(nb, nbconvert) -> list[int]:
+    import re
+
+    blank = []
+    for i in _figure_cells(nb):
+        one = nbformat.v4.new_notebook(cells=[nb.cells[i]], metadata=nb.metadata)
+        html, _ = nbconvert.HTMLExporter(template_name="basic").from_notebook_node(one)
+        html = re.sub(r"<script.*?</script>", "", html, flags=re.S)
+        if "<img" not in html:
+            blank.append(i)
+    return blank
+
+
+@pytest.mark.filterwarnings("ignore:Your element with mimetype")
+def test_a_figure_without_its_image_is_blank_without_javascript():
+    """The check above can fail: the committed notebooks before static images had blank figures."""
+    nbconvert = pytest.importorskip("nbconvert")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("fig", execution_count=1, outputs=[
+        nbformat.v4.new_output("display_data", data=PLOTLY)])])
+    assert _figures_without_javascript(nb, nbconvert) == [0]
+    nb.cells[0].outputs[0]["data"].update(PNG)
+    assert _figures_without_javascript(nb, nbconvert) == []
