@@ -147,6 +147,61 @@ assert list(MODULES) == [s.name for s in ENGINE_MAP]
 # Live widgets need a running kernel. **Reading on GitHub or nbviewer?** Widget state is not saved in the
 # notebooks, so under each live view you will find a *static* picture of the same state (`view.static()`).
 #
+# ## Before you start
+#
+# **Prerequisites.** Python and numpy (arrays, `@`, slicing). From machine learning, two ideas — here is all the
+# series uses of them:
+#
+# - **softmax** turns scores into weights that are positive and sum to 1: `w = exp(s - s.max()); w /= w.sum()`
+#   (subtracting the max changes nothing but keeps `exp` from overflowing);
+# - **attention**: each token's *query* vector is compared with every earlier token's *key* (a dot product, divided
+#   by √(head dim)); the softmax of those scores weights the earlier tokens' *value* vectors, and their weighted
+#   sum is the token's output. A token sees itself and the tokens before it, never after (*causal*). Those keys and
+#   values are the **KV cache**: computed once per token, read by every later token.
+#
+# **Time.** About 30 min for this notebook; 45–60 min for each of 01–08 (an hour for 02, 04, 05 and 07), exercises
+# included. Run All takes under 20 s for each.
+#
+# **How to use the series.** Open the notebooks in order (each builds on the last) and run them top to bottom; then
+# change things and re-run. Each ends with **exercises**: a stub to replace, a check that says *not implemented yet*
+# until you do and names the rule a wrong answer breaks, hints folded under it, and solutions in `solutions/`
+# (details at the end of this notebook). Live views need a running kernel; if one gets into a strange state,
+# *Kernel → Restart Kernel and Run All Cells* starts clean. On GitHub every view and figure has a static picture.
+#
+# **The naive design.** The series starts from a design that circulates in tutorials. It draws the right boxes —
+# the map above — and fills them with code that is wrong in instructive ways: **one block per whole prompt** (a hash
+# of the entire prompt, so two prompts with the same system prompt share nothing), a reused block's **refcount set
+# to 1** instead of incremented, an LRU **evictor that ignores refcounts** (it evicts blocks running requests still
+# read), and a **free list that is a Python list** popped from the front (O(n) per allocation).
+# `minienv/lab/naive_design.py` reproduces each flaw so notebooks 05 (hashing, refcounts) and 06 (eviction, the
+# free list) can show it fail on real requests, then show minienv's version pass the same test.
+#
+# **Glossary** (each term is explained where it first matters; this is the list to come back to):
+#
+# | term | meaning |
+# |---|---|
+# | token | the unit the model reads and writes: an id from the tokenizer (01); every count in the engine is in tokens |
+# | prefill / decode | computing a prompt's tokens (many per step) / generating one new token per step |
+# | KV cache | the keys and values of every token computed so far, kept so later tokens need not recompute them (02) |
+# | GQA | grouped-query attention: several query heads share one key/value head, so the cache stores fewer heads (02) |
+# | RoPE | rotary position embedding: queries and keys are rotated by an angle set by their position, so attention scores depend on relative position (02) |
+# | slot | room for one token's K and V in the preallocated pool (03, 04) |
+# | block | a fixed number of consecutive slots, the unit of allocation (04) |
+# | block table | a request's blocks in logical order: token `t` is in block `table[t // B]` (04) |
+# | free queue | the free blocks, head first: allocation takes the head, a freed block joins the tail (00, 04, 06) |
+# | refcount | how many requests hold a block; it is free only at 0 (00, 05) |
+# | prefix cache | full blocks indexed by a hash of their whole prefix, so a new prompt reuses computed K/V (05) |
+# | cached-free | a block with refcount 0 whose K/V are kept for prefix hits until it is evicted (05, 06) |
+# | copy-on-write | a block shared after a fork is copied the first time one holder writes into it (05) |
+# | LRU eviction | reusing the least recently freed cached block first — the head of the free queue (06) |
+# | token budget | the most tokens one step computes (`max_num_batched_tokens`), or the KV memory in tokens (06, 07) |
+# | continuous batching | choosing who runs at every step, instead of running a fixed batch to the end (07) |
+# | chunked prefill | splitting a long prompt over several steps so decodes keep running beside it (07) |
+# | preemption | taking a running request's blocks when memory runs out; it is recomputed later, and loses nothing (07) |
+# | TTFT | time to first token: from arrival to the first generated token (07, 08) |
+# | TPOT | time per output token after the first (07, 08) |
+# | e2e latency | arrival to the last token (08) |
+#
 # ## Build it small: a ten-line block allocator
 #
 # Here is the whole idea of a paged KV cache in miniature. The pool has 8 physical blocks (say 4 token slots
