@@ -1,11 +1,12 @@
 """Figures a reader without a kernel can see: every plotly figure is displayed with a PNG of itself.
 
 GitHub and nbviewer render no JavaScript, so a figure committed only as ``application/vnd.plotly.v1+json`` (or a
-``FigureWidget`` behind a slider) is blank there. ``show(fig)`` displays ONE output whose mime bundle holds both the
-live figure and a PNG of it: JupyterLab picks the interactive plotly renderer, a static renderer picks the PNG.
-No picture appears twice, and a live session loses nothing. A live widget (a slider with a ``FigureWidget``) is
-different: renderers that know the widget mimetype choose it even without a kernel, so its PNG (the figure as it
-is when the cell runs: the slider's first position) is a second output right under it.
+``FigureWidget`` behind a slider) is blank there. ``show(fig)`` displays the live figure, then a PNG of it as a
+second output of the same cell (for a slider: the figure at its first position). Why not one output holding both
+mimetypes: JupyterLab ranks ``image/png`` above plotly's mimetype, so a live session would get the flat image
+instead of the interactive figure (the browser test tier caught exactly that), and renderers that know the widget
+mimetype pick a widget view even where no kernel can draw it. So a reader with a kernel sees the figure twice —
+live, then still — and a reader on GitHub sees the still one.
 
 The PNG comes from plotly's exporter, kaleido 1.x, which drives a headless Chromium (the Debian ``chromium`` the
 browser test tier uses). It is optional: without kaleido or a browser, ``show`` displays the live figure alone and
@@ -66,38 +67,32 @@ def png_bytes(fig: Any, *, width: int | None = None, height: int | None = None, 
         return None
 
 
-def bundle(fig: Any, live: Any = None, **size: Any) -> dict[str, Any]:
-    """The mime bundle ``show`` displays: ``live``'s (default: the figure's own) plus a PNG of ``fig``."""
-    import plotly.graph_objects as go
+def live_bundle(fig: Any) -> dict[str, Any]:
+    """The mime bundle of the live figure: plotly's own mimetype, which JupyterLab draws (no CDN, no network)."""
     import plotly.io as pio
 
-    if live is None and not isinstance(fig, go.FigureWidget):
-        # a plain Figure: the plotly mimetype JupyterLab draws itself (no CDN, no network)
-        data = dict(pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict()))
-    else:
-        live = fig if live is None else live  # a FigureWidget, or a box holding one: the widget view
-        data = live._repr_mimebundle_()
-        data = dict(data[0] if isinstance(data, tuple) else data)
+    return dict(pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict()))
+
+
+def image_bundle(fig: Any, **size: Any) -> dict[str, str] | None:
+    """``{"image/png": base64}`` of ``fig``, or ``None`` when no exporter is available."""
     png = png_bytes(fig, **size)
-    if png is not None:
-        data[PNG_MIME] = base64.b64encode(png).decode("ascii")
-    return data
+    return None if png is None else {PNG_MIME: base64.b64encode(png).decode("ascii")}
 
 
 def show(fig: Any, live: Any = None, **size: Any) -> None:
-    """Display ``fig`` live, with a PNG of it in the same output for readers without a kernel.
+    """Display ``fig`` live, then a PNG of it in a second output of the same cell.
 
     ``live`` is what to display interactively when it is not the figure itself — e.g. an ``ipywidgets.VBox`` of a
-    slider and a ``FigureWidget``: the PNG then shows the figure as it is now (the slider's initial state).
+    slider and a ``FigureWidget``: the PNG then shows the figure as it is now (the slider's first position).
     """
+    import plotly.graph_objects as go
     from IPython.display import display
 
-    if live is None:
-        display(bundle(fig, **size), raw=True)
-        return
-    # A widget view is drawn by JavaScript only, and renderers that know the widget mimetype pick it over any
-    # image in the same bundle: the PNG goes in its own output, right under the live view.
-    display(live)
-    png = png_bytes(fig, **size)
-    if png is not None:
-        display({PNG_MIME: base64.b64encode(png).decode("ascii")}, raw=True)
+    if live is not None or isinstance(fig, go.FigureWidget):
+        display(fig if live is None else live)
+    else:
+        display(live_bundle(fig), raw=True)
+    image = image_bundle(fig, **size)
+    if image is not None:
+        display(image, raw=True)
