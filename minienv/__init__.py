@@ -35,7 +35,6 @@ _EXPORTS = {
     "KVBudgetError": "minienv.kv",
     # the KV cache: prefix-aware refcounting, copy-on-write, LRU eviction (notebooks 05-06)
     "KVCacheManager": "minienv.kv.kv_cache_manager",
-    "copy_blocks": "minienv.kv.kv_cache_manager",
     "make_extra_key": "minienv.kv.hashing",
     # the scheduler and the engine (notebooks 07-08)
     "InferenceEngine": "minienv.engine",

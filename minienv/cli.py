@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--scheduling", choices=("continuous", "static"), default="continuous",
                      help="continuous batching, or the static-batching baseline (default: continuous)")
     eng.add_argument("--no-prefix-caching", action="store_true", help="do not reuse K/V of shared prefixes")
+    eng.add_argument("--kv-tier", default=None, metavar="DIR|redis://HOST:PORT/DB",
+                     help="a persistent KV tier: full blocks are kept there and loaded instead of recomputed, "
+                          "across runs (a directory: embedded SQLite store; a redis:// URL: a shared Redis)")
     p.add_argument("--no-cache", action="store_true",
                    help="no KV cache at all: recompute the whole sequence every token (slow; single prompt only)")
     return p
@@ -103,7 +106,6 @@ def format_batch_stats(engine, outputs, wall_s: float) -> str:
     ttft = [o.metrics.ttft * 1e3 for o in outputs if o.metrics.ttft is not None]
     tpot = [o.metrics.tpot * 1e3 for o in outputs if o.metrics.tpot is not None and len(o.token_ids) > 1]
     ttft_steps = [o.metrics.ttft_steps for o in outputs if o.metrics.ttft_steps is not None]
-    peak = max((r.stats.kv_usage for r in engine.history), default=s.kv_usage)
     reasons: dict[str, int] = {}
     for o in outputs:
         reasons[o.finish_reason or "?"] = reasons.get(o.finish_reason or "?", 0) + 1
@@ -120,7 +122,7 @@ def format_batch_stats(engine, outputs, wall_s: float) -> str:
         f"{s.prefix_cache_queries_tokens} prompt tokens), evicted {s.evicted_blocks} blocks",
         f"preemptions         {s.num_preemptions}",
         f"KV budget           {s.kv_budget_tokens} tokens ({s.num_blocks} blocks of {s.block_size}), "
-        f"peak use {peak:.1%}",
+        f"peak use {s.peak_kv_usage:.1%}",
     ]
     return "\n".join(lines)
 
@@ -168,8 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             engine = InferenceEngine(
                 model, tokenizer, kv_budget_tokens=args.kv_budget_tokens, block_size=args.block_size,
                 enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_num_batched_tokens, scheduling=args.scheduling)
-        except ValueError as exc:  # bad engine sizes are argument errors
+                max_num_batched_tokens=args.max_num_batched_tokens, scheduling=args.scheduling,
+                kv_tier=args.kv_tier)
+        except ValueError as exc:  # bad engine sizes or a bad --kv-tier are argument errors
             parser.error(str(exc))
         if prompts is None:
             for out in engine.stream([args.prompt], params):

@@ -1,29 +1,20 @@
 """One request's life in the engine: its tokens, how far they are computed, its sampler, metrics and outcome.
 
 A request moves ``WAITING -> RUNNING -> FINISHED_*``, possibly through ``PREEMPTED`` (back in the waiting queue,
-its KV blocks freed) and ``RUNNING`` again any number of times. What it *owns* survives preemption: its prompt,
-the tokens it has generated so far, and its sampler (with the random generator's state). What it loses is only
-its KV, and ``num_computed_tokens`` says how much of that it has:
+its KV freed) any number of times. Preemption takes only its KV: it keeps its prompt, its generated tokens and its
+sampler (with the random generator's state). One rule drives every step (vLLM v1's): *compute the next
+``num_tokens - num_computed_tokens`` tokens, possibly in chunks; when the last is computed, sample a token.* A
+prompt, a chunk of one, a decode and a resume are all that rule, which is why a preempted request continues
+exactly where it stopped.
 
-* ``all_token_ids = prompt_token_ids + output_token_ids`` — every token the request knows;
-* ``num_computed_tokens`` — how many of them have K/V in the cache (vLLM v1's central counter).
-
-One rule drives every step, whatever the phase (vLLM v1's design): *compute the next
-``num_tokens - num_computed_tokens`` tokens, possibly in chunks; when the last one is computed, sample a token.*
-A fresh prompt, a chunk in the middle of a long prompt, a single decode token and a preempted request's resume
-(prompt + generated so far, recomputed) are all that one rule, which is why a preempted request continues exactly
-where it stopped: the token it feeds last is the token it had sampled last.
-
-Invariants (kept by the scheduler and engine, asserted by ``check()``):
-``0 <= num_computed_tokens <= num_tokens``; a running request has ``num_computed_tokens < num_tokens`` between
-steps (it always has at least the last sampled token to feed); a waiting (or preempted) request has
-``num_computed_tokens == 0`` and holds no KV blocks.
+Invariants (``check()``): ``0 <= num_computed_tokens <= num_tokens``; ``all_token_ids == prompt + output``; a
+running request has at least its last sampled token to compute between steps; a waiting one has
+``num_computed_tokens == 0`` and no KV.
 """
 
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -37,33 +28,26 @@ class RequestStatus(enum.Enum):
 
     WAITING = "waiting"
     RUNNING = "running"
-    PREEMPTED = "preempted"  # back in the waiting queue after preemption; resumes by recomputing its KV
+    PREEMPTED = "preempted"  # back in the waiting queue; resumes by recomputing its KV
     FINISHED_LENGTH = "finished_length"  # max_tokens generated
     FINISHED_STOPPED = "finished_stopped"  # a stop string appeared in the output
-    FINISHED_EOS = "finished_eos"  # the model produced the end-of-sequence token
-    FINISHED_ABORTED = "finished_aborted"  # abort(request_id)
-    FINISHED_ERROR = "finished_error"  # a failure that belonged to this request alone (its message in ``error``)
+    FINISHED_EOS = "finished_eos"
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"  # a failure that belonged to this request alone (message in ``error``)
 
     @property
     def is_finished(self) -> bool:
         return self.value.startswith("finished")
 
 
-_FINISHED_STATUS: dict[str, RequestStatus] = {
-    "length": RequestStatus.FINISHED_LENGTH,
-    "stop": RequestStatus.FINISHED_STOPPED,
-    "eos": RequestStatus.FINISHED_EOS,
-    "abort": RequestStatus.FINISHED_ABORTED,
-    "error": RequestStatus.FINISHED_ERROR,
-}
+_FINISHED_STATUS = {"length": RequestStatus.FINISHED_LENGTH, "stop": RequestStatus.FINISHED_STOPPED,
+                    "eos": RequestStatus.FINISHED_EOS, "abort": RequestStatus.FINISHED_ABORTED,
+                    "error": RequestStatus.FINISHED_ERROR}
 
 
 class InvalidRequestError(ValueError):
-    """A request the engine refuses before queueing it: nothing was queued, the engine keeps serving the rest.
-
-    ``index`` is the position of the bad prompt in a :meth:`InferenceEngine.generate` call (None for
-    ``add_request``).
-    """
+    """A request refused before queueing; nothing was queued. ``index`` is the bad prompt's position in a
+    ``generate`` / ``stream`` call (None for ``add_request``)."""
 
     def __init__(self, message: str, index: int | None = None):
         self.index = index
@@ -75,25 +59,21 @@ class RequestNotFoundError(KeyError):
 
     def __init__(self, request_id: object, action: str = "abort"):
         self.request_id = request_id
-        super().__init__(
-            f"cannot {action} request {request_id!r}: the engine has no unfinished request with that id "
-            "(never added, or already finished / aborted); nothing was changed"
-        )
+        super().__init__(f"cannot {action} request {request_id!r}: the engine has no unfinished request with that "
+                         "id (never added, or already finished / aborted); nothing was changed")
 
     __str__ = Exception.__str__  # KeyError would repr() the message
 
 
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
+
+
 @dataclass
 class RequestMetrics:
-    """Per-request timings, in seconds (``time.perf_counter``) *and* in engine steps.
-
-    Seconds are what a user feels; steps are deterministic (the same workload gives the same numbers on any
-    machine), which is what notebooks print and tests compare.
-
-    * **TTFT** (time to first token) = first token - arrival: queueing + prefill (+ any resume before it).
-    * **TPOT** (time per output token) = (finish - first token) / (output tokens - 1): the decode pace.
-    * **e2e latency** = finish - arrival.
-    """
+    """Per-request timings in seconds (``time.perf_counter``; what a user feels) *and* in engine steps
+    (deterministic: what notebooks print and tests compare). TTFT = first token - arrival (queueing + prefill);
+    TPOT = (finish - first token) / (output tokens - 1), the decode pace; e2e = finish - arrival."""
 
     arrival_time: float
     arrival_step: int
@@ -104,61 +84,50 @@ class RequestMetrics:
     finished_time: float | None = None
     finished_step: int | None = None
     num_output_tokens: int = 0
-    #: prompt tokens served by the prefix cache when the request was first admitted (not counting resumes)
+    #: prompt tokens served by the prefix cache at the first admission (not resumes)
     num_cached_tokens: int = 0
     num_preemptions: int = 0
-    #: tokens this request ran through the model, prefill chunks + decodes + recomputation after preemption
+    #: tokens run through the model for this request: prefill chunks + decodes + recomputation after preemption
     num_computed_tokens_total: int = 0
+
+    def _pace(self, first: float | None, finished: float | None) -> float | None:
+        if first is None or finished is None:
+            return None
+        return 0.0 if self.num_output_tokens <= 1 else (finished - first) / (self.num_output_tokens - 1)
 
     @property
     def ttft(self) -> float | None:
-        if self.first_token_time is None:
-            return None
-        return self.first_token_time - self.arrival_time
+        return _span(self.arrival_time, self.first_token_time)
 
     @property
     def tpot(self) -> float | None:
-        """Mean seconds per output token after the first (None until finished; 0.0 for a single-token output)."""
-        if self.finished_time is None or self.first_token_time is None:
-            return None
-        if self.num_output_tokens <= 1:
-            return 0.0
-        return (self.finished_time - self.first_token_time) / (self.num_output_tokens - 1)
+        """Mean seconds per output token after the first (None until finished; 0.0 for one output token)."""
+        return self._pace(self.first_token_time, self.finished_time)
 
     @property
     def e2e_latency(self) -> float | None:
-        if self.finished_time is None:
-            return None
-        return self.finished_time - self.arrival_time
+        return _span(self.arrival_time, self.finished_time)
 
     @property
     def ttft_steps(self) -> int | None:
-        """Engine steps from arrival to first token (1 = the first token came out of the step it arrived before)."""
-        if self.first_token_step is None:
-            return None
-        return self.first_token_step - self.arrival_step
+        """Steps from arrival to first token (1: the first token came out of the step right after arrival)."""
+        return _span(self.arrival_step, self.first_token_step)  # type: ignore[return-value]
 
     @property
     def tpot_steps(self) -> float | None:
-        if self.finished_step is None or self.first_token_step is None:
-            return None
-        if self.num_output_tokens <= 1:
-            return 0.0
-        return (self.finished_step - self.first_token_step) / (self.num_output_tokens - 1)
+        return self._pace(self.first_token_step, self.finished_step)
 
     @property
     def e2e_steps(self) -> int | None:
-        if self.finished_step is None:
-            return None
-        return self.finished_step - self.arrival_step
+        return _span(self.arrival_step, self.finished_step)  # type: ignore[return-value]
 
 
 @dataclass(eq=False)
 class Request:
-    """A request inside the engine. Built by :class:`~minienv.engine.InferenceEngine` after validation.
+    """A request inside the engine, built by :class:`~minienv.engine.InferenceEngine` after validation.
 
-    ``text`` is the detokenized output so far (cut before the stop string once a stop string finishes it); the
-    engine keeps it current every step, so a dashboard can show each request's text growing.
+    ``text`` is the detokenized output so far (cut before the stop string that finished it), kept current every
+    step. ``consumer`` owns its outputs; ``delivered_tokens`` / ``delivered_chars`` say how much it has been given.
     """
 
     request_id: str
@@ -173,23 +142,24 @@ class Request:
     stop_reason: str | None = None  # the stop string that ended the request
     text: str = ""
     error: str | None = None  # why the request finished with "error"
-    #: output routing (kept by the engine's output processor): the consumer that owns this request's outputs and
-    #: how much of ``output_token_ids`` / ``text`` it has been given so far
     consumer: object = field(default=None, repr=False)
     delivered_tokens: int = 0
     delivered_chars: int = 0
     detokenizer: object = field(default=None, repr=False)
+    #: speculative decoding: the drafts proposed for this request's next step, and the distributions they were
+    #: drawn from (``None``: greedy or a deterministic proposer); [] when it does not speculate
+    spec_token_ids: list[int] = field(default_factory=list, repr=False)
+    spec_probs: object = field(default=None, repr=False)
     sampler: Sampler = field(init=False, repr=False)
     _all_token_ids: list[int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
         self._all_token_ids = list(self.prompt_token_ids)
-        # One sampler (and random generator) for the request's whole life: preemption does not reset it, so a
-        # seeded sampled request gives the same tokens however often it is preempted or whatever it is batched with.
+        # One sampler for the request's whole life: preemption does not reset it, so a seeded request gives the
+        # same tokens however often it is preempted and whatever it is batched with.
         self.sampler = Sampler(self.sampling_params)
 
-    # ------------------------------------------------------------------ tokens
     @property
     def all_token_ids(self) -> list[int]:
         """Prompt + generated tokens (the live list: do not mutate; use :meth:`append_output_token`)."""
@@ -217,34 +187,30 @@ class Request:
 
     @property
     def num_tokens_to_compute(self) -> int:
-        """Tokens without K/V yet: the whole prompt when fresh, 1 when decoding, prompt+output-so-far on resume."""
+        """Tokens without K/V yet: the prompt when fresh, 1 when decoding, prompt + output so far on resume."""
         return self.num_tokens - self.num_computed_tokens
 
     @property
     def is_prefilling(self) -> bool:
-        """More than one token to compute: a prompt (or a resume) is not fully in the cache yet."""
         return self.num_tokens_to_compute > 1
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling_params.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
         self.metrics.num_output_tokens = len(self.output_token_ids)
 
-    @property
-    def max_tokens(self) -> int:
-        return self.sampling_params.max_tokens
-
-    # ------------------------------------------------------------------ status
-    @property
-    def is_finished(self) -> bool:
-        return self.status.is_finished
-
     def finish(self, reason: FinishReason, time: float, step: int, error: str | None = None) -> None:
         self.status = _FINISHED_STATUS[reason]
-        self.finish_reason = reason
-        self.error = error
-        self.metrics.finished_time = time
-        self.metrics.finished_step = step
+        self.finish_reason, self.error = reason, error
+        self.metrics.finished_time, self.metrics.finished_step = time, step
 
     def check(self) -> None:
         """Assert the module's invariants for this request (tests, notebooks)."""
@@ -257,21 +223,8 @@ class Request:
         assert self.num_output_tokens <= self.max_tokens
 
 
-def kv_tokens_needed(num_prompt_tokens: int, max_tokens: int) -> int:
-    """Token slots a request may hold at its largest: ``prompt + max_tokens``.
-
-    (Strictly the last sampled token is never fed back, so ``- 1`` would do; the engine uses the plain sum, which
-    keeps the rule easy to check by hand.)
-    """
-    return num_prompt_tokens + max_tokens
-
-
-def blocks_needed(num_tokens: int, block_size: int) -> int:
-    return math.ceil(num_tokens / block_size)
-
-
 def check_token_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
-    """Plain ints in ``[0, vocab_size)`` or a ``ValueError`` naming the first bad one."""
+    """Plain ints in ``[0, vocab_size)``, or a ``ValueError`` naming the first bad one."""
     out = []
     for t in ids:
         if isinstance(t, bool) or not hasattr(t, "__index__"):

@@ -1,8 +1,8 @@
-"""Test tiers (see README): unit and notebook tests always run; `reference` and `browser` tests skip when their
-dependencies are missing; `install` tests (they create a venv and pip-install from the network, e.g. `make lab`)
-skip unless MINIENV_INSTALL_TESTS=1. With MINIENV_REQUIRE_TIERS=1 (CI, `MINIENV_TIERS=all make test`, both of
-which also set MINIENV_INSTALL_TESTS=1) a skipped reference, browser or install test fails the run instead, so CI
-can never go green by silently skipping a tier.
+"""Test tiers (see README): unit and notebook tests always run; `reference`, `browser` and `redis` tests skip when
+their dependencies are missing (`redis`: Debian's redis-server binary); `install` tests (they create a venv and
+pip-install from the network, e.g. `make lab`) skip unless MINIENV_INSTALL_TESTS=1. With MINIENV_REQUIRE_TIERS=1
+(CI, `MINIENV_TIERS=all make test`, both of which also set MINIENV_INSTALL_TESTS=1) a skipped reference, browser,
+redis or install test fails the run instead, so CI can never go green by silently skipping a tier.
 
 The install tier is switched on by an environment variable, not by `-m`: a user's own `-m` expression would replace
 an `addopts` one and silently start installing, and a plain `pytest` must never touch the network."""
@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-REQUIRED_TIERS = ("reference", "browser", "install")
+REQUIRED_TIERS = ("reference", "browser", "install", "redis")
 _skipped_in_required_tier: list[str] = []
 
 

@@ -1,32 +1,22 @@
 """``InferenceEngine``: model + tokenizer + KV cache manager + scheduler, driven one batched step at a time.
 
-One step (vLLM's ``EngineCore.step``)::
+One step (vLLM's ``EngineCore.step``): ``scheduler.schedule()`` plans it; ONE batched ``model.forward_step`` runs
+every scheduled token; ``scheduler.update_from_output`` commits the K/V; each sampling request gets a token, is
+checked for its end, and its consumer is notified.
 
-    plan = scheduler.schedule()          # who runs, how many tokens each, preemptions, admissions
-    logits = model.forward_step(...)     # ONE batched call for every scheduled token (paged attention)
-    scheduler.update_from_output(plan)   # the K/V now exist: commit (full blocks become prefix-cache hits)
-    sample -> append -> stop checks      # per request, each with its own seeded sampler
-    router.notify(request)               # its owner reads the progress when it next asks
+Invariants:
 
-**A step is a transaction.** Scheduling reserves slots before the model runs; if anything raises before the
-step commits (the model, an out-of-memory, the stop button's ``KeyboardInterrupt``), ``scheduler.rollback``
-gives the reserved slots back and puts admitted requests back at the head of the queue, and the exception
-propagates. Every request is then exactly where it was before the step, so resuming gives each one the output it
-has alone. (Cached-free blocks evicted while planning stay evicted, and a preemption the plan made stands: both
-leave valid states, and neither changes any output; so does a static padding slot released to make room.) The bookkeeping phases run with Ctrl-C deferred, so an
-interrupt lands in the model call or between steps, never halfway through a refcount update.
-
-**Failures that belong to one request stay with it.** A token the tokenizer cannot decode, a sampler that
-raises, non-finite logits for one row: that request finishes with ``finish_reason="error"`` (message in
-``output.error``), its blocks are freed, and every other request goes on.
-
-**Outputs are routed per consumer** (:mod:`minienv.engine.outputs`): ``step()`` returns outputs of requests added
-with ``add_request``; each ``generate()`` call and each ``stream()`` iterator reads only its own. They interleave
-in any order; each consumer receives every token of its requests exactly once, and one final output per request.
-
-**Memory is bounded.** A request is forgotten once its final output has been read by its consumer, apart from the
-``finished_retention`` most recent ones kept for ``engine.output(id)`` and dashboards; ``history`` keeps the last
-``history_size`` step records.
+* **a step is a transaction**: if anything raises before it commits (the model, the stop button's
+  ``KeyboardInterrupt``), ``scheduler.rollback`` returns every request to where it was and the exception
+  propagates, so resuming gives each request the output it has alone. (Evictions and preemptions made while
+  planning stand: both are valid states that change no output.) Bookkeeping runs with Ctrl-C deferred, so an
+  interrupt never lands halfway through a refcount update;
+* **a failure of one request finishes only it** (``finish_reason="error"``, its blocks freed): an undecodable
+  token, a failing sampler, non-finite logits;
+* **outputs are routed per consumer** (:mod:`minienv.engine.outputs`): ``step()``, each ``generate()`` call and
+  each ``stream()`` iterator get every token of their own requests exactly once, in any interleaving;
+* **memory is bounded**: a request is forgotten once its consumer has read its final output (the last
+  ``finished_retention`` are kept for look-ups), and ``history`` is a ring of ``history_size`` step records.
 """
 
 from __future__ import annotations
@@ -43,35 +33,28 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from minienv.engine.inputs import build_step_inputs
-from minienv.engine.observe import (
-    EngineSnapshot,
-    EngineStats,
-    StepRecord,
-    TimelineEntry,
-    engine_snapshot,
-    engine_stats,
-    timeline,
-)
-from minienv.engine.outputs import Consumer, IncrementalDetokenizer, OutputRouter, RequestOutput, append_token, \
-    make_output
+from minienv.engine.observe import (EngineSnapshot, EngineStats, StepRecord, TimelineEntry, engine_snapshot,
+                                    engine_stats, timeline)
+from minienv.engine.outputs import (Consumer, IncrementalDetokenizer, OutputRouter, RequestOutput, append_token,
+                                    make_output)
 from minienv.engine.validation import validate_batch, validate_request
+from minienv.kv.block_table import cdiv
 from minienv.kv.kv_cache_manager import KVCacheManager, KVEvent
 from minienv.kv.kv_pool import KVPool, num_blocks_for_budget
 from minienv.kv.paged_attention import PagedAttentionBackend
+from minienv.kv_tier import KVTierConnector
 from minienv.request import FinishReason, InvalidRequestError, Request, RequestMetrics, RequestNotFoundError
 from minienv.sampling import SamplingParams
 from minienv.scheduler import SchedulingPolicy, VictimPolicy, make_scheduler
+from minienv.spec_decode import SpeculativeConfig, Speculator
 
 Prompts = "str | Sequence[int] | Sequence[str | Sequence[int]]"
 
 
 @contextmanager
 def _interrupt_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) that arrives inside the block until its end, then raise it.
-
-    Only in the main thread with Python's default handler (what the JupyterLab stop button and a terminal
-    deliver); elsewhere signals cannot interrupt this thread's bookkeeping anyway.
-    """
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block until its end, then raise it. Only in the main thread
+    with Python's default handler (what JupyterLab's stop button and a terminal deliver)."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield
@@ -88,7 +71,7 @@ def _interrupt_deferred() -> Iterator[None]:
 
 @dataclass
 class EngineCounters:
-    """Running totals the engine keeps itself (the KV manager and scheduler count the rest)."""
+    """Running totals the engine keeps itself (the KV manager and the scheduler count the rest)."""
 
     prompt_tokens: int = 0
     computed_tokens: int = 0
@@ -97,6 +80,7 @@ class EngineCounters:
     errors: int = 0
     failed_steps: int = 0
     busy_s: float = 0.0
+    peak_blocks_in_use: int = 0  # after a step; a counter, so it covers runs longer than ``history``
 
 
 def _check_count(name: str, value: object) -> int:
@@ -111,75 +95,60 @@ class InferenceEngine:
     Parameters
     ----------
     model, tokenizer:
-        A :class:`~minienv.model.LlamaModel` and a tokenizer (``encode`` / ``decode`` / ``eos_token_id``);
-        ``None`` loads the bundled ones. A tokenizer with fewer ids than the model's (padded) vocabulary is
-        fine: logits past the tokenizer's last id are masked, so the engine never samples an id it cannot
-        decode. One with more ids than the model is refused.
-    kv_budget_tokens:
-        Token slots of KV for all requests together: ``kv_budget_tokens // block_size`` blocks, preallocated.
+        A :class:`~minienv.model.LlamaModel` and a tokenizer (``encode`` / ``decode`` / ``eos_token_id``); ``None``
+        loads the bundled ones. A tokenizer smaller than the model's (padded) vocabulary is fine: logits past its
+        last id are masked, so the engine never samples an id it cannot decode. A larger one is refused.
+    kv_budget_tokens, block_size:
+        Token slots of KV for all requests: ``kv_budget_tokens // block_size`` blocks, preallocated.
         ``engine.kv_budget_tokens`` reports the budget rounded down to whole blocks.
-    block_size:
-        Tokens per KV block.
     enable_prefix_caching:
-        Reuse the K/V of full blocks whose prefix was computed before (and keep freed ones, LRU-evicted).
+        Reuse the K/V of full blocks computed before (and keep freed ones, LRU-evicted).
     max_num_seqs, max_num_batched_tokens:
-        Most requests running at once; most tokens computed in one step (must be >= ``max_num_seqs``).
-    scheduling:
-        ``"continuous"`` (refill the batch every step) or ``"static"`` (fixed batches; the baseline).
-    static_padding:
-        Only for ``"static"``: finished members keep computing a discarded token until their batch ends, as a
-        padded batch does (default True; False is the charitable baseline).
+        Most requests running at once; most tokens computed in one step (``>= max_num_seqs``).
+    scheduling, static_padding:
+        ``"continuous"`` or ``"static"`` (the baseline); for ``"static"``, whether finished members keep computing
+        a discarded token until their batch ends, as a padded batch does (default True).
     victim_policy:
-        Which request to preempt when a running one cannot get a block (default: the most recently admitted).
-    history_size:
-        Step records kept in ``history`` (a ring; 0 = none). Dashboards and ``timeline()`` read it.
-    finished_retention:
-        Finished requests remembered after their consumer has read their final output (for ``output(id)``,
-        ``snapshot()``).
+        Which request to preempt when a running one gets no block (default: the most recently admitted).
+    history_size, finished_retention:
+        Step records kept in ``history`` (a ring; 0 = none); finished requests remembered after their consumer read
+        them (for ``output(id)`` and ``snapshot()``).
+    kv_tier:
+        A persistent KV tier under the pool (:mod:`minienv.kv_tier`): a directory (embedded SQLite store), a
+        ``redis://`` URL, or a store object. Full committed blocks are saved there and loaded at admission instead
+        of recomputed; ``engine.kv_tier.stats`` counts. None (default): no tier.
+    speculative_config:
+        ``{"method": "draft" | "ngram", "num_speculative_tokens": k, ...}`` (or a
+        :class:`~minienv.spec_decode.SpeculativeConfig`) turns on speculative decoding; ``None`` (default) is off.
     """
 
-    def __init__(
-        self,
-        model: Any = None,
-        tokenizer: Any = None,
-        *,
-        kv_budget_tokens: int = 8192,
-        block_size: int = 16,
-        enable_prefix_caching: bool = True,
-        max_num_seqs: int = 16,
-        max_num_batched_tokens: int = 512,
-        scheduling: SchedulingPolicy = "continuous",
-        victim_policy: VictimPolicy | None = None,
-        static_padding: bool = True,
-        history_size: int = 256,
-        finished_retention: int = 256,
-    ):
-        if not isinstance(enable_prefix_caching, (bool, np.bool_)):
-            raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
-        if not isinstance(static_padding, (bool, np.bool_)):
-            raise ValueError(f"static_padding must be True or False, got {static_padding!r}")
+    def __init__(self, model: Any = None, tokenizer: Any = None, *, kv_budget_tokens: int = 8192,
+                 block_size: int = 16, enable_prefix_caching: bool = True, max_num_seqs: int = 16,
+                 max_num_batched_tokens: int = 512, scheduling: SchedulingPolicy = "continuous",
+                 victim_policy: VictimPolicy | None = None, static_padding: bool = True, history_size: int = 256,
+                 finished_retention: int = 256, kv_tier: Any = None, speculative_config: Any = None):
+        for name, flag in (("enable_prefix_caching", enable_prefix_caching), ("static_padding", static_padding)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
         history_size = _check_count("history_size", history_size)
         self.finished_retention = _check_count("finished_retention", finished_retention)
         if model is None:
             from minienv.model import load_model
-
             model = load_model()
         if tokenizer is None:
             from minienv.tokenizer import load_tokenizer
-
             tokenizer = load_tokenizer()
         vocab = getattr(tokenizer, "vocab_size", None)
         if vocab is not None and vocab > model.config.vocab_size:
             raise ValueError(f"the tokenizer has {vocab} ids but the model only {model.config.vocab_size}: "
                              "it would encode ids the model has no embedding for")
-        self.model = model
-        self.tokenizer = tokenizer
+        self.model, self.tokenizer = model, tokenizer
         self.eos_token_id: int | None = getattr(tokenizer, "eos_token_id", None)
         #: sampled ids stop here: past the tokenizer's vocabulary a padded model's logits mean nothing
-        self.num_sampled_ids = int(vocab) if vocab is not None else int(model.config.vocab_size)
+        self.num_sampled_ids = int(vocab if vocab is not None else model.config.vocab_size)
         num_blocks = num_blocks_for_budget(kv_budget_tokens, block_size)  # KVBudgetError below one block
         self.block_size = int(block_size)
-        self.kv_pool = KVPool.for_model(model.config, num_blocks * block_size, block_size)
+        self.kv_pool = KVPool.for_model(model.config, num_blocks * self.block_size, self.block_size)
         self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size,
                                                enable_prefix_caching=bool(enable_prefix_caching))
         self.scheduler = make_scheduler(
@@ -187,8 +156,19 @@ class InferenceEngine:
             scheduling=scheduling, victim_policy=victim_policy, static_padding=bool(static_padding),
             max_position=model.config.max_position_embeddings)
         self.backend = PagedAttentionBackend(self.kv_pool)
+        self.kv_tier = None if kv_tier is None else KVTierConnector(kv_tier, model=model, kv_pool=self.kv_pool)
+        self.scheduler.kv_tier = self.kv_tier
+        spec = SpeculativeConfig.coerce(speculative_config)
+        if spec is not None and scheduling != "continuous":
+            raise ValueError("speculative decoding needs scheduling='continuous' (the static baseline does not "
+                             "speculate)")
+        #: speculative decoding (None: off): proposes drafts after each step, verifies them in the next
+        self.speculator: Speculator | None = None if spec is None else Speculator(
+            spec, target_model=model, tokenizer=tokenizer, block_size=self.block_size,
+            kv_budget_tokens=self.kv_budget_tokens, num_sampled_ids=self.num_sampled_ids,
+            max_num_batched_tokens=self.scheduler.max_num_batched_tokens)
         self.history: deque[StepRecord] = deque(maxlen=history_size)
-        self.requests: dict[str, Request] = {}  # live: unfinished, or finished with the final output unread
+        self.requests: dict[str, Request] = {}  # unfinished, or finished with the final output unread
         self.retained: OrderedDict[str, Request] = OrderedDict()  # finished and read, most recent last
         self.counters = EngineCounters()
         self.router = OutputRouter()
@@ -199,7 +179,6 @@ class InferenceEngine:
         if history_size:
             self.kv_cache_manager.add_listener(self._kv_events.append)
 
-    # ------------------------------------------------------------------ configuration views
     @property
     def kv_budget_tokens(self) -> int:
         return self.kv_cache_manager.kv_budget_tokens
@@ -221,7 +200,7 @@ class InferenceEngine:
         return self.scheduler.scheduling
 
     def __repr__(self) -> str:
-        charitable = self.scheduling == "static" and not self.scheduler.static_padding
+        charitable = not getattr(self.scheduler, "static_padding", True)
         return (f"InferenceEngine(kv_budget_tokens={self.kv_budget_tokens}, block_size={self.block_size}, "
                 f"max_num_seqs={self.max_num_seqs}, max_num_batched_tokens={self.max_num_batched_tokens}, "
                 f"scheduling={self.scheduling!r}{', static_padding=False' if charitable else ''}, prefix_caching="
@@ -230,10 +209,8 @@ class InferenceEngine:
     # ------------------------------------------------------------------ requests in
     def add_request(self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None, *,
                     request_id: str | None = None) -> str:
-        """Validate and queue one request; return its id. Its outputs come out of :meth:`step`.
-
-        A bad request raises :class:`InvalidRequestError` and the engine is unchanged.
-        """
+        """Validate and queue one request (its outputs come out of :meth:`step`); return its id. A bad request
+        raises :class:`InvalidRequestError` and changes nothing."""
         if request_id is not None:
             if not isinstance(request_id, str) or not request_id:
                 raise InvalidRequestError(f"request_id must be a non-empty str, got {request_id!r}")
@@ -244,25 +221,22 @@ class InferenceEngine:
 
     def _add(self, ids: list[int], text: str | None, params: SamplingParams, request_id: str | None,
              consumer: Consumer) -> str:
-        if request_id is None:
+        while request_id is None or request_id in self.requests or request_id in self.retained:
             request_id = str(next(self._ids))
-            while request_id in self.requests or request_id in self.retained:
-                request_id = str(next(self._ids))
-        metrics = RequestMetrics(arrival_time=time.perf_counter(), arrival_step=self.scheduler.num_steps)
-        req = Request(request_id, ids, params, metrics, prompt=text)
+        req = Request(request_id, ids, params, RequestMetrics(time.perf_counter(), self.scheduler.num_steps),
+                      prompt=text)
         req.detokenizer = IncrementalDetokenizer(self.tokenizer)
-        self.retained.pop(request_id, None)
         self.requests[request_id] = req
         self.router.attach(req, consumer)
         self.scheduler.add_request(req)
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput:
-        """Stop an unfinished request now: it leaves its queue and frees its blocks.
+        """Stop an unfinished request now (it leaves its queue, its blocks are freed); return its final output.
 
-        Returns its final output (``finish_reason="abort"``). For a request added with :meth:`add_request` that
-        *is* its delivery (``step()`` will not repeat it); a request of a ``generate`` / ``stream`` consumer is
-        still delivered there, and the returned output is only a look."""
+        For a request of :meth:`add_request` that *is* its delivery (``step()`` will not repeat it); a
+        ``generate`` / ``stream`` request is still delivered there, and the returned output is only a look.
+        """
         if not isinstance(request_id, str):
             raise TypeError(f"request ids are str, got {request_id!r} ({type(request_id).__name__})")
         if request_id not in self.scheduler.requests:
@@ -283,19 +257,18 @@ class InferenceEngine:
 
     # ------------------------------------------------------------------ consumers
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; return the new outputs of requests added with :meth:`add_request` (including
-        progress made while another consumer drove the engine, and finals of aborted requests)."""
+        """Run one step; return the new outputs of :meth:`add_request` requests (including progress made while
+        another consumer drove the engine, and finals of aborted requests)."""
         self._engine_step()
         return self._deliver(self._step_consumer)
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ) -> list[RequestOutput]:
-        """Generate for every prompt together (continuous batching); one finished output per prompt, in order.
+        """Generate for every prompt together; one finished output per prompt, in order.
 
-        ``prompts``: strings and/or token-id sequences (or a single one); ``sampling_params``: one for all, or a
-        list. All prompts are validated before anything is queued: a bad one raises :class:`InvalidRequestError`
-        whose ``index`` names it, and the engine is unchanged. If a step raises (Ctrl-C), the requests stay in
-        the engine, handed to the ``step()`` consumer: ``run()`` or ``step()`` finishes them.
+        ``prompts``: strings and/or token-id sequences (or a single one); ``sampling_params``: one for all, or one
+        per prompt. All are validated before anything is queued (a bad one raises :class:`InvalidRequestError`
+        whose ``index`` names it). If a step raises, the requests stay, handed to the ``step()`` consumer.
         """
         consumer = Consumer("generate")
         ids = [self._add(tok, text, sp, None, consumer) for tok, text, sp in validate_batch(
@@ -314,12 +287,11 @@ class InferenceEngine:
 
     def stream(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                ) -> Iterator[RequestOutput]:
-        """Queue the prompts now (validated like :meth:`generate`) and return an iterator of incremental outputs.
+        """Queue the prompts now (validated like :meth:`generate`); return an iterator of incremental outputs.
 
-        Each output carries ``delta_text`` / ``delta_token_ids`` (new since that request's previous output) and
-        the cumulative ``text``; the last one per request has ``finished=True``. Several streams may be iterated
-        at once, interleaved with ``step()`` and ``generate()``. Closing the iterator early aborts the requests it
-        still owns; if a step raises, they are handed to the ``step()`` consumer instead.
+        Each carries ``delta_text`` / ``delta_token_ids`` (new since that request's previous output) and the
+        cumulative ``text``; the last per request has ``finished=True``. Closing the iterator early aborts the
+        requests it still owns; if a step raises, they are handed to the ``step()`` consumer instead.
         """
         consumer = Consumer("stream")
         for tok, text, sp in validate_batch(self, prompts, sampling_params):
@@ -335,8 +307,7 @@ class InferenceEngine:
                 elif consumer.live:
                     self._engine_step()
         except GeneratorExit:
-            for rid in list(consumer.live):
-                req = self.requests[rid]
+            for req in list(consumer.live.values()):
                 if not req.is_finished:
                     self._finish(req, "abort", time.perf_counter(), self.scheduler.num_steps)
                 self._release(req)
@@ -347,10 +318,8 @@ class InferenceEngine:
             raise
 
     def run(self, max_steps: int | None = None) -> int:
-        """Step until every request has finished (or ``max_steps``); return the number of steps run.
-
-        Final outputs of ``add_request`` requests are not returned: read them with :meth:`output`.
-        """
+        """Step until every request has finished (or ``max_steps``); return the steps run. Final outputs of
+        :meth:`add_request` requests are read with :meth:`output`."""
         n = 0
         while self.scheduler.has_unfinished_requests() and (max_steps is None or n < max_steps):
             self._engine_step()
@@ -359,8 +328,7 @@ class InferenceEngine:
         return n
 
     def output(self, request_id: str) -> RequestOutput:
-        """The current output of a live request, or of a finished one still retained. A look: it changes no
-        consumer's deltas."""
+        """The current output of a live or retained request: a look that changes no consumer's deltas."""
         req = self.requests.get(request_id) or self.retained.get(request_id)
         if req is None:
             raise RequestNotFoundError(request_id, "report")
@@ -373,7 +341,7 @@ class InferenceEngine:
         return outs
 
     def _release(self, req: Request) -> None:
-        """Forget a finished request whose final output its consumer has read (keep the last few for look-ups)."""
+        """Forget a finished request whose consumer has read its final output (keep the last few for look-ups)."""
         self.requests.pop(req.request_id, None)
         req.detokenizer = req.consumer = None
         if self.finished_retention:
@@ -404,11 +372,22 @@ class InferenceEngine:
                 self.counters.failed_steps += 1
             raise
         with _interrupt_deferred():
-            self._commit(plan, [plan.scheduled[i] for i in inputs.sampling], logits, t0)
+            self._commit(plan, [plan.scheduled[i] for i in inputs.sampling], inputs.num_logits, logits, t0)
 
-    def _commit(self, plan, sampling, logits: np.ndarray, t0: float) -> None:
-        """After the model call: commit the K/V, sample, append, finish; record the step."""
-        self.scheduler.update_from_output(plan)
+    def _commit(self, plan, sampling, num_logits: list[int], logits: np.ndarray, t0: float) -> None:
+        """After the model call: sample (verify drafts), commit the K/V, append, finish; record the step."""
+        reqs = [self.requests[s.request_id] for s in sampling]
+        if self.speculator is not None:
+            self.speculator.last_results.clear()
+        if len(num_logits) == sum(num_logits):
+            tokens, errors = self._sample(reqs, logits[:len(reqs)])
+            emitted = [[t] for t in tokens]
+            rejected: dict[str, int] = {}
+        else:
+            emitted, errors, rejected = self._verify(sampling, reqs, num_logits, logits)
+        self.scheduler.update_from_output(plan, rejected)  # rejected drafts are truncated before the commit
+        if self.kv_tier is not None:  # newly full, committed (verified) blocks go to the persistent tier
+            self.kv_tier.save_committed(plan, self.kv_cache_manager)
         c = self.counters
         c.computed_tokens += plan.num_scheduled_tokens
         for s in plan.scheduled:
@@ -417,29 +396,32 @@ class InferenceEngine:
                 c.prompt_tokens += req.num_prompt_tokens
                 if req.metrics.first_scheduled_time is None:
                     req.metrics.first_scheduled_time, req.metrics.first_scheduled_step = t0, plan.step
-        reqs = [self.requests[s.request_id] for s in sampling]
-        tokens, errors = self._sample(reqs, logits[:len(reqs)])
         now = time.perf_counter()
-        done_step = plan.step + 1  # "after this step": the step count at which the token exists
+        done_step = plan.step + 1  # the step count at which the token exists
         sampled: dict[str, int] = {}
         finished: dict[str, FinishReason] = {}
-        for req, tok, err in zip(reqs, tokens, errors, strict=True):
+        for req, toks, err in zip(reqs, emitted, errors, strict=True):
             reason: FinishReason | None = "error" if err else None
             if err is None:
-                sampled[req.request_id] = tok
-                m = req.metrics
-                if m.first_token_time is None:
-                    m.first_token_time, m.first_token_step = now, done_step
-                try:
-                    reason = append_token(req, tok, self.eos_token_id)
-                except Exception as exc:  # noqa: BLE001 - the tokenizer failed on this request's token
-                    reason, err = "error", f"could not detokenize token {tok}: {type(exc).__name__}: {exc}"
-                c.generated_tokens += reason != "eos" and err is None
+                sampled[req.request_id] = toks[-1]
+                if req.metrics.first_token_time is None:
+                    req.metrics.first_token_time, req.metrics.first_token_step = now, done_step
+                for tok in toks:  # one token, or the verified run of a speculative decode
+                    try:
+                        reason = append_token(req, tok, self.eos_token_id)
+                    except Exception as exc:  # noqa: BLE001 - the tokenizer failed on this request's token
+                        reason, err = "error", f"could not detokenize token {tok}: {type(exc).__name__}: {exc}"
+                    c.generated_tokens += reason != "eos" and err is None
+                    if reason is not None:
+                        break  # a stop inside the run: the tokens after it are dropped
             if reason is not None:
                 self._finish(req, reason, now, done_step, err)
                 finished[req.request_id] = reason
             else:
                 self.router.notify(req)
+        c.peak_blocks_in_use = max(c.peak_blocks_in_use, self.kv_cache_manager.pool.num_used_blocks)
+        if self.speculator is not None:
+            self._propose(plan)
         c.busy_s += time.perf_counter() - t0
         if self.history.maxlen or self._step_listeners:
             record = StepRecord(plan.step, plan, sampled, finished, tuple(self._kv_events), self.stats,
@@ -448,8 +430,54 @@ class InferenceEngine:
             for listener in self._step_listeners:
                 listener(record)
 
+    def _verify(self, sampling, reqs: list[Request], num_logits: list[int], logits: np.ndarray):
+        """Speculative decoding: each request's rows -> the verified run of tokens it appends, and its rejections.
+
+        A request without drafts this step takes exactly the plain path (:meth:`_sample`); a row block with a
+        non-finite entry finishes its request with an error, as there.
+        """
+        assert self.speculator is not None
+        emitted: list[list[int]] = []
+        errors: list[str | None] = []
+        rejected: dict[str, int] = {}
+        offsets = np.cumsum([0] + num_logits)
+        for s, req, lo, hi in zip(sampling, reqs, offsets[:-1], offsets[1:], strict=True):
+            rows = logits[lo:hi]
+            if s.num_spec_tokens == 0:
+                (tok,), (err,) = self._sample([req], rows)
+                emitted.append([tok] if err is None else [])
+                errors.append(err)
+                continue
+            drafts = list(s.token_ids[len(s.token_ids) - s.num_spec_tokens:])
+            err = None if np.isfinite(rows).all() else \
+                "the model produced non-finite logits (NaN or inf) for this request"
+            if err is None:
+                try:
+                    result = self.speculator.verify(req, drafts, rows)
+                except Exception as exc:  # noqa: BLE001 - belongs to this request's sampling parameters
+                    err = f"sampling failed: {type(exc).__name__}: {exc}"
+            emitted.append([] if err else result.token_ids)
+            errors.append(err)
+            if err is None and result.num_accepted < len(drafts):
+                rejected[req.request_id] = len(drafts) - result.num_accepted
+        return emitted, errors, rejected
+
+    def _propose(self, plan) -> None:
+        """Drafts for every running request that decodes next step; preempted ones let go of theirs."""
+        spec = self.speculator
+        assert spec is not None
+        for rid in plan.preempted:
+            spec.free(rid)
+        ready = []
+        for r in self.scheduler.running:
+            if r.num_computed_tokens == r.num_tokens - 1:
+                ready.append(r)
+            else:
+                r.spec_token_ids, r.spec_probs = [], None
+        spec.propose(ready)
+
     def _sample(self, reqs: list[Request], logits: np.ndarray) -> tuple[list[int], list[str | None]]:
-        """One token per request (greedy rows in one argmax); an error message instead for a row that fails."""
+        """One token per request (greedy rows in one argmax), or an error message for a row that fails."""
         finite = np.isfinite(logits).all(axis=-1) if len(reqs) else np.zeros(0, bool)
         if logits.shape[-1] > self.num_sampled_ids:  # a padded vocabulary: never pick an id without a token
             logits = logits.copy()
@@ -470,8 +498,11 @@ class InferenceEngine:
         return tokens, errors
 
     def _finish(self, req: Request, reason: FinishReason, now: float, step: int, error: str | None = None) -> None:
-        """End a request: out of the scheduler (blocks freed, or kept as a static padding slot), owner notified."""
-        self.scheduler.finish_request(req.request_id, pad=reason not in ("abort", "error"))
+        """End a request: out of the scheduler (which frees its blocks, or keeps them as static padding), owner
+        notified."""
+        self.scheduler.finish_request(req.request_id, reason)
+        if self.speculator is not None:
+            self.speculator.free(req.request_id)
         req.finish(reason, now, step, error)
         self.counters.finished += 1
         self.counters.errors += reason == "error"
@@ -479,7 +510,7 @@ class InferenceEngine:
 
     # ------------------------------------------------------------------ observation
     def add_step_listener(self, listener: Callable[[StepRecord], None]) -> None:
-        """Call ``listener(record)`` after every step (live dashboards), whatever ``history_size`` is."""
+        """Call ``listener(record)`` after every step (live dashboards, metrics), whatever ``history_size`` is."""
         if not self._step_listeners and not self.history.maxlen:
             self.kv_cache_manager.add_listener(self._kv_events.append)
         self._step_listeners.append(listener)
@@ -514,4 +545,4 @@ class InferenceEngine:
 def required_kv_tokens(prompt_lens: Sequence[int], max_tokens: int | Sequence[int], block_size: int) -> int:
     """KV token slots all requests would need at once, block-rounded: the 100 % a tight test takes 10 % of."""
     mts = [max_tokens] * len(prompt_lens) if isinstance(max_tokens, int) else list(max_tokens)
-    return sum(-(-(p + m) // block_size) * block_size for p, m in zip(prompt_lens, mts, strict=True))
+    return sum(cdiv(p + m, block_size) * block_size for p, m in zip(prompt_lens, mts, strict=True))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minienv.kv.block_table import pad_block_tables
-from minienv.kv.kv_cache_manager import KVCacheManager, copy_blocks
+from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.kv.kv_pool import KVPool
 from minienv.kv.paged_attention import PagedAttentionMetadata
 from minienv.scheduler import SchedulerOutput
@@ -26,12 +26,14 @@ class StepInputs:
     token_ids: np.ndarray  # [N] the step's tokens, chunks concatenated in plan order
     metadata: PagedAttentionMetadata
     sampling: list[int]  # indices into plan.scheduled of the chunks that produce a token
-    logits_indices: np.ndarray  # [len(sampling)] the rows of token_ids whose logits are computed (>= 1 row)
+    logits_indices: np.ndarray  # the rows of token_ids whose logits are computed (>= 1 row)
+    #: logits rows per sampling chunk, in order: 1, or 1 + its drafts for a speculative decode (verification)
+    num_logits: list[int]
 
 
 def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool) -> StepInputs:
     sched = plan.scheduled
-    copy_blocks(kv_pool, [pair for s in sched for pair in s.blocks_to_copy])
+    kv_pool.copy_blocks(pair for s in sched for pair in s.blocks_to_copy)
     n = len(sched)
     meta = PagedAttentionMetadata(
         pad_block_tables([kv.request(s.request_id).block_ids for s in sched]),
@@ -43,6 +45,13 @@ def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool
     token_ids = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in sched), dtype=np.int64,
                             count=meta.num_tokens)
     sampling = [i for i, s in enumerate(sched) if s.samples]
+    num_logits = [1 + sched[i].num_spec_tokens for i in sampling]
     # Every sequence mid-prefill: K/V only; one logits row keeps shapes simple (it is never sampled).
-    rows = meta.query_start_loc[1:][sampling] - 1 if sampling else np.zeros(1, dtype=np.int64)
-    return StepInputs(token_ids, meta, sampling, rows)
+    ends = meta.query_start_loc[1:]
+    if not sampling:
+        rows = np.zeros(1, dtype=np.int64)
+    elif len(num_logits) == sum(num_logits):  # no drafts: each chunk's last row
+        rows = ends[sampling] - 1
+    else:
+        rows = np.concatenate([np.arange(ends[i] - m, ends[i]) for i, m in zip(sampling, num_logits, strict=True)])
+    return StepInputs(token_ids, meta, sampling, rows, num_logits)

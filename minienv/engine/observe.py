@@ -1,8 +1,7 @@
 """Observation: engine-wide stats, step records, dashboard snapshots and per-request timelines.
 
-Nothing here changes the engine; everything is pulled when a view asks for it (``engine.stats``,
-``engine.snapshot()``, ``engine.timeline()``), except the :class:`StepRecord` the engine appends to its bounded
-``history`` ring after each step (``history_size`` records; 0 turns it off).
+Nothing here changes the engine, and everything is pulled when a view asks (``engine.stats``, ``snapshot()``,
+``timeline()``) except the :class:`StepRecord` appended to the bounded ``history`` ring after each step.
 """
 
 from __future__ import annotations
@@ -20,13 +19,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """Engine-wide counters and the KV budget's state (vLLM's scheduler stats + prefix-cache stats).
-
-    Block counts are physical blocks, each counted once however many requests share a block. ``kv_usage`` is the
-    fraction of blocks *in use*; cached-free blocks are resident (they count against the budget) but reclaimable.
-    Prefix-cache queries and hits are in tokens, counted at every admission, re-admissions after preemption
-    included (which is where the cache pays: a resume is mostly hits).
-    """
+    """Engine-wide counters and the KV budget's state (vLLM's scheduler and prefix-cache stats). Block counts are
+    physical blocks, each counted once; ``kv_usage`` is the fraction *in use* (cached-free blocks are resident but
+    reclaimable). Prefix-cache queries and hits are tokens, counted at every admission, resumes included."""
 
     num_steps: int
     num_waiting: int
@@ -52,6 +47,7 @@ class EngineStats:
     num_padding_tokens: int = 0
     num_errors: int = 0  # requests finished with finish_reason "error"
     num_failed_steps: int = 0  # steps that raised and were rolled back
+    peak_kv_usage: float = 0.0  # the largest ``kv_usage`` after any step so far
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -103,13 +99,9 @@ class RequestView:
 
 @dataclass(frozen=True)
 class EngineSnapshot:
-    """Everything a dashboard shows, at one moment (between steps).
-
-    ``free_queue`` is head first — the order allocations take (and evict) blocks — as ``(block_id, is_cached)``.
-    ``block_refcounts[b]`` / ``block_states[b]`` cover every physical block. ``finished`` holds the finished
-    requests the engine still remembers (``finished_retention``). ``last_step`` is the most recent
-    :class:`StepRecord` (None before the first step or with history off).
-    """
+    """Everything a dashboard shows, between two steps. ``free_queue`` is head first (the order allocations take
+    and evict blocks) as ``(block_id, is_cached)``; ``block_refcounts`` / ``block_states`` cover every physical
+    block; ``finished`` holds the finished requests still remembered; ``last_step`` is None without history."""
 
     step: int
     waiting: tuple[RequestView, ...]
@@ -140,15 +132,16 @@ def engine_stats(engine: "InferenceEngine") -> EngineStats:
     sch = engine.scheduler
     c = engine.counters
     return EngineStats(
-        num_steps=sch.num_steps, num_waiting=sch.num_waiting, num_running=sch.num_running,
+        num_steps=sch.num_steps, num_waiting=len(sch.waiting), num_running=len(sch.running),
         num_finished=c.finished, kv_budget_tokens=kv.kv_budget_tokens, block_size=kv.block_size,
         num_blocks=kv.num_blocks, num_blocks_in_use=kv.num_in_use, num_cached_free_blocks=kv.num_cached_free,
         num_free_empty_blocks=kv.num_free_empty, kv_usage=kv.usage,
         prefix_cache_queries_tokens=kv.prefix_queries_tokens, prefix_cache_hits_tokens=kv.prefix_hits_tokens,
         evicted_blocks=kv.evicted_blocks, evicted_tokens=kv.evicted_tokens, num_preemptions=sch.num_preemptions,
         num_prompt_tokens=c.prompt_tokens, num_computed_tokens=c.computed_tokens,
-        num_generated_tokens=c.generated_tokens, busy_time_s=c.busy_s, num_padding_tokens=sch.num_padding_tokens,
-        num_errors=c.errors, num_failed_steps=c.failed_steps,
+        num_generated_tokens=c.generated_tokens, busy_time_s=c.busy_s, num_errors=c.errors,
+        num_padding_tokens=getattr(sch, "num_padding_tokens", 0),  # the static policy's count
+        num_failed_steps=c.failed_steps, peak_kv_usage=c.peak_blocks_in_use / kv.num_blocks,
     )
 
 
@@ -187,11 +180,7 @@ def engine_snapshot(engine: "InferenceEngine") -> EngineSnapshot:
 
 
 def timeline(history: Iterable[StepRecord]) -> list[TimelineEntry]:
-    """Per request and step: waiting / prefill / decode / preempted / paused / finished (from step records).
-
-    Static padding (a finished member's discarded tokens) is not a request's work and is left out;
-    ``SchedulerOutput.num_padding_tokens`` counts it per step.
-    """
+    """Per request and step, from step records. Static padding is not a request's work and is left out."""
     out: list[TimelineEntry] = []
     for rec in history:
         plan = rec.scheduler_output
@@ -205,11 +194,9 @@ def timeline(history: Iterable[StepRecord]) -> list[TimelineEntry]:
         for rid in plan.preempted:
             out.append(TimelineEntry(rid, rec.step, "preempted"))
             seen.add(rid)
-        for rid in plan.waiting:
-            if rid not in seen:
-                out.append(TimelineEntry(rid, rec.step, "waiting"))
-                seen.add(rid)
-        for rid in plan.running:
-            if rid not in seen:
-                out.append(TimelineEntry(rid, rec.step, "paused"))
+        for state, ids in (("waiting", plan.waiting), ("paused", plan.running)):
+            for rid in ids:
+                if rid not in seen:
+                    out.append(TimelineEntry(rid, rec.step, state))
+                    seen.add(rid)
     return out

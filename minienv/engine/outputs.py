@@ -1,17 +1,12 @@
-"""Output processing: sampled token -> text, stop checks, :class:`RequestOutput`, and per-consumer routing.
+"""Output processing, in the order a sampled token meets it: **detokenize** (:class:`IncrementalDetokenizer`,
+text released up to the last complete UTF-8 character), **decide the end** (:func:`append_token`: EOS, a stop
+string, ``max_tokens``), **route** (:class:`OutputRouter`): every request belongs to one *consumer* — the
+``step()`` caller, a ``generate()`` call or a ``stream()`` iterator. Whoever drives the engine, progress is recorded
+for the owner, whose next read gets one output per request with everything new since its previous read.
 
-Three jobs, in the order a sampled token meets them:
-
-1. **Detokenize** (:class:`IncrementalDetokenizer`): text grows one token at a time, released only up to the last
-   complete UTF-8 character.
-2. **Decide the end** (:func:`append_token`): EOS, a stop string in the text, or ``max_tokens``.
-3. **Route** (:class:`OutputRouter`): every request belongs to exactly one *consumer* — the ``step()`` caller,
-   one ``generate()`` call, or one ``stream()`` iterator. Whoever drives the engine, progress is recorded for the
-   owner, and the owner's next read gets one output per request with everything new since its previous read.
-
-Routing invariant: for every request, ``0 <= delivered_tokens <= num_output_tokens`` and the deltas a consumer has
-received, concatenated, are exactly ``output_token_ids[:delivered_tokens]`` (text likewise). A request's final
-output is delivered exactly once; after that the engine may forget the request.
+Routing invariant: ``0 <= delivered_tokens <= num_output_tokens``, and the deltas a consumer received, concatenated,
+are ``output_token_ids[:delivered_tokens]`` (text likewise); a final output is delivered exactly once, after which
+the engine may forget the request.
 """
 
 from __future__ import annotations
@@ -26,13 +21,10 @@ from minienv.request import FinishReason, Request, RequestMetrics
 
 
 class IncrementalDetokenizer:
-    """Output text, grown one token at a time, decoding only what is new.
-
-    A byte-level token can end inside a UTF-8 character, so text is released only up to the last complete
-    character. With a tokenizer that exposes each token's bytes (``id_to_bytes``, as minienv's BPE does), the
-    bytes go through Python's incremental UTF-8 decoder: O(1) per token, and exactly ``decode(all ids)``.
-    Otherwise tokens wait in ``pending`` until ``decode(pending)`` no longer ends in U+FFFD.
-    """
+    """Output text grown one token at a time. A byte-level token can end inside a UTF-8 character, so text is
+    released up to the last complete one: through Python's incremental UTF-8 decoder when the tokenizer exposes
+    each token's bytes (``id_to_bytes``; O(1) per token, exactly ``decode(all ids)``), else by holding tokens in
+    ``pending`` until ``decode(pending)`` no longer ends in U+FFFD."""
 
     def __init__(self, tokenizer: Any):
         self.decode = tokenizer.decode
@@ -60,14 +52,12 @@ class IncrementalDetokenizer:
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """What a request has produced so far (vLLM's ``RequestOutput``, flattened: one completion per request).
+    """What a request has produced so far (vLLM's ``RequestOutput``, one completion per request).
 
-    ``token_ids`` are the generated ids (the end-of-sequence token is *not* included — it ends the request; the
-    token completing a stop string *is*). ``text`` is their decoded text: once finished by a stop string it is cut
-    before the stop string; while running it holds back the last ``len(longest stop) - 1`` characters, which might
-    yet start a stop string, so streamed text never has to be taken back. ``delta_text`` / ``delta_token_ids`` are
-    what is new since this consumer's previous output of the request. ``error`` says why a request finished with
-    ``finish_reason == "error"``.
+    ``token_ids`` are the generated ids (EOS excluded; the token completing a stop string included). ``text`` is cut
+    before the stop string that finished it; while running it holds back the last ``len(longest stop) - 1``
+    characters, which might yet start one, so streamed text is never taken back. ``delta_*`` is what is new since
+    this consumer's previous output of the request; ``error`` says why it finished with ``"error"``.
     """
 
     request_id: str
@@ -106,11 +96,9 @@ class RequestOutput:
 
 
 def append_token(req: Request, token: int, eos_token_id: int | None) -> FinishReason | None:
-    """Append a sampled token to the request's output and text; return why it ends now, or None.
-
-    EOS ends the request without joining the output. A stop string ends it once it appears in the text (only the
-    tail that could hold a new match is searched); the text is cut before it. ``max_tokens`` ends it last.
-    """
+    """Append a sampled token to the request's output and text; return why it ends now, or None. EOS ends it
+    without joining the output; a stop string once it appears in the text (only the tail that could hold a new
+    match is searched), the text cut before it; ``max_tokens`` last."""
     detok: IncrementalDetokenizer = req.detokenizer  # type: ignore[assignment]
     if eos_token_id is not None and token == eos_token_id:
         req.text += detok.flush()
@@ -157,29 +145,23 @@ def make_output(req: Request, *, advance: bool) -> RequestOutput:
 
 
 class Consumer:
-    """One reader of outputs: the ``step()`` caller, a ``generate()`` call, or a ``stream()`` iterator.
-
-    ``pending`` holds, in order, its requests that made progress it has not read (a request appears once, however
-    many steps ran meanwhile: its next output carries all of it).
-    """
+    """One reader of outputs. ``pending``: its requests with unread progress, in order, each once however many
+    steps ran meanwhile; ``live``: its requests whose final output it has not read."""
 
     __slots__ = ("name", "pending", "live")
 
     def __init__(self, name: str):
         self.name = name
         self.pending: dict[str, Request] = {}
-        self.live: dict[str, Request] = {}  # its requests whose final output it has not read yet
+        self.live: dict[str, Request] = {}
 
     def __repr__(self) -> str:
         return f"Consumer({self.name!r}, live={len(self.live)}, pending={len(self.pending)})"
 
 
 class OutputRouter:
-    """Delivers each request's progress to the consumer that owns it, once.
-
-    ``notify(req)`` after a request changed (a token, a finish); ``drain(consumer)`` returns the consumer's outputs
-    and reports the requests whose final output it has now read (the engine then releases them).
-    """
+    """Delivers each request's progress to its consumer, once: ``notify(req)`` after a change; ``drain(consumer)``
+    returns its outputs and the requests whose final output it has now read (the engine then releases them)."""
 
     def attach(self, req: Request, consumer: Consumer) -> None:
         req.consumer = consumer

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from minienv.request import InvalidRequestError, check_token_ids, kv_tokens_needed
+from minienv.request import InvalidRequestError, check_token_ids
 from minienv.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -40,11 +40,15 @@ def _encode(engine: "InferenceEngine", prompt: str) -> list[int]:
         raise InvalidRequestError(f"the tokenizer produced a bad id for this prompt: {exc}") from exc
 
 
+def _check_1d(prompt: np.ndarray) -> None:
+    if prompt.ndim != 1:
+        raise InvalidRequestError(f"a numpy prompt must be a 1-D array of token ids, got shape {prompt.shape}"
+                                  + (" (pass a list of 1-D prompts for a batch)" if prompt.ndim > 1 else ""))
+
+
 def _token_prompt(engine: "InferenceEngine", prompt: Any) -> list[int]:
-    if isinstance(prompt, np.ndarray) and prompt.ndim != 1:
-        raise InvalidRequestError(
-            f"a numpy prompt must be a 1-D array of token ids, got shape {prompt.shape}"
-            + (" (pass a list of 1-D prompts for a batch)" if prompt.ndim > 1 else ""))
+    if isinstance(prompt, np.ndarray):
+        _check_1d(prompt)
     try:
         return check_token_ids(list(prompt), engine.model.config.vocab_size)
     except ValueError as exc:
@@ -70,7 +74,7 @@ def validate_request(engine: "InferenceEngine", prompt: Any, params: Any) -> Che
         ids = _token_prompt(engine, prompt)
     if not ids:
         raise InvalidRequestError("the prompt is empty (zero tokens); give at least one token")
-    need = kv_tokens_needed(len(ids), params.max_tokens)
+    need = len(ids) + params.max_tokens  # the most slots it may hold (the last sampled token is never fed: -1 would do)
     limit = engine.model.config.max_position_embeddings
     if need > limit:
         raise InvalidRequestError(
@@ -87,10 +91,7 @@ def validate_request(engine: "InferenceEngine", prompt: Any, params: Any) -> Che
 def validate_batch(engine: "InferenceEngine", prompts: Any, sampling_params: Any) -> list[Checked]:
     """Every prompt of a ``generate`` / ``stream`` call checked; the first bad one raises with its index."""
     if isinstance(prompts, np.ndarray):
-        if prompts.ndim != 1:
-            raise InvalidRequestError(
-                f"a numpy prompt must be a 1-D array of token ids, got shape {prompts.shape}"
-                + (" (pass a list of 1-D prompts for a batch)" if prompts.ndim > 1 else ""))
+        _check_1d(prompts)
         prompts = [prompts]
     elif isinstance(prompts, str) or (isinstance(prompts, Sequence) and len(prompts) > 0
                                       and isinstance(prompts[0], (int, np.integer))):

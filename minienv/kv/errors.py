@@ -1,8 +1,9 @@
 """Typed errors of the KV-cache layer.
 
-Each error is raised *before* anything is changed, so a caller that catches one finds the block pool exactly as it
-was: the scheduler catches :class:`OutOfBlocksError` and preempts a request; a double free or an unknown block id
-is a bug in the caller (vLLM PR #3347 / #1556 shipped such bugs) and must not silently corrupt refcounts.
+Each is raised *before* anything changes, so a caller that catches one finds the pool exactly as it was. Running
+out of blocks is an expected outcome on the manager's path (``allocate`` returns ``None``); on the plain pool path
+of notebook 04 it is :class:`OutOfBlocksError`. A double free or an unknown block id is a bug in the caller and
+must never corrupt refcounts.
 """
 
 from __future__ import annotations
@@ -17,10 +18,7 @@ class KVBudgetError(KVCacheError, ValueError):
 
 
 class OutOfBlocksError(KVCacheError):
-    """Not enough free blocks for an allocation. Nothing was allocated (all or nothing).
-
-    The scheduler catches this and preempts a request to make room.
-    """
+    """Not enough free blocks for an allocation. Nothing was allocated (all or nothing)."""
 
     def __init__(self, requested: int, free: int, total: int):
         self.requested = requested

@@ -20,6 +20,7 @@ is K, 1 is V — per layer this is vLLM v1's FlashAttention layout ``[2, num_blo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import numpy as np
 
@@ -119,6 +120,15 @@ class KVPool:
         flat = self.kv_cache[layer].reshape(2, self.num_slots, self.num_kv_heads, self.head_dim)
         flat[0, slots] = k
         flat[1, slots] = v
+
+    def copy_blocks(self, blocks_to_copy: Iterable[tuple[int, int]]) -> None:
+        """Apply the KV cache manager's copy-on-write copies: block ``dst`` gets block ``src``'s K and V in every
+        layer, in one fancy-indexed assignment (vLLM's ``copy_blocks`` kernel). Whole blocks: the slots past the
+        shared tokens are overwritten before they are read."""
+        pairs = list(blocks_to_copy)
+        if pairs:
+            src, dst = (np.fromiter(col, dtype=np.int64, count=len(pairs)) for col in zip(*pairs))
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]  # [layers, 2 (K, V), blocks, B, H, D]
 
     def read_slots(self, layer: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """K and V ``[len(slots), H, D]`` at the given slots (for tests and notebooks)."""

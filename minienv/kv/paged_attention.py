@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from minienv.kv.block_table import BlockTable, cdiv, pad_block_tables
+from minienv.kv.block_table import BlockTable, batch_slot_mapping, cdiv, pad_block_tables
 from minienv.kv.kv_pool import KVPool
 
 #: Gathered K+V bytes per tile: about a core's L2 on the machines this was tuned on (1 MiB L2 per core).
@@ -131,8 +131,7 @@ class PagedAttentionMetadata:
         seq_idx = np.repeat(np.arange(len(tables)), q)
         starts = np.concatenate([[0], np.cumsum(q)])
         pos = ctx[seq_idx] + (np.arange(int(starts[-1])) - starts[seq_idx])
-        slots = bt[seq_idx, pos // block_size] * block_size + pos % block_size
-        return cls(bt, ctx, q, slots, block_size)
+        return cls(bt, ctx, q, batch_slot_mapping(bt, seq_idx, pos, block_size), block_size)
 
 
 # ---------------------------------------------------------------------------------------------------- the math

@@ -162,7 +162,7 @@ def fingerprint(engine: Any) -> dict[str, Any]:
     parts["stats"] = dataclasses.replace(snap.stats, busy_time_s=0.0, num_failed_steps=0)  # counts the failure
     parts["history_len"] = len(engine.history)
     parts["request_ids"] = tuple(sorted(engine.requests))
-    parts["padding_slots"] = tuple(engine.scheduler.padding_slots)
+    parts["padding_slots"] = tuple(getattr(engine.scheduler, "padding_slots", ()))
     return parts
 
 

@@ -321,6 +321,16 @@ def test_step_listener_and_history(model, tok):
     assert all(set(r.sampled) <= set(e.retained) for r in seen)
 
 
+def test_peak_kv_usage_is_a_counter_not_read_from_the_history_ring(model, tok):
+    """The peak comes early (all prompts at once) and the ring keeps only the last step: the counter still has it."""
+    e = engine(model, tok, history_size=1, kv_budget_tokens=256)
+    usage = []
+    e.add_step_listener(lambda r: usage.append(r.stats.kv_usage))
+    e.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0))
+    assert len(usage) > 2 and e.stats.peak_kv_usage == max(usage) > e.history[-1].stats.kv_usage
+    assert max(usage) > usage[-1] and e.stats.peak_kv_usage > e.stats.kv_usage
+
+
 # ------------------------------------------------------------------------------------------------ bundled model
 @pytest.mark.parametrize("which", ["target", "draft"])
 def test_bundled_model_16_prompts_batched_equal_alone(which):

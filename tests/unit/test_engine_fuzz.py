@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from engine_harness import FlakyModel, HalfwayFlakyModel, Received, alone, assert_rolled_back, bundled, fingerprint
+from engine_harness import FlakyModel, HalfwayFlakyModel, Received, alone, assert_rolled_back, fingerprint
 from minienv.engine import InferenceEngine, required_kv_tokens
 from minienv.kv.block_table import cdiv
 from minienv.sampling import SamplingParams
@@ -52,16 +52,6 @@ OUTPUTS_PER_TEST = int(1500 * SCALE)
 MAX_TOKENS = (1, 2, 3, 5, 8, 12)
 LINES = ["To be, or not to be, that is the question", "ROMEO: But soft, what light through yonder window",
          "O Romeo, Romeo, wherefore art thou Romeo", "Now is the winter of our discontent"]
-
-
-@pytest.fixture(scope="module")
-def model():
-    return bundled()[0]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return bundled()[1]
 
 
 @pytest.fixture(scope="module")

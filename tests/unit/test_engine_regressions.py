@@ -22,24 +22,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_harness import (FlakyModel, HalfwayFlakyModel, Received, TokenizerProxy, alone, bundled,
-                            assert_rolled_back, diff_fingerprints, fingerprint)
+from engine_harness import (FlakyModel, HalfwayFlakyModel, Received, TokenizerProxy, alone, assert_rolled_back,
+                            diff_fingerprints, fingerprint)
 from minienv.engine import InferenceEngine
 from minienv.request import InvalidRequestError, RequestNotFoundError
 from minienv.sampling import SamplingParams
 
 PROMPTS = ["To be, or not to be", "ROMEO:", "O Romeo, Romeo"]
 GREEDY20 = SamplingParams(max_tokens=20, temperature=0)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return bundled()[0]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return bundled()[1]
 
 
 def ref(model, tok, prompt, sp):

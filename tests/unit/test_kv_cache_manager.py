@@ -15,7 +15,6 @@ from minienv.kv.kv_cache_manager import (
     DuplicateRequestError,
     KVCacheManager,
     UnknownRequestError,
-    copy_blocks,
 )
 from minienv.kv.kv_pool import KVPool
 
@@ -104,7 +103,7 @@ def test_block_table_and_slot_mapping_agree():
     mgr.allocate("x", [5])
     mgr.commit("x")
     alloc = mgr.allocate("a", list(range(6)))
-    table = mgr.block_table("a")
+    table = mgr.request("a")
     assert table.num_tokens == 6 and table.block_ids == mgr.block_ids("a")
     np.testing.assert_array_equal(alloc.slot_mapping, table.slot_mapping())
 
@@ -126,7 +125,7 @@ def test_fork_shares_and_reports_memory_saved():
     mgr = KVCacheManager(32, B)
     run(mgr, "p", list(range(10)))
     res = mgr.fork("p", ["c1", "c2", "c3"])
-    assert res.shared_block_ids == tuple(mgr.block_ids("p"))
+    assert res == mgr.block_ids("p")
     sh = mgr.sharing()
     assert (sh.logical_blocks, sh.physical_blocks) == (12, 3)
     assert sh.saved_fraction == pytest.approx(0.75)
@@ -144,7 +143,7 @@ def test_cow_copies_kv_data_in_pool():
     alloc = mgr.append_slots("c", [9])
     ((src, dst),) = alloc.blocks_to_copy
     assert src == last and dst == mgr.block_ids("c")[-1] != last
-    copy_blocks(pool, alloc.blocks_to_copy)
+    pool.copy_blocks(alloc.blocks_to_copy)
     assert (pool.k_cache[:, dst] == 7.0).all() and (pool.v_cache[:, dst] == -7.0).all()
     assert mgr.ref_cnt(src) == 1 and mgr.ref_cnt(dst) == 1
     # the write goes into the copy, never the shared original
@@ -154,9 +153,9 @@ def test_cow_copies_kv_data_in_pool():
 def test_copy_blocks_function():
     pool = KVPool(num_layers=1, num_blocks=4, block_size=2, num_kv_heads=1, head_dim=1)
     pool.k_cache[0, 1] = 3.0
-    copy_blocks(pool, [(1, 2)])
+    pool.copy_blocks([(1, 2)])
     assert (pool.k_cache[0, 2] == 3.0).all()
-    copy_blocks(pool, [])
+    pool.copy_blocks([])
 
 
 # ---------------------------------------------------------------------- LRU eviction

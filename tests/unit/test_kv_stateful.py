@@ -227,7 +227,7 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     def every_request_reads_back_its_own_tokens(self):
         for rid in self.live():
-            alloc_table = self.mgr.block_table(rid)
+            alloc_table = self.mgr.request(rid)
             slots = alloc_table.slot_mapping()
             toks = self.mgr.request(rid).token_ids
             assert self.shadow[slots].tolist() == [encode(t, p) for p, t in enumerate(toks)], f"{rid} corrupted"

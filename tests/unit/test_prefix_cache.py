@@ -9,7 +9,7 @@ import pytest
 
 from minienv.kv import prefix_cache
 from minienv.kv.hashing import ROOT_HASH, hash_block_chain, hash_block_tokens, make_extra_key
-from minienv.kv.prefix_cache import CachedBlockKey, PrefixCacheStats, PrefixIndex
+from minienv.kv.prefix_cache import CachedBlockKey, PrefixIndex
 
 
 def test_hash_is_sha256_bytes_and_deterministic():
@@ -89,15 +89,6 @@ def test_longest_prefix_stops_at_first_miss():
         idx.insert(10 + j, hashes[j], CachedBlockKey(parents[j], tuple(toks[4 * j:4 * j + 4]), b""))
     ids, hs = idx.longest_prefix(toks, 4, b"", max_blocks=3)
     assert ids == [10] and hs == [hashes[0]]
-
-
-def test_stats_hit_rate():
-    s = PrefixCacheStats()
-    assert s.hit_rate == 0.0
-    s.queries, s.hits = 40, 30
-    assert s.hit_rate == 0.75
-    s.reset()
-    assert (s.queries, s.hits) == (0, 0)
 
 
 def test_module_exposes_index_names():

@@ -22,7 +22,7 @@ import pytest
 from minienv.generate import dense_greedy
 from minienv.kv import KVPool, PagedAttentionBackend, PagedAttentionMetadata
 from minienv.kv.block_table import cdiv
-from minienv.kv.kv_cache_manager import KVCacheManager, copy_blocks
+from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.model import LlamaConfig, LlamaModel, random_weights
 from minienv.lab.serving import serve_greedy
 
@@ -120,8 +120,8 @@ def test_fork_copy_on_write_through_the_model(model):
     backend = PagedAttentionBackend(kv)
 
     def step(rids, allocs):
-        copy_blocks(kv, [pair for a in allocs for pair in a.blocks_to_copy])
-        meta = PagedAttentionMetadata.from_block_tables([mgr.block_table(r) for r in rids],
+        kv.copy_blocks(pair for a in allocs for pair in a.blocks_to_copy)
+        meta = PagedAttentionMetadata.from_block_tables([mgr.request(r) for r in rids],
                                                         [a.num_new_tokens for a in allocs])
         backend.set_metadata(meta)
         toks = [t for a in allocs for t in a.token_ids]

@@ -16,6 +16,7 @@ from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.request import Request, RequestMetrics, RequestStatus
 from minienv.sampling import SamplingParams
 from minienv.scheduler import Scheduler, SchedulerOutput
+from minienv.scheduler import make_scheduler as policy_scheduler
 
 _ids = itertools.count()
 
@@ -28,7 +29,7 @@ def make_request(prompt_len: int, max_tokens: int = 4, *, prompt: list[int] | No
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=16, **kw):
     mgr = KVCacheManager(num_blocks, block_size, enable_prefix_caching=kw.pop("caching", True))
-    return Scheduler(mgr, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, **kw)
+    return policy_scheduler(mgr, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, **kw)
 
 
 def drive_step(sch: Scheduler) -> SchedulerOutput:
