@@ -86,10 +86,12 @@ def show(fig: Any, live: Any = None, **size: Any) -> None:
     ``live`` is what to display interactively when it is not the figure itself — e.g. an ``ipywidgets.VBox`` of a
     slider and a ``FigureWidget``: the PNG then shows the figure as it is now (the slider's first position).
     """
-    import plotly.graph_objects as go
     from IPython.display import display
 
-    if live is not None or isinstance(fig, go.FigureWidget):
+    # NOTE: by name, not isinstance(fig, go.FigureWidget): touching go.FigureWidget imports the widget stack,
+    # seconds of Run All in a notebook that has no widget.
+    is_widget = any(cls.__name__ == "FigureWidget" for cls in type(fig).__mro__)
+    if live is not None or is_widget:
         display(fig if live is None else live)
     else:
         display(live_bundle(fig), raw=True)
