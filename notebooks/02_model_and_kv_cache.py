@@ -277,8 +277,9 @@ assert kv_per_token["Qwen2.5-7B (fp16)"] == 56 * 1024
 assert kv_per_token["minienv target (float32)"] == cfg.kv_bytes_per_token(4)
 
 # %% [markdown]
-# A single 4k-token Llama-2-13B conversation holds over 3 GiB of KV state — more than a quarter of the 13 B model's
-# own fp16 weights (26 GB) for *one* request. KV memory, not compute, is what limits how many requests a GPU serves.
+# A single 4k-token Llama-2-13B conversation holds 3.1 GiB of KV state — about an eighth of the 13 B
+# model's own fp16 weights (26 GB = 24.2 GiB) for *one* request; eight such conversations weigh about as much as
+# the model. KV memory, not compute, is what limits how many requests a GPU serves.
 #
 # ### Live: context length vs KV memory
 # Drag the slider: the bars show one request's KV cache at that context length.

@@ -13,7 +13,7 @@
 #    time to first token (**TTFT**), time per output token (**TPOT**), end-to-end latency;
 # 3. say how **chunked prefill** keeps every running request decoding while a long prompt arrives;
 # 4. follow a **preemption by recompute**: the victim's blocks are freed but its full blocks stay cached (notebook
-#    06's LRU), so its resume is mostly prefix hits;
+#    06's LRU), so its resume takes from the prefix cache whatever the LRU has not evicted by then;
 # 5. prove that preemption **loses nothing**: under a tight budget every output equals the request run alone.
 #
 # Scheduling depends only on token *counts*, so this notebook drives the engine with a tiny seeded random model
@@ -655,6 +655,7 @@ check_plan_step(plan_step)
 # * **Chunked prefill** gives each running request its decode token first and spends the rest of the step budget on
 #   the next chunk of a long prompt: decodes never stall and no step exceeds the budget.
 # * Under memory pressure the scheduler **preempts by recompute** — the most recently admitted request, by default.
-#   Its full blocks stay cached-free in the LRU, so the resume is mostly prefix hits.
+#   Its full blocks stay cached-free in the LRU, so a resume recomputes only what was evicted meanwhile: above, one
+#   resume took 32 of its 40 tokens from the cache, the other (whose blocks the LRU had reused) none.
 # * **Nothing is lost**: every output under a 128-token budget, with preemptions, equals the request run alone — for
 #   any victim policy, and on the bundled model under a 48-token budget with sampling. Notebook 08 puts the whole engine, on the bundled model, behind one dashboard.
