@@ -398,7 +398,7 @@ while chunk_engine.output(long_id).num_preemptions == 0 and not chunk_engine.out
                  plan.num_scheduled_tokens))
 for step, dec, chunk, total in rows:
     print(f"step {step}: {dec} decodes + prefill chunk of {chunk:>3} tokens = {total} tokens")
-chunk_engine.run()
+_ = chunk_engine.run()  # steps to the end; the views below show the result
 
 # %%
 assert all(dec == 3 for _, dec, _, _ in rows)  # every running request decoded in every step
