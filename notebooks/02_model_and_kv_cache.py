@@ -3,7 +3,7 @@
 #
 # **Learning goals** — after this notebook you can
 # 1. trace one token through a Llama-style decoder (embedding → *L* × [RMSNorm, attention, SwiGLU] → LM head) and
-#    point at the line of numpy that does each step;
+#    point at the line of numpy that does each step — and say why RoPE makes attention see *relative* positions;
 # 2. explain why generating *without* a cache redoes ~quadratic work, and count it;
 # 3. compute the KV-cache bytes per token of any model from four numbers in its `config.json`;
 # 4. say what a contiguous per-request cache costs when every request reserves `max_len` — the problem notebook 03
@@ -137,10 +137,120 @@ assert np.allclose(np.triu(weights, 1), 0)
 # recomputed. That observation is the whole KV cache.
 
 # %% [markdown]
+# ## Build it small: the whole forward pass, box by box
+#
+# The picture above, in numpy, on the bundled model's own weights (read from its safetensors file by their Hugging
+# Face names). This model has 4 layers, a hidden size of 192, and **grouped-query attention**: 4 query heads share 2
+# key/value heads, so each K/V head serves two query heads — and the cache stores half as many heads. Every line
+# below is one box of the diagram.
+
+# %%
+from minienv.model.checkpoint import load_weights
+from minienv.paths import assets_dir
+
+W = load_weights(assets_dir() / "target", cfg)  # {"model.layers.0.self_attn.q_proj.weight": array, ...}
+L, Hq, Hkv, Dh = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+
+
+def rmsnorm(x, w):  # each token's vector scaled to unit root-mean-square, then by a learned weight per dim
+    return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + cfg.rms_norm_eps)
+
+
+def rope(x, pos):  # rotate dims (i, i + Dh/2) of every head by the angle pos * theta_i (explained below)
+    theta = cfg.rope_theta ** (-np.arange(0, Dh, 2) / Dh)  # [Dh/2]: one frequency per pair of dims
+    angle = pos[:, None] * theta[None, :]  # [N, Dh/2]
+    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]  # the same for every head
+    x1, x2 = x[..., : Dh // 2], x[..., Dh // 2:]
+    return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+def attention(q, k, v):  # q [N, Hq, Dh], k and v [N, Hkv, Dh]: causal, grouped-query
+    k, v = np.repeat(k, Hq // Hkv, axis=1), np.repeat(v, Hq // Hkv, axis=1)  # KV head j serves query heads 2j, 2j+1
+    s = np.einsum("nhd,mhd->hnm", q, k) / np.sqrt(Dh)  # [Hq, N, N]
+    s = np.where(np.tril(np.ones((len(q), len(q)), dtype=bool)), s, -np.inf)  # no peeking at the future
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    return np.einsum("hnm,mhd->nhd", w / w.sum(axis=-1, keepdims=True), v)
+
+
+def silu(x):  # x * sigmoid(x), written with tanh so it never overflows
+    return x * (0.5 + 0.5 * np.tanh(x / 2))
+
+
+def my_forward(ids):
+    pos = np.arange(len(ids))
+    x = W["model.embed_tokens.weight"][ids]  # embedding: one row of the table per token, [N, 192]
+    for layer in range(L):
+        p = f"model.layers.{layer}."
+        h = rmsnorm(x, W[p + "input_layernorm.weight"])
+        q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(-1, Hq, Dh)
+        k = (h @ W[p + "self_attn.k_proj.weight"].T).reshape(-1, Hkv, Dh)  # these two are what a KV cache keeps
+        v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(-1, Hkv, Dh)
+        a = attention(rope(q, pos), rope(k, pos), v)
+        x = x + a.reshape(len(ids), -1) @ W[p + "self_attn.o_proj.weight"].T  # o_proj, + residual
+        h = rmsnorm(x, W[p + "post_attention_layernorm.weight"])
+        gate, up = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
+        x = x + (silu(gate) * up) @ W[p + "mlp.down_proj.weight"].T  # SwiGLU MLP, + residual
+    head = W["model.embed_tokens.weight"] if cfg.tie_word_embeddings else W["lm_head.weight"]  # tied here
+    return rmsnorm(x, W["model.norm.weight"]) @ head.T  # LM head: one score per vocabulary id, [N, 2048]
+
+
+mine = my_forward(encode("To be, or not to be"))
+print(f"logits {mine.shape}; next token: {decode([int(mine[-1].argmax())])!r}")
+
+# %% [markdown]
+# ### RoPE: position as a rotation
+#
+# Attention by itself does not know where a token is: shuffle the keys and the scores shuffle with them. **Rotary
+# position embedding** (RoPE) writes the position into q and k by *rotating* them: the head's `Dh` dims are taken as
+# `Dh/2` pairs, and pair `i` of a token at position `p` is turned by the angle `p · θ_i`, with `θ_i = 10000^(−2i/Dh)`
+# — fast turns for the first pairs, slow ones for the last, like the hands of a clock. Below, one pair of a query
+# vector at positions 0 to 11, for the fastest and a slower frequency.
+#
+# Why it works: a dot product between two rotated vectors depends only on the **difference** of their angles. The
+# score of a query at position `m` against a key at `n` is the score of the unrotated pair turned by `(m − n) · θ_i`
+# — so attention sees **relative** positions, and a token's key, once rotated at its position, never changes. That
+# is what makes it cacheable, and why every later notebook passes each token's `positions` to the model.
+
+# %%
+SLOW = 4  # pair 4 turns 10000^(-8/48) ≈ 0.22 rad per position
+vec = np.zeros((12, 1, Dh))
+vec[:, 0, [0, Dh // 2]] = [1.0, 0.0]  # pair 0 (the fastest) starts at (1, 0)
+vec[:, 0, [SLOW, SLOW + Dh // 2]] = [0.6, 0.0]  # pair 4 starts at (0.6, 0): drawn on an inner circle
+turned = rope(vec, np.arange(12))
+rot_fig = go.Figure()
+for i in (0, SLOW):
+    theta_i = cfg.rope_theta ** (-2 * i / Dh)
+    rot_fig.add_trace(go.Scatter(x=turned[:, 0, i], y=turned[:, 0, i + Dh // 2], mode="markers+text",
+                                 text=[str(p) for p in range(12)], textposition="top center",
+                                 name=f"pair {i}: θ = {theta_i:.2f} rad per position"))
+rot_fig.update_layout(title="RoPE turns each pair of dims by position × θ (labels: position)", height=440, width=640,
+                      xaxis=dict(range=[-1.3, 1.3]), yaxis=dict(range=[-1.3, 1.3], scaleanchor="x"))
+show(rot_fig)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+rot_rng = np.random.default_rng(7)
+q1, k1 = rot_rng.standard_normal((2, 1, 1, Dh))
+
+
+def score(m, n):  # the attention score of a query at position m against a key at position n
+    return float((rope(q1, np.array([m])) * rope(k1, np.array([n]))).sum())
+
+
+for m, n in [(5, 2), (105, 102), (1005, 1002), (2, 5), (102, 105)]:
+    print(f"query at {m:>4}, key at {n:>4} (m − n = {m - n:+d}): score {score(m, n):+.4f}")
+
+# %%
+assert np.isclose(score(5, 2), score(105, 102)) and np.isclose(score(5, 2), score(1005, 1002))  # only m − n counts
+assert not np.isclose(score(5, 2), score(2, 5))  # ... and its sign: before and after are different
+assert np.allclose(np.linalg.norm(turned, axis=-1), np.linalg.norm(vec, axis=-1))  # a rotation: lengths unchanged
+
+# %% [markdown]
 # ## minienv's model
 #
-# `model.forward(ids)` is the dense reference: the whole sequence, causal, no cache. The reference tests check it
-# against `transformers`' `LlamaForCausalLM` to 1e-4 on random configs.
+# `model.forward(ids)` is the dense reference: the whole sequence, causal, no cache — the forward pass above, with
+# Q/K/V and gate/up fused into single matmuls and attention handed to a backend. The reference tests check it against
+# `transformers`' `LlamaForCausalLM` to 1e-4 on random configs; here it equals `my_forward`.
 
 # %%
 prompt = "To be, or not to be"
@@ -149,6 +259,7 @@ logits = model.forward(ids)
 print(f"{len(ids)} prompt tokens → logits {logits.shape}; next token: {decode([int(logits[-1].argmax())])!r}")
 
 # %%
+assert np.allclose(my_forward(ids), logits, atol=1e-4)  # the numpy above IS this model, to float32 rounding
 longer = model.forward(ids + [int(logits[-1].argmax())])
 assert logits.shape == (len(ids), cfg.vocab_size)
 assert np.allclose(longer[: len(ids)], logits, atol=1e-5)  # causality: the past does not change
