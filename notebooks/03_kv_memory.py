@@ -37,6 +37,8 @@ print(f"share of a {MAX_LEN}-slot reservation an average finished ShareGPT reque
 # Even at the very end of its life an average request fills a quarter of a max-length reservation; averaged
 # over its life (it grows one token per step) it fills less. The paper measured this waste on a running system:
 # **only 20.4 % – 38.2 % of the KV memory held token states** in their Orca baselines, against 96.3 % in vLLM.
+# (Orca, OSDI 2022, is the serving system that introduced continuous batching — notebook 07; like the systems
+# before vLLM it gives each request one contiguous chunk of KV memory, and that is the part measured here.)
 # Let's rebuild the experiment.
 #
 # ## The workload
@@ -169,7 +171,10 @@ assert paged_toy["token"] == 6 and paged_toy["internal"] + paged_toy["reservatio
 # reserves the prompt plus the output length rounded up to a power of two (at most 2× over; the paper's example
 # is 32 slots for a 25-token output), **Orca (Oracle)** reserves exactly prompt + output, and **vLLM** allocates
 # blocks of 16 slots on demand, preempting the newest request when a block cannot be found. The contiguous
-# schemes place their chunks with a **buddy allocator**, as the paper assumed for Orca. The averages are over
+# schemes place their chunks with a **buddy allocator**, as the paper assumed for Orca: memory is split in halves,
+# and halves of halves, until a power-of-two region just big enough for the request is free; a freed region merges
+# back with its twin (its "buddy") when that is free too. Fast and simple, but every chunk is rounded up to a
+# power of two. The averages are over
 # the loaded part of the run (until the last request is admitted), like the paper's measurement during a
 # serving experiment.
 
