@@ -371,24 +371,13 @@ demo
 # %%
 # code takes over: step to where C has just shared A's block, and check the views against the allocator
 stepper.go_to(4)  # arrive A, arrive B, C shares A's block, C grows
-assert stepper.position == 4 and stepper.history == [0, 1, 2, 3]
 assert live_pool.tables == {"A": [0, 1, 2], "B": [3, 4], "C": [0, 5]}
-assert live_pool.refcount[0] == 2 and list(live_pool.free) == [6, 7]
-# the grid shows exactly the allocator's state
+assert live_pool.refcount[0] == 2 and list(live_pool.free) == [6, 7]  # block 0 is held twice; 6 is taken next
+# every view shows exactly the allocator's state
 assert [c.refcount for c in grid.cells] == live_pool.refcount
-assert grid.cells[0].owners == ("A", "C") and grid.cells[0].text() == ("0 ·rc2", "A[0]+C[0]")
-assert grid.changed == {5}  # the last step (C grows) touched block 5 only
-trace = grid.fig.data[0]
-assert trace.marker.color[0] != trace.marker.color[1]  # shared block: its own colour
-assert trace.marker.color[1] == trace.marker.color[2] == grid.owner_color("A")
-assert "0 ·rc2" in trace.text[0]
-# the block tables show each request's blocks in logical order; C's new block [1] is outlined
-assert tables.tables == {"A": (0, 1, 2), "B": (3, 4), "C": (0, 5)}
-assert tables.changed == {("C", 1)}
-assert tables.cells()[0]["top"] == "p0 ·rc2"  # A[0] is physical block 0, shared by two tables
-assert tables.widget.value == tables.to_svg()  # the live widget shows exactly the static picture
-# the queue view shows the free queue, head first
-assert queue.items == (6, 7) and queue.head == 6 and queue.removed == (5,)
+assert grid.cells[0].owners == ("A", "C") and grid.changed == {5}  # the last step (C grows) touched block 5 only
+assert tables.tables == {"A": (0, 1, 2), "B": (3, 4), "C": (0, 5)} and tables.changed == {("C", 1)}
+assert queue.items == (6, 7) and queue.head == 6 and queue.removed == (5,)  # block 5 just left the queue
 print("step 4 checks passed")
 
 # %% [markdown]
@@ -396,11 +385,6 @@ print("step 4 checks passed")
 
 # %%
 display(grid.static(), tables.static(), queue.static())
-
-# %%
-assert "0 ·rc2" in grid.to_svg() and "A[0]+C[0]" in grid.to_svg()
-assert "p0 ·rc2" in tables.to_svg() and ">C<" in tables.to_svg()
-assert "head → allocated next" in queue.to_svg()
 
 # %% [markdown]
 # Now to the end of the sequence. Every block must be free again, the free queue must hold all eight blocks in
@@ -420,10 +404,6 @@ print("blocks that changed in the last step:", sorted(grid.changed))
 
 # %%
 display(grid.static(), queue.static())
-
-# %%
-assert "step 9: C finishes" in grid.to_svg()
-assert all(f">{b}<" in grid.to_svg() for b in range(8))
 
 # %% [markdown]
 # Two things to notice, both of which come back later in the series:
