@@ -148,6 +148,61 @@ assert list(MODULES) == [s.name for s in ENGINE_MAP]
 # Live widgets need a running kernel. **Reading on GitHub or nbviewer?** Widget state is not saved in the
 # notebooks, so under each live view you will find a *static* picture of the same state (`view.static()`).
 #
+# ## Before you start
+#
+# **Prerequisites.** Python and numpy (arrays, `@`, slicing). From machine learning, two ideas — here is all the
+# series uses of them:
+#
+# - **softmax** turns scores into weights that are positive and sum to 1: `w = exp(s - s.max()); w /= w.sum()`
+#   (subtracting the max changes nothing but keeps `exp` from overflowing);
+# - **attention**: each token's *query* vector is compared with every earlier token's *key* (a dot product, divided
+#   by √(head dim)); the softmax of those scores weights the earlier tokens' *value* vectors, and their weighted
+#   sum is the token's output. A token sees itself and the tokens before it, never after (*causal*). Those keys and
+#   values are the **KV cache**: computed once per token, read by every later token.
+#
+# **Time.** About 30 min for this notebook; 45–60 min for each of 01–08 (an hour for 02, 04, 05 and 07), exercises
+# included. Run All takes under 20 s for each.
+#
+# **How to use the series.** Open the notebooks in order (each builds on the last) and run them top to bottom; then
+# change things and re-run. Each ends with **exercises**: a stub to replace, a check that says *not implemented yet*
+# until you do and names the rule a wrong answer breaks, hints folded under it, and solutions in `solutions/`
+# (details at the end of this notebook). Live views need a running kernel; if one gets into a strange state,
+# *Kernel → Restart Kernel and Run All Cells* starts clean. On GitHub every view and figure has a static picture.
+#
+# **The naive design.** The series starts from a design that circulates in tutorials. It draws the right boxes —
+# the map above — and fills them with code that is wrong in instructive ways: **one block per whole prompt** (a hash
+# of the entire prompt, so two prompts with the same system prompt share nothing), a reused block's **refcount set
+# to 1** instead of incremented, an LRU **evictor that ignores refcounts** (it evicts blocks running requests still
+# read), and a **free list that is a Python list** popped from the front (O(n) per allocation).
+# `minienv/lab/naive_design.py` reproduces each flaw so notebooks 05 (hashing, refcounts) and 06 (eviction, the
+# free list) can show it fail on real requests, then show minienv's version pass the same test.
+#
+# **Glossary** (each term is explained where it first matters; this is the list to come back to):
+#
+# | term | meaning |
+# |---|---|
+# | token | the unit the model reads and writes: an id from the tokenizer (01); every count in the engine is in tokens |
+# | prefill / decode | computing a prompt's tokens (many per step) / generating one new token per step |
+# | KV cache | the keys and values of every token computed so far, kept so later tokens need not recompute them (02) |
+# | GQA | grouped-query attention: several query heads share one key/value head, so the cache stores fewer heads (02) |
+# | RoPE | rotary position embedding: queries and keys are rotated by an angle set by their position, so attention scores depend on relative position (02) |
+# | slot | room for one token's K and V in the preallocated pool (03, 04) |
+# | block | a fixed number of consecutive slots, the unit of allocation (04) |
+# | block table | a request's blocks in logical order: token `t` is in block `table[t // B]` (04) |
+# | free queue | the free blocks, head first: allocation takes the head, a freed block joins the tail (00, 04, 06) |
+# | refcount | how many requests hold a block; it is free only at 0 (00, 05) |
+# | prefix cache | full blocks indexed by a hash of their whole prefix, so a new prompt reuses computed K/V (05) |
+# | cached-free | a block with refcount 0 whose K/V are kept for prefix hits until it is evicted (05, 06) |
+# | copy-on-write | a block shared after a fork is copied the first time one holder writes into it (05) |
+# | LRU eviction | reusing the least recently freed cached block first — the head of the free queue (06) |
+# | token budget | the most tokens one step computes (`max_num_batched_tokens`), or the KV memory in tokens (06, 07) |
+# | continuous batching | choosing who runs at every step, instead of running a fixed batch to the end (07) |
+# | chunked prefill | splitting a long prompt over several steps so decodes keep running beside it (07) |
+# | preemption | taking a running request's blocks when memory runs out; it is recomputed later, and loses nothing (07) |
+# | TTFT | time to first token: from arrival to the first generated token (07, 08) |
+# | TPOT | time per output token after the first (07, 08) |
+# | e2e latency | arrival to the last token (08) |
+#
 # ## Build it small: a ten-line block allocator
 #
 # Here is the whole idea of a paged KV cache in miniature. The pool has 8 physical blocks (say 4 token slots
@@ -317,24 +372,13 @@ demo
 # %%
 # code takes over: step to where C has just shared A's block, and check the views against the allocator
 stepper.go_to(4)  # arrive A, arrive B, C shares A's block, C grows
-assert stepper.position == 4 and stepper.history == [0, 1, 2, 3]
 assert live_pool.tables == {"A": [0, 1, 2], "B": [3, 4], "C": [0, 5]}
-assert live_pool.refcount[0] == 2 and list(live_pool.free) == [6, 7]
-# the grid shows exactly the allocator's state
+assert live_pool.refcount[0] == 2 and list(live_pool.free) == [6, 7]  # block 0 is held twice; 6 is taken next
+# every view shows exactly the allocator's state
 assert [c.refcount for c in grid.cells] == live_pool.refcount
-assert grid.cells[0].owners == ("A", "C") and grid.cells[0].text() == ("0 ·rc2", "A[0]+C[0]")
-assert grid.changed == {5}  # the last step (C grows) touched block 5 only
-trace = grid.fig.data[0]
-assert trace.marker.color[0] != trace.marker.color[1]  # shared block: its own colour
-assert trace.marker.color[1] == trace.marker.color[2] == grid.owner_color("A")
-assert "0 ·rc2" in trace.text[0]
-# the block tables show each request's blocks in logical order; C's new block [1] is outlined
-assert tables.tables == {"A": (0, 1, 2), "B": (3, 4), "C": (0, 5)}
-assert tables.changed == {("C", 1)}
-assert tables.cells()[0]["top"] == "p0 ·rc2"  # A[0] is physical block 0, shared by two tables
-assert tables.widget.value == tables.to_svg()  # the live widget shows exactly the static picture
-# the queue view shows the free queue, head first
-assert queue.items == (6, 7) and queue.head == 6 and queue.removed == (5,)
+assert grid.cells[0].owners == ("A", "C") and grid.changed == {5}  # the last step (C grows) touched block 5 only
+assert tables.tables == {"A": (0, 1, 2), "B": (3, 4), "C": (0, 5)} and tables.changed == {("C", 1)}
+assert queue.items == (6, 7) and queue.head == 6 and queue.removed == (5,)  # block 5 just left the queue
 print("step 4 checks passed")
 
 # %% [markdown]
@@ -342,11 +386,6 @@ print("step 4 checks passed")
 
 # %%
 display(grid.static(), tables.static(), queue.static())
-
-# %%
-assert "0 ·rc2" in grid.to_svg() and "A[0]+C[0]" in grid.to_svg()
-assert "p0 ·rc2" in tables.to_svg() and ">C<" in tables.to_svg()
-assert "head → allocated next" in queue.to_svg()
 
 # %% [markdown]
 # Now to the end of the sequence. Every block must be free again, the free queue must hold all eight blocks in
@@ -367,10 +406,6 @@ print("blocks that changed in the last step:", sorted(grid.changed))
 # %%
 display(grid.static(), queue.static())
 
-# %%
-assert "step 9: C finishes" in grid.to_svg()
-assert all(f">{b}<" in grid.to_svg() for b in range(8))
-
 # %% [markdown]
 # Two things to notice, both of which come back later in the series:
 #
@@ -381,52 +416,85 @@ assert all(f">{b}<" in grid.to_svg() for b in range(8))
 #   because C held it too. Getting this wrong — freeing a block someone still reads — is the bug the naive
 #   design ships (notebook 05).
 #
-# ## Exercise: which blocks does the next request get?
+# ## Exercises
 #
-# Write `next_blocks(pool, n)`: the block ids the next `pool.allocate(req, n)` will take, in order, **without
-# changing the pool**. Then run the check.
+# Every notebook ends with exercises that work the same way:
+#
+# - the exercise cell holds a **stub** that raises `NotImplementedError`: replace its body with your code;
+# - the **check** cell below it runs your function on many cases. Until you write it, it prints *not implemented
+#   yet* (so Run All never fails on an unsolved exercise); a wrong answer stops with `ExerciseFailed: ✗ <the rule
+#   it broke>` and the case that shows it; a right one prints `✓`;
+# - **hints** are folded under the check, weakest first: open one at a time;
+# - **solutions** are in `solutions/00_tour.py` (one file per notebook), outside the notebook on purpose.
+#
+# The checks are `minienv/exercises/` — the test suite runs each one against its solution, against typical wrong
+# answers and against the stub you see here. If the kernel is in a strange state (a pool you changed by hand,
+# say), *Kernel → Restart and Run All* starts clean.
+#
+# ### Exercise 1: which blocks does the next request get?
+#
+# Write `next_blocks(pool, n)`: the block ids the next `pool.allocate(req, n)` will take, in order. Rules:
+# (1) allocation takes the **head** of the free queue first, in queue order; (2) it only predicts: the pool must
+# not change.
 
 # %%
+from minienv.exercises.tour import check_next_blocks, check_release
+
+
 def next_blocks(pool, n):
-    # YOUR CODE HERE (hint: allocation takes from the head of pool.free)
-    return None
+    """The ids ``pool.allocate(req, n)`` would take, in order, without changing ``pool``."""
+    raise NotImplementedError("your code here")
 
 
-def check_next_blocks(fn):
-    """Compare ``fn`` with what the allocator really does, on every prefix of the demo sequence."""
-    import copy
-
-    pool = ToyPool(8)
-    for i, action in enumerate([None] + ACTIONS):
-        if action is not None:
-            apply(pool, action)
-        for n in range(1, len(pool.free) + 1):
-            before = copy.deepcopy(pool.__dict__)
-            answer = fn(pool, n)
-            if pool.__dict__ != before:
-                print(f"✗ after step {i}: next_blocks changed the pool")
-                return False
-            trial = copy.deepcopy(pool)
-            trial.allocate("D", n)
-            expected = trial.tables["D"]
-            if answer is None or list(answer) != expected:
-                print(f"✗ after step {i}, n={n}: expected {expected}, got {answer}")
-                return False
-    print("✓ next_blocks matches the allocator everywhere")
-    return True
-
-
-_ = check_next_blocks(next_blocks)  # prints ✗ until you write next_blocks
+# %%
+check_next_blocks(next_blocks)
 
 # %% [markdown]
-# A solution, so the notebook proves itself: the next allocation takes the first `n` blocks of the free queue.
+# <details><summary>Hint 1</summary>
+#
+# `pool.free` is an `OrderedDict` whose keys are the free blocks, head first. What does `allocate` do with it?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `allocate` calls `popitem(last=False)` — that changes the pool. Read the keys instead: `list(pool.free)` is a
+# copy, head first.
+# </details>
+#
+# ### Exercise 2: give a request's blocks back
+#
+# Write `release(pool, req)`, the toy pool's `release`, from the rules (without looking up): (1) the request's
+# block table is removed; (2) each of its blocks loses exactly one reference; (3) a block goes back to the free
+# queue only when its refcount reaches 0 — another request may still read it; (4) freed blocks join the **tail**
+# of the queue, the table's **last** block first. The check replays the demo (and a longer sequence where three
+# requests share blocks) with your `release` and compares the whole pool after every step.
 
 # %%
-def next_blocks_solution(pool, n):
-    return list(pool.free)[:n]
+def release(pool, req):
+    """Give back ``req``'s blocks: refcount -1 each, last block first; at refcount 0 to the free queue's tail."""
+    raise NotImplementedError("your code here")
 
 
-assert check_next_blocks(next_blocks_solution)
+# %%
+check_release(release)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `pool.tables.pop(req)` removes the table and gives you its blocks in logical order.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Walk `reversed(...)` of that list. Appending a key to an `OrderedDict` (`pool.free[block] = None`) puts it at
+# the tail.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Why last block first? When a cached chain of blocks is evicted from the head of the queue later (notebook 06),
+# its tail goes first and its first block — the one other prompts are most likely to share — stays longest.
+# </details>
 
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang

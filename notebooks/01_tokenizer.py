@@ -161,10 +161,12 @@ for k, n in zip(KS, lengths):
 # %%
 import plotly.graph_objects as go
 
+from minienv.viz.static import show  # the live figure, with a PNG of it for readers without a kernel
+
 fig = go.Figure(go.Scatter(x=KS, y=lengths, mode="lines+markers"))
 fig.update_layout(title="The passage's length in tokens vs the number of BPE merges", xaxis_title="merges",
                   yaxis_title="tokens", height=320, width=640, margin=dict(l=50, r=20, t=50, b=40))
-fig.show()
+show(fig)
 
 # %%
 assert lengths[0] == len(PASSAGE.encode()), "no merges: one token per byte"
@@ -292,7 +294,11 @@ longest = sorted(range(256, 256 + len(tok.merges)), key=lambda i: (-len(tok.id_t
 print("longest tokens:", [tok.id_to_token(i) for i in longest])
 
 # %% [markdown]
-# ## Exercise: implement one merge step of training
+# ## Exercises
+#
+# (How they work — stubs, checks, hints, `solutions/01_tokenizer.py` — is explained in notebook 00.)
+#
+# ### Exercise 1: one merge step of training
 #
 # Real BPE training does not re-scan the text: it keeps a table of **pre-token → count** and merges inside
 # those. Write `merge_step(words)`:
@@ -306,45 +312,45 @@ print("longest tokens:", [tok.id_to_token(i) for i in longest])
 #   without overlaps (`(5, 5, 5)` with pair `(5, 5)` becomes `(new, 5)`), counts unchanged, input untouched;
 # * return `None` if no word has two tokens left.
 #
-# `check_merge_step(fn)` raises with a hint on a wrong answer.
+# `merge_pair` from the "build it small" section is yours to use.
 
 # %%
-def check_merge_step(fn):
-    """Raise AssertionError (with a hint) unless fn implements one BPE training merge step."""
+from minienv.exercises.tokenizer import check_encode_word, check_merge_step
 
-    def expect(words, want, hint):
-        got = fn(dict(words))
-        assert got == want, f"{hint}\n  words={words}\n  expected {want}\n  got      {got}"
 
-    expect({(1, 2): 1}, ((1, 2), 256, {(256,): 1}), "one word, one pair: merge it into id 256")
-    expect({(1, 2, 3): 1, (2, 3): 2}, ((2, 3), 256, {(1, 256): 1, (256,): 2}),
-           "count pairs weighted by word frequency: (2, 3) occurs 3 times")
-    expect({(9, 8): 1, (1, 2): 1}, ((1, 2), 256, {(9, 8): 1, (256,): 1}), "ties: take the smallest pair")
-    expect({(5, 5, 5): 1}, ((5, 5), 256, {(256, 5): 1}), "no overlaps: merge left to right")
-    expect({(5, 5, 5, 5): 1}, ((5, 5), 256, {(256, 256): 1}), "every occurrence in a word is merged")
-    expect({(300, 7): 2, (300,): 1}, ((300, 7), 301, {(301,): 2, (300,): 1}), "new id = max id + 1")
-    expect({(1, 2, 1): 1, (3, 1, 2): 1}, ((1, 2), 256, {(256, 1): 1, (3, 256): 1}), "keep the other tokens")
-    expect({(4, 1, 2): 2, (4, 256): 1}, ((1, 2), 257, {(4, 257): 2, (4, 256): 1}),
-           "(4, 1) and (1, 2) tie at 2: the smaller pair wins; the new id is 257 since 256 is taken")
-    expect({(7,): 3, (8,): 1}, None, "nothing to merge: return None")
-    words = {(1, 2, 3): 2, (1, 2): 5}
-    fn(words)
-    assert words == {(1, 2, 3): 2, (1, 2): 5}, "do not modify the input dict"
-    # and on real text it learns what minienv's trainer learns first
-    counts = Counter(pretokenize(PASSAGE))
-    real = {tuple(w.encode("utf-8")): c for w, c in counts.items()}
-    pair, _, _ = fn(real)
-    first = BPETokenizer.train(PASSAGE, vocab_size=258).merges[0]
-    assert pair == first, f"on the passage the first merge should be {first}, got {pair}"
-    print("✓ merge_step is correct: that is one step of BPE training")
+def merge_step(words):
+    """One BPE training step on a {pre-token ids: count} table: (pair, new_id, new_words), or None."""
+    raise NotImplementedError("your code here")
 
+
+# %%
+check_merge_step(merge_step)
 
 # %% [markdown]
-# Your turn: fill in `merge_step` below and run `check_merge_step(merge_step)`. To see a wrong answer caught,
-# here is a tempting but wrong version that ignores how often each word occurs:
+# <details><summary>Hint 1</summary>
+#
+# Three parts: count (a `Counter` over `zip(w, w[1:])`, adding the word's count, not 1), choose, rebuild the dict.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `min(counts, key=lambda p: (-counts[p], p))` gives the most frequent pair and, among equals, the smallest.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# `{tuple(merge_pair(list(w), pair, new_id)): c for w, c in words.items()}` builds a new dict and leaves the input
+# alone. Two different words never merge into the same tuple: the new id is fresh, so merging is reversible.
+# </details>
+#
+# The check names the rule a wrong answer breaks. Here is a tempting version that ignores how often each word
+# occurs:
 
 # %%
 # NBVAL_CHECK_OUTPUT
+from minienv.exercises import ExerciseFailed
+
+
 def merge_step_unweighted(words):
     counts = Counter(p for w in words for p in zip(w, w[1:]))  # forgot the word counts
     if not counts:
@@ -356,41 +362,45 @@ def merge_step_unweighted(words):
 
 try:
     check_merge_step(merge_step_unweighted)
-except AssertionError as err:
+except ExerciseFailed as err:
     print("caught:", str(err).splitlines()[0])
 
+# %% [markdown]
+# ### Exercise 2: encode one pre-token
+#
+# Encoding applies the learned merges to new text. Write `encode_word(word, merges)`: `word` is a pre-token's
+# UTF-8 bytes, `merges` the learned pairs in the order they were learned (merge `i` creates id `256 + i`). Start
+# from the bytes, then (1) apply the **lowest-rank** merge present in the word — not the leftmost pair; (2) a
+# merge replaces every occurrence of its pair; (3) repeat until no merge applies (one merge can create the pair
+# of a later one). The check compares you with `BPETokenizer.encode` on every pre-token of a text.
 
 # %%
-def merge_step(words):
-    # YOUR CODE HERE -- until you write it, this cell uses the solution below
-    return merge_step_solution(words)
+def encode_word(word, merges):
+    """The token ids of one pre-token's bytes after BPE: lowest-rank merge first, until none applies."""
+    raise NotImplementedError("your code here")
 
+
+# %%
+check_encode_word(encode_word)
 
 # %% [markdown]
-# <details><summary><b>Solution</b> (click to open; the check below runs against it so the notebook runs end to
-# end)</summary>
+# <details><summary>Hint 1</summary>
 #
-# Count pairs weighted by frequency, pick with `min(key=(-count, pair))`, and merge every word with `merge_pair`
-# from the "build it small" section. (Two different words can never merge into the same tuple: the new id is
-# fresh, so merging is reversible.)
+# `rank = {pair: i for i, pair in enumerate(merges)}` tells you each merge's rank and, with `256 + i`, its id.
 # </details>
-
-# %%
-def merge_step_solution(words):
-    counts = Counter()
-    for w, c in words.items():
-        for p in zip(w, w[1:]):
-            counts[p] += c
-    if not counts:
-        return None
-    pair = min(counts, key=lambda p: (-counts[p], p))
-    new_id = max(256, max(max(w) for w in words if w) + 1)
-    return pair, new_id, {tuple(merge_pair(list(w), pair, new_id)): c for w, c in words.items()}
-
-
-# %%
-# NBVAL_CHECK_OUTPUT
-check_merge_step(merge_step)
+#
+# <details><summary>Hint 2</summary>
+#
+# Loop: collect the word's adjacent pairs that have a rank; stop if there are none; else merge the one with the
+# smallest rank everywhere with `merge_pair`.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Applying every merge once, in rank order, over the whole word gives the same result — a merge's pair is made of
+# tokens that only earlier merges create. minienv's `BPETokenizer._bpe` loops the first way and caches per
+# pre-token.
+# </details>
 
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang

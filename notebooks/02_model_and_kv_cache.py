@@ -3,7 +3,7 @@
 #
 # **Learning goals** — after this notebook you can
 # 1. trace one token through a Llama-style decoder (embedding → *L* × [RMSNorm, attention, SwiGLU] → LM head) and
-#    point at the line of numpy that does each step;
+#    point at the line of numpy that does each step — and say why RoPE makes attention see *relative* positions;
 # 2. explain why generating *without* a cache redoes ~quadratic work, and count it;
 # 3. compute the KV-cache bytes per token of any model from four numbers in its `config.json`;
 # 4. say what a contiguous per-request cache costs when every request reserves `max_len` — the problem notebook 03
@@ -38,6 +38,7 @@ encode, decode = tokenizer.encode, tokenizer.decode
 source = "bundled assets/target"
 cfg = model.config
 pio.renderers.default = "plotly_mimetype"  # drawn by JupyterLab itself: no CDN, no network
+from minienv.viz.static import show  # every figure: live, with a PNG of it for readers without a kernel
 print(source)
 print(model)
 
@@ -136,10 +137,120 @@ assert np.allclose(np.triu(weights, 1), 0)
 # recomputed. That observation is the whole KV cache.
 
 # %% [markdown]
+# ## Build it small: the whole forward pass, box by box
+#
+# The picture above, in numpy, on the bundled model's own weights (read from its safetensors file by their Hugging
+# Face names). This model has 4 layers, a hidden size of 192, and **grouped-query attention**: 4 query heads share 2
+# key/value heads, so each K/V head serves two query heads — and the cache stores half as many heads. Every line
+# below is one box of the diagram.
+
+# %%
+from minienv.model.checkpoint import load_weights
+from minienv.paths import assets_dir
+
+W = load_weights(assets_dir() / "target", cfg)  # {"model.layers.0.self_attn.q_proj.weight": array, ...}
+L, Hq, Hkv, Dh = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+
+
+def rmsnorm(x, w):  # each token's vector scaled to unit root-mean-square, then by a learned weight per dim
+    return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + cfg.rms_norm_eps)
+
+
+def rope(x, pos):  # rotate dims (i, i + Dh/2) of every head by the angle pos * theta_i (explained below)
+    theta = cfg.rope_theta ** (-np.arange(0, Dh, 2) / Dh)  # [Dh/2]: one frequency per pair of dims
+    angle = pos[:, None] * theta[None, :]  # [N, Dh/2]
+    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]  # the same for every head
+    x1, x2 = x[..., : Dh // 2], x[..., Dh // 2:]
+    return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+def attention(q, k, v):  # q [N, Hq, Dh], k and v [N, Hkv, Dh]: causal, grouped-query
+    k, v = np.repeat(k, Hq // Hkv, axis=1), np.repeat(v, Hq // Hkv, axis=1)  # KV head j serves query heads 2j, 2j+1
+    s = np.einsum("nhd,mhd->hnm", q, k) / np.sqrt(Dh)  # [Hq, N, N]
+    s = np.where(np.tril(np.ones((len(q), len(q)), dtype=bool)), s, -np.inf)  # no peeking at the future
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    return np.einsum("hnm,mhd->nhd", w / w.sum(axis=-1, keepdims=True), v)
+
+
+def silu(x):  # x * sigmoid(x), written with tanh so it never overflows
+    return x * (0.5 + 0.5 * np.tanh(x / 2))
+
+
+def my_forward(ids):
+    pos = np.arange(len(ids))
+    x = W["model.embed_tokens.weight"][ids]  # embedding: one row of the table per token, [N, 192]
+    for layer in range(L):
+        p = f"model.layers.{layer}."
+        h = rmsnorm(x, W[p + "input_layernorm.weight"])
+        q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(-1, Hq, Dh)
+        k = (h @ W[p + "self_attn.k_proj.weight"].T).reshape(-1, Hkv, Dh)  # these two are what a KV cache keeps
+        v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(-1, Hkv, Dh)
+        a = attention(rope(q, pos), rope(k, pos), v)
+        x = x + a.reshape(len(ids), -1) @ W[p + "self_attn.o_proj.weight"].T  # o_proj, + residual
+        h = rmsnorm(x, W[p + "post_attention_layernorm.weight"])
+        gate, up = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
+        x = x + (silu(gate) * up) @ W[p + "mlp.down_proj.weight"].T  # SwiGLU MLP, + residual
+    head = W["model.embed_tokens.weight"] if cfg.tie_word_embeddings else W["lm_head.weight"]  # tied here
+    return rmsnorm(x, W["model.norm.weight"]) @ head.T  # LM head: one score per vocabulary id, [N, 2048]
+
+
+mine = my_forward(encode("To be, or not to be"))
+print(f"logits {mine.shape}; next token: {decode([int(mine[-1].argmax())])!r}")
+
+# %% [markdown]
+# ### RoPE: position as a rotation
+#
+# Attention by itself does not know where a token is: shuffle the keys and the scores shuffle with them. **Rotary
+# position embedding** (RoPE) writes the position into q and k by *rotating* them: the head's `Dh` dims are taken as
+# `Dh/2` pairs, and pair `i` of a token at position `p` is turned by the angle `p · θ_i`, with `θ_i = 10000^(−2i/Dh)`
+# — fast turns for the first pairs, slow ones for the last, like the hands of a clock. Below, one pair of a query
+# vector at positions 0 to 11, for the fastest and a slower frequency.
+#
+# Why it works: a dot product between two rotated vectors depends only on the **difference** of their angles. The
+# score of a query at position `m` against a key at `n` is the score of the unrotated pair turned by `(m − n) · θ_i`
+# — so attention sees **relative** positions, and a token's key, once rotated at its position, never changes. That
+# is what makes it cacheable, and why every later notebook passes each token's `positions` to the model.
+
+# %%
+SLOW = 4  # pair 4 turns 10000^(-8/48) ≈ 0.22 rad per position
+vec = np.zeros((12, 1, Dh))
+vec[:, 0, [0, Dh // 2]] = [1.0, 0.0]  # pair 0 (the fastest) starts at (1, 0)
+vec[:, 0, [SLOW, SLOW + Dh // 2]] = [0.6, 0.0]  # pair 4 starts at (0.6, 0): drawn on an inner circle
+turned = rope(vec, np.arange(12))
+rot_fig = go.Figure()
+for i in (0, SLOW):
+    theta_i = cfg.rope_theta ** (-2 * i / Dh)
+    rot_fig.add_trace(go.Scatter(x=turned[:, 0, i], y=turned[:, 0, i + Dh // 2], mode="markers+text",
+                                 text=[str(p) for p in range(12)], textposition="top center",
+                                 name=f"pair {i}: θ = {theta_i:.2f} rad per position"))
+rot_fig.update_layout(title="RoPE turns each pair of dims by position × θ (labels: position)", height=440, width=640,
+                      xaxis=dict(range=[-1.3, 1.3]), yaxis=dict(range=[-1.3, 1.3], scaleanchor="x"))
+show(rot_fig)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+rot_rng = np.random.default_rng(7)
+q1, k1 = rot_rng.standard_normal((2, 1, 1, Dh))
+
+
+def score(m, n):  # the attention score of a query at position m against a key at position n
+    return float((rope(q1, np.array([m])) * rope(k1, np.array([n]))).sum())
+
+
+for m, n in [(5, 2), (105, 102), (1005, 1002), (2, 5), (102, 105)]:
+    print(f"query at {m:>4}, key at {n:>4} (m − n = {m - n:+d}): score {score(m, n):+.4f}")
+
+# %%
+assert np.isclose(score(5, 2), score(105, 102)) and np.isclose(score(5, 2), score(1005, 1002))  # only m − n counts
+assert not np.isclose(score(5, 2), score(2, 5))  # ... and its sign: before and after are different
+assert np.allclose(np.linalg.norm(turned, axis=-1), np.linalg.norm(vec, axis=-1))  # a rotation: lengths unchanged
+
+# %% [markdown]
 # ## minienv's model
 #
-# `model.forward(ids)` is the dense reference: the whole sequence, causal, no cache. The reference tests check it
-# against `transformers`' `LlamaForCausalLM` to 1e-4 on random configs.
+# `model.forward(ids)` is the dense reference: the whole sequence, causal, no cache — the forward pass above, with
+# Q/K/V and gate/up fused into single matmuls and attention handed to a backend. The reference tests check it against
+# `transformers`' `LlamaForCausalLM` to 1e-4 on random configs; here it equals `my_forward`.
 
 # %%
 prompt = "To be, or not to be"
@@ -148,6 +259,7 @@ logits = model.forward(ids)
 print(f"{len(ids)} prompt tokens → logits {logits.shape}; next token: {decode([int(logits[-1].argmax())])!r}")
 
 # %%
+assert np.allclose(my_forward(ids), logits, atol=1e-4)  # the numpy above IS this model, to float32 rounding
 longer = model.forward(ids + [int(logits[-1].argmax())])
 assert logits.shape == (len(ids), cfg.vocab_size)
 assert np.allclose(longer[: len(ids)], logits, atol=1e-5)  # causality: the past does not change
@@ -213,7 +325,7 @@ fig = go.Figure([
 ])
 fig.update_layout(title=f"Cumulative time to generate n tokens ({source})", xaxis_title="tokens generated",
                   yaxis_title="milliseconds", height=380, legend=dict(x=0.01, y=0.99))
-fig.show()
+show(fig)
 print(f"{n_steps} tokens: no cache {t_naive.sum():.2f} s, cache {t_cache.sum():.2f} s "
       f"→ {t_naive.sum() / t_cache.sum():.1f}x faster")
 
@@ -276,8 +388,9 @@ assert kv_per_token["Qwen2.5-7B (fp16)"] == 56 * 1024
 assert kv_per_token["minienv target (float32)"] == cfg.kv_bytes_per_token(4)
 
 # %% [markdown]
-# A single 4k-token Llama-2-13B conversation holds over 3 GiB of KV state — more than a quarter of the 13 B model's
-# own fp16 weights (26 GB) for *one* request. KV memory, not compute, is what limits how many requests a GPU serves.
+# A single 4k-token Llama-2-13B conversation holds 3.1 GiB of KV state — about an eighth of the 13 B
+# model's own fp16 weights (26 GB = 24.2 GiB) for *one* request; eight such conversations weigh about as much as
+# the model. KV memory, not compute, is what limits how many requests a GPU serves.
 #
 # ### Live: context length vs KV memory
 # Drag the slider: the bars show one request's KV cache at that context length.
@@ -299,7 +412,7 @@ def on_context_change(change) -> None:
 
 
 ctx_slider.observe(on_context_change, names="value")
-display(widgets.VBox([ctx_slider, kv_fig]))
+show(kv_fig, live=widgets.VBox([ctx_slider, kv_fig]))  # the PNG: the slider's first position
 
 # %%
 ctx_slider.value = 8192  # what dragging the slider does
@@ -340,58 +453,73 @@ assert reserved == 8 * 2 * cfg.num_hidden_layers * cfg.max_position_embeddings *
 # small blocks on demand (PagedAttention), using the same `attend` seam you saw above.
 
 # %% [markdown]
-# ## Exercise: the cached attention step
+# ## Exercises
 #
-# Implement one decode step of attention for a single head: given the new token's query `q [D]` and the cache's keys
-# and values `K, V [t, D]` (the new token's own k/v already appended), return the attention output `[D]`. Then run
-# the self-check. (Hint: no mask is needed — why?)
+# (How they work — stubs, checks, hints, `solutions/02_model_and_kv_cache.py` — is explained in notebook 00.)
+#
+# ### Exercise 1: the cached attention step
+#
+# Implement one decode step of attention for a single head: given the new token's query `q [D]` and the cache's
+# keys and values `K, V [t, D]` (the new token's own k/v already appended), return the attention output `[D]`.
+# Rules: (1) the query attends to **every** cached token, its own included; (2) the output is one vector of size
+# `D`; (3) scores are `q·k / sqrt(D)`, softmaxed over the `t` tokens; (4) the softmax is numerically stable (the
+# check uses scores in the thousands).
 
 # %%
+from minienv.exercises.model import check_decode_attention, check_kv_bytes_per_token
+
+
 def decode_attention(q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
-    # YOUR CODE HERE: replace the line below
-    return None
+    """Attention output [D] of one query over t cached keys / values [t, D]."""
+    raise NotImplementedError("your code here")
 
 
-def check_decode_attention(fn) -> bool:
-    """Compare ``fn`` to minienv's kernel on random inputs; print what is wrong, if anything."""
-    r = np.random.default_rng(42)
-    for t, d in [(1, 4), (7, 16), (33, 64)]:
-        q, K, V = r.standard_normal(d), r.standard_normal((t, d)), r.standard_normal((t, d))
-        got = fn(q, K, V)
-        if got is None:
-            print("Not implemented yet: decode_attention returned None.")
-            return False
-        want = causal_attention(q[None, None].astype(np.float32), K[:, None].astype(np.float32),
-                                V[:, None].astype(np.float32), np.array([t - 1]))[0, 0]
-        if np.shape(got) != (d,) or not np.allclose(got, want, atol=1e-4):
-            print(f"Mismatch for t={t}, d={d}: expected {np.round(want[:3], 4)}..., got {np.round(np.ravel(got)[:3], 4)}...")
-            return False
-    print("Correct: one query attending to every cached token — O(t) work per step instead of O(t²).")
-    return True
-
-
+# %%
 check_decode_attention(decode_attention)
 
 # %% [markdown]
-# <details><summary>Solution</summary>
+# <details><summary>Hint 1</summary>
 #
-# ```python
-# def decode_attention(q, K, V):
-#     s = K @ q / np.sqrt(q.shape[-1])   # [t]: the newest token may see everything in the cache
-#     w = np.exp(s - s.max())
-#     return (w / w.sum()) @ V
-# ```
-# No mask is needed because the only query is the newest token, and every cached token is in its past.
+# No mask is needed: the only query is the newest token, and every cached token is in its past.
 # </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `s = K @ q / np.sqrt(len(q))` gives the `t` scores. `np.exp(s)` overflows to `inf` for a score near 1000;
+# `np.exp(s - s.max())` gives the same softmax and never overflows.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# With the weights `w` (summing to 1), the output is `w @ V`: a weighted sum of the rows of `V`.
+# </details>
+#
+# ### Exercise 2: the price of one token
+#
+# Write `kv_bytes_per_token(num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes)`: the KV-cache bytes one
+# token costs. Rules: (1) a token stores a K **and** a V vector; (2) with grouped-query attention only the
+# **KV heads** are stored; (3) every layer keeps its own; (4) times the bytes per element. The check ends on the
+# table above: Llama-3-8B, Llama-2-13B and Qwen2.5-7B.
 
 # %%
-def _reference_solution(q, K, V):
-    s = K @ q / np.sqrt(q.shape[-1])
-    w = np.exp(s - s.max())
-    return (w / w.sum()) @ V
+def kv_bytes_per_token(num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes):
+    """Bytes of K and V one token adds to the cache."""
+    raise NotImplementedError("your code here")
 
 
-assert check_decode_attention(_reference_solution)
+# %%
+check_kv_bytes_per_token(kv_bytes_per_token)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# One of the five arguments does not appear in the answer. Which heads does `k_proj` produce?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# It is a product of four of the arguments and a constant.
+# </details>
 
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang

@@ -37,6 +37,8 @@ print(f"share of a {MAX_LEN}-slot reservation an average finished ShareGPT reque
 # Even at the very end of its life an average request fills a quarter of a max-length reservation; averaged
 # over its life (it grows one token per step) it fills less. The paper measured this waste on a running system:
 # **only 20.4 % – 38.2 % of the KV memory held token states** in their Orca baselines, against 96.3 % in vLLM.
+# (Orca, OSDI 2022, is the serving system that introduced continuous batching — notebook 07; like the systems
+# before vLLM it gives each request one contiguous chunk of KV memory, and that is the part measured here.)
 # Let's rebuild the experiment.
 #
 # ## The workload
@@ -68,6 +70,7 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 pio.renderers.default = "plotly_mimetype"  # drawn by JupyterLab itself: no CDN, no network
+from minienv.viz.static import show  # every figure: live, with a PNG of it for readers without a kernel
 
 prompt_lens = np.array([r.prompt_len for r in requests])
 output_lens = np.array([r.output_len for r in requests])
@@ -78,7 +81,7 @@ for col, lens in ((1, prompt_lens), (2, output_lens)):
     hist.add_vline(x=float(lens.mean()), line_dash="dash", line_color="black", row=1, col=col)
 hist.update_layout(height=300, showlegend=False, bargap=0.05,
                    title="ShareGPT-like workload: 1000 requests (dashed: mean)")
-hist.show()
+show(hist)
 
 # %%
 # What the histograms show: long tails, most requests far shorter than the mean, every request within max_len.
@@ -168,7 +171,10 @@ assert paged_toy["token"] == 6 and paged_toy["internal"] + paged_toy["reservatio
 # reserves the prompt plus the output length rounded up to a power of two (at most 2× over; the paper's example
 # is 32 slots for a 25-token output), **Orca (Oracle)** reserves exactly prompt + output, and **vLLM** allocates
 # blocks of 16 slots on demand, preempting the newest request when a block cannot be found. The contiguous
-# schemes place their chunks with a **buddy allocator**, as the paper assumed for Orca. The averages are over
+# schemes place their chunks with a **buddy allocator**, as the paper assumed for Orca: memory is split in halves,
+# and halves of halves, until a power-of-two region just big enough for the request is free; a freed region merges
+# back with its twin (its "buddy") when that is free too. Fast and simple, but every chunk is rounded up to a
+# power of two. The averages are over
 # the loaded part of the run (until the last request is admitted), like the paper's measurement during a
 # serving experiment.
 
@@ -207,7 +213,7 @@ fig2.add_bar(x=[x_paper[-1]], y=[PAPER_FIGURE2["paged"]["reservation+internal"]]
 fig2.update_layout(barmode="stack", height=430, yaxis_title="% of KV-cache memory",
                    xaxis=dict(categoryorder="array", categoryarray=order),
                    title="Figure 2, reproduced: where the KV memory goes (paper bars beside ours)")
-fig2.show()
+show(fig2)
 
 # %%
 # Proof cells: the shape of the paper's figure holds in ours.
@@ -355,7 +361,7 @@ def on_block_size(change):
 
 slider.observe(on_block_size, names="value")
 on_block_size({"new": BLOCK_SIZE})
-widgets.VBox([slider, live])
+show(live, live=widgets.VBox([slider, live]))  # the PNG: the slider's first position
 
 # %%
 # The widget follows the slider, and the waste grows with the block size.
@@ -369,7 +375,7 @@ assert all(a <= b for a, b in zip(tail, tail[1:])), "last-block waste non-decrea
 assert sweep[16]["token_states"] >= 96.0 and sweep[256]["token_states"] < 85.0
 
 # %% [markdown]
-# The same curve as a static figure, for readers without a running kernel:
+# Every block size at once, as one figure:
 
 # %%
 static = go.Figure()
@@ -380,7 +386,7 @@ for cat in CATS4:
 static.update_layout(barmode="stack", height=360, xaxis_title="block size (slots)",
                      yaxis_title="% of KV memory", yaxis_range=[70, 100],
                      title="Paged KV memory by block size (ShareGPT-like workload, 15.7 K slots)")
-static.show()
+show(static)
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -396,32 +402,69 @@ assert [round(sweep[b]["token_states"], 6) for b in BLOCK_SIZES] == sorted(
 # vLLM's default of 16 is a compromise: block size 1 would waste nothing but makes every attention read a
 # scatter-gather of single tokens; 256 wastes ~20 % of the memory on tails.
 #
-# ## Exercise: the waste of one request
+# ## Exercises
+#
+# (How they work — stubs, checks, hints, `solutions/03_kv_memory.py` — is explained in notebook 00.)
+#
+# ### Exercise 1: the waste of one request
 #
 # A request finished with `num_tokens` tokens in blocks of `block_size` slots. How many slots of its last
 # block are never used (its internal fragmentation)? Write `internal_frag(num_tokens, block_size)` without a
-# loop, then run the check. (A solution is in the cell; delete it and try yourself first.)
+# loop. Rules: (1) count the **empty** slots of the last block; (2) a last block that is exactly full wastes
+# nothing.
 
 # %%
+from minienv.exercises.kv_memory import check_internal_frag, check_slot_categories
+
+
 def internal_frag(num_tokens: int, block_size: int) -> int:
-    # --- solution: replace with your own ---
-    return -num_tokens % block_size
+    """Never-used slots in the last block of a finished request."""
+    raise NotImplementedError("your code here")
 
 
-def check_internal_frag(fn) -> None:
-    from minienv.lab.memory_accounting import paged_internal_fragmentation
-
-    cases = [(n, b) for n in range(1, 300) for b in (1, 2, 3, 4, 16, 64, 256)]
-    wrong = [(n, b, fn(n, b), paged_internal_fragmentation(n, b)) for n, b in cases
-             if fn(n, b) != paged_internal_fragmentation(n, b)]
-    if wrong:
-        n, b, got, want = wrong[0]
-        raise AssertionError(f"{len(wrong)} of {len(cases)} cases wrong, e.g. {n} tokens, block {b}: "
-                             f"got {got}, want {want}")
-    print(f"all {len(cases)} cases right")
-
-
+# %%
 check_internal_frag(internal_frag)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# The request holds `ceil(num_tokens / block_size)` blocks; the waste is what they hold minus the tokens.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# In Python, `-(-n // b)` is `ceil(n / b)` for integers, and `-n % b` is already the answer. Why?
+# </details>
+#
+# ### Exercise 2: one request's slots, by category
+#
+# Write `slot_categories(now, final, allocated)` for one running request with `now` tokens computed, `final`
+# tokens at the end and `allocated` slots: return `(token_states, reservation, internal_frag)`, as in the table
+# above. Rules: (1) token states are the tokens computed so far; (2) reservation is allocated room this request
+# will fill later — only allocated slots count, so under paging (`allocated < final`) it is
+# `allocated − now`; (3) internal fragmentation is allocated room beyond the final length, never negative;
+# (4) the three add up to `allocated`.
+
+# %%
+def slot_categories(now: int, final: int, allocated: int) -> tuple:
+    """(token_states, reservation, internal_frag) of one request's allocated slots."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+check_slot_categories(slot_categories)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Check yourself on the strips: request A of the Max strip is (3 now, 5 final, 8 allocated) → `AAAaaxxx`;
+# under paging with blocks of 4 it is (3, 5, 4) → `AAAa`.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Everything follows from one number: `min(allocated, final)`, the slots this request will ever fill.
+# </details>
 
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang

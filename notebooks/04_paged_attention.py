@@ -459,51 +459,87 @@ assert np.allclose(paged_attention(qd, b_kv.kv_cache[0], b_meta, ws),
 # On a GPU the paper's kernel reads the blocks in place (no copy) and was 20–26 % slower than FasterTransformer's
 # contiguous kernel; the memory it saves lets the batch grow 2–4×, which is where the throughput comes from.
 #
-# ## Exercise: the gather
+# ## Exercises
+#
+# (How they work — stubs, checks, hints, `solutions/04_paged_attention.py` — is explained in notebook 00.)
+#
+# ### Exercise 1: the gather
 #
 # Write `my_gather(k_layer, block_table, num_tokens)` that returns a sequence's K as a contiguous
 # `[num_tokens, kv_heads, head_dim]` array, from `k_layer [num_blocks, block_size, kv_heads, head_dim]` and the
-# sequence's block table. No Python loop over tokens. `check_gather` raises with a hint if the answer is wrong.
+# sequence's block table, with no Python loop over tokens. Rules: (1) token `t` is slot `t % block_size` of
+# block `block_table[t // block_size]` — the blocks in the table's (logical) order; (2) the last block is cut at
+# `num_tokens`; (3) the result has shape `[num_tokens, kv_heads, head_dim]`.
 
 # %%
-def check_gather(fn):
-    """Raise AssertionError if `fn` is not a correct gather through a block table."""
-    rng = np.random.default_rng(7)
-    for block_size, num_tokens in [(1, 5), (4, 9), (4, 12), (16, 3)]:
-        num_blocks = 12
-        k_layer = rng.standard_normal((num_blocks, block_size, 2, 3), dtype=np.float32)
-        table = rng.permutation(num_blocks)[: -(-num_tokens // block_size)]  # scattered, not sorted
-        want = np.stack([k_layer[table[t // block_size], t % block_size] for t in range(num_tokens)])
-        got = np.asarray(fn(k_layer, table, num_tokens))
-        assert got.shape == want.shape, f"expected shape {want.shape}, got {got.shape} (block size {block_size})"
-        assert np.array_equal(got, want), (
-            f"wrong values for block size {block_size}, {num_tokens} tokens: are the blocks taken in the "
-            "table's (logical) order, and is the last block cut at num_tokens?"
-        )
-    return "check_gather: correct"
+from minienv.exercises.paged_attention import check_gather, check_new_blocks_needed
 
 
 def my_gather(k_layer, block_table, num_tokens):
-    # your turn: replace this body (hint: np.take on axis 0, then reshape, then cut)
-    return np.take(k_layer, block_table, axis=0).reshape(-1, *k_layer.shape[2:])[:num_tokens]
+    """A sequence's K, contiguous, read through its block table."""
+    raise NotImplementedError("your code here")
 
-
-print(check_gather(my_gather))
-
-# %% [markdown]
-# A common wrong answer takes the blocks in *physical* order (sorted ids), which is right only if the pool handed
-# them out in order — the checker catches it:
 
 # %%
+check_gather(my_gather)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `np.take(k_layer, block_table, axis=0)` picks the sequence's blocks in logical order: `[n_blocks, B, H, D]`.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Merge the first two axes with a `reshape(-1, H, D)`: row `j * B + s` is slot `s` of logical block `j`, i.e.
+# token `j * B + s`. Then cut with `[:num_tokens]`.
+# </details>
+#
+# A common wrong answer takes the blocks in *physical* order (sorted ids), which is right only if the pool handed
+# them out in order — the check names the rule it breaks:
+
+# %%
+from minienv.exercises import ExerciseFailed
+
+
 def wrong_gather(k_layer, block_table, num_tokens):
     return np.take(k_layer, np.sort(block_table), axis=0).reshape(-1, *k_layer.shape[2:])[:num_tokens]
 
 
 try:
     check_gather(wrong_gather)
-    raise RuntimeError("the checker should have rejected wrong_gather")
-except AssertionError as err:
-    print("rejected:", err)
+    raise RuntimeError("the check should have rejected wrong_gather")
+except ExerciseFailed as err:
+    print("rejected:", str(err).splitlines()[0])
+
+# %% [markdown]
+# ### Exercise 2: when does a request take a block?
+#
+# Write `new_blocks_needed(num_tokens, num_new, block_size)`: how many blocks a request holding `num_tokens`
+# tokens (in `ceil(num_tokens / block_size)` blocks) must take to add `num_new` tokens — what
+# `BlockTable.append_tokens` asks the pool for. Rules: (1) a new request needs `ceil(tokens / block_size)`
+# blocks; (2) tokens that fit in the last block's free slots take no block; (3) a token that crosses a block
+# boundary takes one — including when the last block is exactly full.
+
+# %%
+def new_blocks_needed(num_tokens, num_new, block_size):
+    """Blocks to take so that num_tokens + num_new tokens fit."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+check_new_blocks_needed(new_blocks_needed)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Count the blocks the request needs after the append and the blocks it holds before.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Both are ceilings: `-(-n // b)`. Floors (`n // b`) are wrong exactly at the boundaries rule 3 is about.
+# </details>
 
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang

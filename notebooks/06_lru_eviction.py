@@ -273,6 +273,8 @@ print(f"A, minienv:           {demo.decode(list(ev.ours_ids))!r}   B refused whi
 # %%
 import plotly.graph_objects as go
 
+from minienv.viz.static import show  # every figure: live, with a PNG of it for readers without a kernel
+
 steps = list(range(1, len(ev.naive_logit_error) + 1))
 damage = go.Figure([go.Bar(x=steps, y=ev.naive_logit_error, name="naive evictor"),
                     go.Bar(x=steps, y=ev.ours_logit_error, name="minienv")])
@@ -280,7 +282,7 @@ damage.add_vline(x=ev.b_arrives_after + 0.5, line_dash="dash", annotation_text="
 damage.update_layout(title="request A: max |served logits − dense logits of the same tokens|", barmode="group",
                      xaxis_title="A's output token", yaxis={"title": "max logit error", "type": "log"}, height=330,
                      margin={"t": 50, "b": 40})
-damage
+show(damage)
 
 # %%
 k = ev.b_arrives_after
@@ -323,7 +325,7 @@ fig.add_hline(y=100 * ceiling, line_dash="dot", line_color="grey", annotation_te
 fig.update_layout(title="prefix-cache hit rate vs KV budget (150 requests, popular system prompt + long tail)",
                   xaxis={"title": "KV budget (tokens)", "type": "log"}, yaxis={"title": "hit rate (% of prompt tokens)"},
                   height=380, margin={"t": 50, "b": 40})
-fig
+show(fig)
 
 # %%
 lru_rates = [s.hit_rate for s in sweep["minienv LRU"]]
@@ -433,106 +435,92 @@ for name, ok in trap.items():
 assert all(trap.values()) and len(trap) == 7
 
 # %% [markdown]
-# ## Exercise 1: predict the next evictions
+# ## Exercises
+#
+# (How they work — stubs, checks, hints, `solutions/06_lru_eviction.py` — is explained in notebook 00.)
+#
+# ### Exercise 1: predict the next evictions
 #
 # Given the free queue head first, as `KVCacheManager.free_queue()` returns it (`(block id, is_cached)` pairs),
 # write `my_evictions(free_queue, n)`: the block ids whose cached contents are evicted when a request allocates `n`
-# new blocks. `check_evictions` builds random managers, asks yours, then lets the real manager allocate and compares
-# with the `evict` events it emits.
+# new blocks. Rules: (1) an allocation of `n` blocks takes the first `n` blocks of the queue, head first;
+# (2) a free-empty block holds nothing, so taking it evicts nothing; (3) every cached block among those taken is
+# evicted, in queue order. The check builds random managers, asks you, then lets the real manager allocate and
+# compares with the `evict` events it emits.
 
 # %%
-def check_evictions(fn):
-    """Raise AssertionError if `fn` mispredicts which cached blocks an allocation evicts."""
-    rng = np.random.default_rng(5)
-    for case in range(60):
-        mgr = KVCacheManager(12, 2)
-        for i in range(int(rng.integers(1, 6))):
-            try:
-                mgr.allocate(i, list(map(int, rng.integers(0, 4, int(rng.integers(1, 8))))))
-            except OutOfBlocksError:
-                continue
-            mgr.commit(i)
-            if rng.random() < 0.7:
-                mgr.free(i)
-        queue = mgr.free_queue()
-        n = int(rng.integers(1, len(queue) + 1)) if queue else 0
-        if n == 0:
-            continue
-        predicted = list(fn(list(queue), n))
-        seen = []
-        mgr.add_listener(lambda e: seen.append(e.block_id) if e.kind == "evict" else None)
-        mgr.allocate("new", [1000 + k for k in range(2 * n)])  # 2n unseen tokens: n new blocks, no hits
-        hint = ""
-        if set(predicted) == set(seen):
-            hint = " — right blocks, wrong order: the head goes first"
-        elif len(predicted) > len(seen):
-            hint = " — free-empty blocks at the head are taken without evicting anything"
-        assert predicted == seen, f"case {case}: queue {queue}, n={n}: expected {seen}, got {predicted}{hint}"
-    return "check_evictions: correct"
+from minienv.exercises.lru_eviction import check_evictions, check_safe_victims
 
 
 def my_evictions(free_queue, n):
-    # your turn: replace this body
-    return [block for block, cached in free_queue[:n] if cached]
+    """Ids of the cached blocks evicted by allocating n blocks, in eviction order."""
+    raise NotImplementedError("your code here")
 
-
-print(check_evictions(my_evictions))
-
-# %% [markdown]
-# A common wrong answer evicts the *most recently* freed blocks (the tail) — the checker catches it:
 
 # %%
+check_evictions(my_evictions)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Which blocks does the allocation take? Slice the list.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Of those, keep the ids whose `is_cached` flag is true — a list comprehension with a condition.
+# </details>
+#
+# A common wrong answer evicts the *most recently* freed blocks (the tail) — the check names the rule:
+
+# %%
+from minienv.exercises import ExerciseFailed
+
+
 def wrong_evictions(free_queue, n):
     return [block for block, cached in free_queue[::-1][:n] if cached]
 
 
 try:
     check_evictions(wrong_evictions)
-    raise RuntimeError("the checker should have rejected wrong_evictions")
-except AssertionError as err:
-    print("rejected:", err)
+    raise RuntimeError("the check should have rejected wrong_evictions")
+except ExerciseFailed as err:
+    print("rejected:", str(err).splitlines()[0])
 
 # %% [markdown]
 # ### Exercise 2: fix the naive evictor
 #
 # The naive `TokenBudgetLRUEvictor` kept an LRU order of *all* blocks and popped victims from its front whatever
 # their refcount. Write `safe_victims(lru_order, refcount, n)`: the first `n` blocks of `lru_order` (least recently
-# used first) that **no request holds**, or raise `OutOfBlocksError` if there are fewer than `n` — without changing
-# anything. `check_safe_victims` runs it on random states.
+# used first) that **no request holds**. Rules: (1) never a block with refcount > 0; (2) victims in LRU order;
+# (3) if fewer than `n` blocks are free, raise `OutOfBlocksError(n, free, total)` (imported above) instead of
+# returning fewer — and refuse only then; (4) change nothing: the evictor only chooses.
 
 # %%
-def check_safe_victims(fn):
-    """Raise AssertionError if `fn` picks an in-use block, skips the LRU order, or fails to refuse."""
-    rng = np.random.default_rng(8)
-    for case in range(200):
-        order = [int(b) for b in rng.permutation(10)]
-        refcount = {b: int(rng.choice([0, 0, 1, 2])) for b in order}
-        n = int(rng.integers(1, 6))
-        free = [b for b in order if refcount[b] == 0]
-        snapshot = (list(order), dict(refcount))
-        if len(free) < n:
-            try:
-                fn(order, refcount, n)
-            except OutOfBlocksError:
-                assert (order, refcount) == snapshot, f"case {case}: the state changed before refusing"
-                continue
-            raise AssertionError(f"case {case}: only {len(free)} evictable blocks for n={n}: expected OutOfBlocksError")
-        got = list(fn(order, refcount, n))
-        assert not [b for b in got if refcount[b] > 0], f"case {case}: evicted in-use blocks {got} — the naive design's bug"
-        assert got == free[:n], f"case {case}: expected {free[:n]} (LRU order, refcount 0), got {got}"
-        assert (order, refcount) == snapshot, f"case {case}: the inputs were modified"
-    return "check_safe_victims: correct"
-
-
 def safe_victims(lru_order, refcount, n):
-    # your turn: replace this body
-    victims = [b for b in lru_order if refcount[b] == 0][:n]
-    if len(victims) < n:
-        raise OutOfBlocksError(n, len(victims), len(lru_order))
-    return victims
+    """The n least recently used blocks nobody holds; OutOfBlocksError if there are fewer."""
+    raise NotImplementedError("your code here")
 
 
-print(check_safe_victims(safe_victims))
+# %%
+check_safe_victims(safe_victims)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Filter first (refcount 0), then take `n`: filtering keeps the LRU order of what remains.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Build a new list instead of removing from `lru_order`; count before you return, and raise if short.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# minienv never needs this function: a block in use is never in its free queue at all, so "evict the head" is
+# already safe. That is the design choice that removes the bug instead of guarding against it.
+# </details>
 
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang

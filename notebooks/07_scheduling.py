@@ -13,7 +13,7 @@
 #    time to first token (**TTFT**), time per output token (**TPOT**), end-to-end latency;
 # 3. say how **chunked prefill** keeps every running request decoding while a long prompt arrives;
 # 4. follow a **preemption by recompute**: the victim's blocks are freed but its full blocks stay cached (notebook
-#    06's LRU), so its resume is mostly prefix hits;
+#    06's LRU), so its resume takes from the prefix cache whatever the LRU has not evicted by then;
 # 5. prove that preemption **loses nothing**: under a tight budget every output equals the request run alone.
 #
 # Scheduling depends only on token *counts*, so this notebook drives the engine with a tiny seeded random model
@@ -213,6 +213,8 @@ for mode, (engine, outs) in runs.items():
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from minienv.viz.static import show
+
 fig = make_subplots(rows=1, cols=3, subplot_titles=("throughput (tokens / step)", "TTFT (steps)",
                                                     "TPOT (steps / token)"))
 for mode, color in (("static", "#9c755f"), ("continuous", "#4e79a7")):
@@ -222,7 +224,7 @@ for mode, color in (("static", "#9c755f"), ("continuous", "#4e79a7")):
                          showlegend=False), 1, 2)
     fig.add_trace(go.Bar(x=["mean"], y=[m["tpot_mean"]], marker_color=color, name=mode, showlegend=False), 1, 3)
 fig.update_layout(height=320, barmode="group", margin=dict(t=50, b=30), title_text="static vs continuous batching")
-fig
+show(fig)  # live, with a PNG of it for readers without a kernel
 
 # %%
 assert len(fig.data) == 6 and fig.data[0].y[0] == metrics["static"]["tps"]
@@ -396,7 +398,7 @@ while chunk_engine.output(long_id).num_preemptions == 0 and not chunk_engine.out
                  plan.num_scheduled_tokens))
 for step, dec, chunk, total in rows:
     print(f"step {step}: {dec} decodes + prefill chunk of {chunk:>3} tokens = {total} tokens")
-chunk_engine.run()
+_ = chunk_engine.run()  # steps to the end; the views below show the result
 
 # %%
 assert all(dec == 3 for _, dec, _, _ in rows)  # every running request decoded in every step
@@ -531,70 +533,93 @@ assert all(list(o.token_ids) == a for o, a in zip(served, alone_real)) and small
 # The test suite checks the same at two budgets and two block sizes, with sampling and with random workloads
 # (`tests/unit/test_nothing_lost.py`).
 #
-# ## Exercise: a victim policy of your own
+# ## Exercises
+#
+# (How they work — stubs, checks, hints, `solutions/07_scheduling.py` — is explained in notebook 00.)
+#
+# ### Exercise 1: a victim policy of your own
 #
 # The engine's rule preempts the most recently admitted request. Another reasonable rule: preempt the one with
 # the **least work to redo** — the fewest computed tokens. `InferenceEngine(..., victim_policy=fn)` takes your rule:
 # `fn(candidates)` gets the requests not yet scheduled in this step, oldest first (`candidates[0]` is the one that
 # needs the block), and returns one of them. Each candidate has `num_computed_tokens` and `request_id`.
 #
-# Write `fewest_computed(candidates)`: the candidate with the fewest computed tokens; among equals, the most
-# recently admitted (the latest in the list). `check_victim_policy` runs tight workloads with your policy, checks
-# every choice, checks that nothing is lost, and compares the recomputation with the default policy.
+# Write `fewest_computed(candidates)`. Rules: (1) return the candidate with the fewest computed tokens; (2) among
+# equals, the most recently admitted (the latest in the list); (3) return the request object itself. The check
+# tries hand-made candidate lists first (ties included), then runs tight workloads on a real engine with your
+# policy, checks every choice, checks that no output changed, and compares the recomputation with the default.
 
 # %%
-def check_victim_policy(fn):
-    """Raise AssertionError if `fn` picks a wrong victim or if any output differs from the request alone."""
-    recomputed = {}
-    for seed in range(3):
-        r = np.random.default_rng(100 + seed)
-        ps = [r.integers(0, 128, int(r.integers(8, 30))).tolist() for _ in range(5)]
-        sp = SamplingParams(max_tokens=20, temperature=0)
-        choices = []
-
-        def recording(cands):
-            pick = fn(list(cands))
-            choices.append(([(c.request_id, c.num_computed_tokens) for c in cands], pick.request_id))
-            return pick
-
-        for name, policy_fn in (("yours", recording), ("default", None)):
-            e = InferenceEngine(model, tok, kv_budget_tokens=80, block_size=8, max_num_seqs=5,
-                                max_num_batched_tokens=64, victim_policy=policy_fn)
-            outs = e.generate(ps, sp)
-            for p, o in zip(ps, outs):
-                assert list(o.token_ids) == list(generate_ids(model, p, sp)), f"seed {seed}: an output changed"
-            recomputed[name] = recomputed.get(name, 0) + e.stats.num_computed_tokens
-        assert choices, "no preemption happened: the checker's budget is too large"
-        for cands, picked in choices:
-            least = min(n for _, n in cands)
-            expected = [rid for rid, n in cands if n == least][-1]
-            assert picked == expected, f"seed {seed}: candidates (id, computed) {cands}: expected {expected}, got {picked}"
-    return (f"check_victim_policy: correct; tokens computed {recomputed['yours']} with your policy vs "
-            f"{recomputed['default']} with the default")
+from minienv.exercises.scheduling import check_plan_step, check_victim_policy
 
 
 def fewest_computed(candidates):
-    # your turn: replace this body
-    return min(reversed(candidates), key=lambda c: c.num_computed_tokens)
+    """The victim: fewest num_computed_tokens; among equals the latest in the list."""
+    raise NotImplementedError("your code here")
 
-
-print(check_victim_policy(fewest_computed))
-
-# %% [markdown]
-# A tempting wrong answer — "the request that needs the block gives way" (`candidates[0]`, usually the one with the
-# *most* computed tokens) — is caught:
 
 # %%
-try:
-    check_victim_policy(lambda cands: cands[0])
-    raise RuntimeError("the checker should have rejected it")
-except AssertionError as err:
-    print("rejected:", str(err)[:160])
+check_victim_policy(fewest_computed)
 
 # %% [markdown]
-# Whatever the policy, nothing is lost — the checker compares every output with the request alone. What a policy
+# <details><summary>Hint 1</summary>
+#
+# `min(candidates, key=lambda c: c.num_computed_tokens)` is almost it. Which of several equal candidates does
+# `min` return?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `min` keeps the *first* of equals. Give it the list newest first: `reversed(candidates)`.
+# </details>
+#
+# A tempting wrong answer — "the request that needs the block gives way" (`candidates[0]`, usually the one with the
+# *most* computed tokens) — is caught by the first rule:
+
+# %%
+from minienv.exercises import ExerciseFailed
+
+try:
+    check_victim_policy(lambda cands: cands[0])
+    raise RuntimeError("the check should have rejected it")
+except ExerciseFailed as err:
+    print("rejected:", str(err).splitlines()[0])
+
+# %% [markdown]
+# Whatever the policy, nothing is lost — the check compares every output with the request alone. What a policy
 # changes is only *how much is recomputed* and *who waits*.
 #
+# ### Exercise 2: split one step's budget
+#
+# Write `plan_step(needs, budget)`: `needs[i]` is how many tokens running request `i` still has to compute (`1`
+# for a request that is decoding; more for one still in prefill), in running order; return how many each computes
+# this step. This is the rule of minienv's scheduler (and vLLM's), without memory. Rules: (1) one number per
+# request, in order; (2) the step never computes more than `budget` tokens; (3) no request computes more than it
+# needs; (4) every decode gets its token, even after a long prefill — decodes never stall; (5) prefill chunks
+# take what the decodes leave, in running order: an earlier request first, as much as it needs.
+
+# %%
+def plan_step(needs, budget):
+    """Tokens each running request computes in one step: decodes first, then prefill chunks in order."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+check_plan_step(plan_step)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Before walking the list, count the decodes: their tokens are reserved out of the budget.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Walk in order, keeping `decodes_left` (decodes not yet given their token). A decode gets 1; a prefill gets
+# `max(0, min(need, budget - decodes_left))`. Subtract what you give from `budget`.
+# </details>
+
+# %% [markdown]
 # ## Where this lives in vLLM / SGLang
 #
 # > **vLLM (v1)**
@@ -630,6 +655,7 @@ except AssertionError as err:
 # * **Chunked prefill** gives each running request its decode token first and spends the rest of the step budget on
 #   the next chunk of a long prompt: decodes never stall and no step exceeds the budget.
 # * Under memory pressure the scheduler **preempts by recompute** — the most recently admitted request, by default.
-#   Its full blocks stay cached-free in the LRU, so the resume is mostly prefix hits.
+#   Its full blocks stay cached-free in the LRU, so a resume recomputes only what was evicted meanwhile: above, one
+#   resume took 32 of its 40 tokens from the cache, the other (whose blocks the LRU had reused) none.
 # * **Nothing is lost**: every output under a 128-token budget, with preemptions, equals the request run alone — for
 #   any victim policy, and on the bundled model under a 48-token budget with sampling. Notebook 08 puts the whole engine, on the bundled model, behind one dashboard.

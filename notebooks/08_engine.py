@@ -254,52 +254,86 @@ print({rid: len(p) for rid, p in pieces.items()}, "deltas per request")
 assert ["".join(pieces[str(i)]) for i in range(3)] == [o.text for o in outs[:3]]  # = generate(), greedy
 
 # %% [markdown]
-# ## Exercise: from the block table to the slot
+# ## Exercises
 #
-# The dashboard's block tables are what attention reads through. Token `t` of a request lives in physical **slot**
-# `table[t // B] * B + t % B` of the KV pool (B = block size). Each step, the engine writes the new tokens' K/V at
-# the slots in `ScheduledRequest.slot_mapping`. Write `slot_of(table, t, block_size)`; `check_slots` runs an engine
-# step by step and compares your slots with the engine's for every token it computes.
+# (How they work — stubs, checks, hints, `solutions/08_engine.py` — is explained in notebook 00.) Both checks run
+# a small engine (a tiny random model, token-id prompts) so they take well under a second.
+#
+# ### Exercise 1: from the block table to the slot
+#
+# The dashboard's block tables are what attention reads through. Each step, the engine writes the new tokens' K/V
+# at the slots in `ScheduledRequest.slot_mapping`. Write `slot_of(table, t, block_size)`: the physical slot of
+# token `t` in the KV pool. Rules: (1) the physical block is `table[t // block_size]`, not the logical block
+# `t // block_size`; (2) a block holds `block_size` slots, so its first slot is its id × `block_size`, and the
+# token sits `t % block_size` further. The check runs an engine step by step and compares your slot with the
+# engine's for every token it computes.
 
 # %%
-def check_slots(fn):
-    """Raise AssertionError if `fn` maps a token to a different KV slot than the engine wrote."""
-    eng = InferenceEngine(model, tokenizer, **ENGINE)
-    for p in PROMPTS:
-        eng.add_request(p, SamplingParams(max_tokens=8, temperature=0))
-    checked = 0
-    while eng.has_unfinished_requests():
-        eng.step()
-        plan = eng.history[-1].scheduler_output
-        mgr = eng.kv_cache_manager
-        for s in plan.scheduled:
-            if not mgr.has_request(s.request_id):
-                continue  # finished in this step: its table is gone
-            table = list(mgr.block_ids(s.request_id))
-            for k, t in enumerate(range(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens)):
-                got = fn(table, t, eng.block_size)
-                assert got == int(s.slot_mapping[k]), (f"step {plan.step}, request {s.request_id}, token {t}: "
-                                                       f"table {table}: expected slot {int(s.slot_mapping[k])}, got {got}")
-                checked += 1
-    return f"check_slots: correct for {checked} tokens"
+from minienv.exercises.engine import check_run_to_completion, check_slots
 
 
 def slot_of(table, t, block_size):
-    # your turn: replace this body
-    return table[t // block_size] * block_size + t % block_size
+    """The KV-pool slot holding token t of a request whose block table is ``table``."""
+    raise NotImplementedError("your code here")
 
-
-print(check_slots(slot_of))
-
-# %% [markdown]
-# A classic slip — indexing the pool by the *logical* block — is caught as soon as a table is not `[0, 1, 2, …]`:
 
 # %%
+check_slots(slot_of)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Token `t` is in logical block `t // block_size`, at offset `t % block_size`. Where does the table say that
+# logical block lives?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Physical block `p` holds slots `p * block_size` … `p * block_size + block_size - 1`. Notebook 04's gather did
+# the same arithmetic on whole blocks.
+# </details>
+#
+# A classic slip — indexing the pool by the *logical* position — is caught as soon as a table is not
+# `[0, 1, 2, …]`:
+
+# %%
+from minienv.exercises import ExerciseFailed
+
 try:
     check_slots(lambda table, t, b: t)
-    raise RuntimeError("the checker should have rejected it")
-except AssertionError as err:
-    print("rejected:", str(err)[:120])
+    raise RuntimeError("the check should have rejected it")
+except ExerciseFailed as err:
+    print("rejected:", str(err).splitlines()[0])
+
+# %% [markdown]
+# ### Exercise 2: the engine loop, by hand
+#
+# Write `run_to_completion(engine, prompts, params)` with `add_request`, `step` and `has_unfinished_requests`
+# only — the loop `generate` runs — and return `{request_id: text}`. Rules: (1) key the texts by the ids
+# `add_request` returns; (2) step until `has_unfinished_requests()` is false; (3) each output's `delta_text` is
+# only what is new: a request's text is all its deltas joined, in order. The check compares you with
+# `generate()` on a separate engine.
+
+# %%
+def run_to_completion(engine, prompts, params):
+    """Serve ``prompts`` to completion through add_request / step; {request_id: text}."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+check_run_to_completion(run_to_completion)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# The "build it small" loop at the top of this notebook does almost all of it.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Start every request's text at `""`; `step()` returns the outputs of the requests that ran in that step — add
+# each one's `delta_text` to its request's text.
+# </details>
 
 # %% [markdown]
 # ## The map: every minienv part and its counterpart

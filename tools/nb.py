@@ -25,6 +25,9 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
 PAIR_FORMAT = "py:percent"
 WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+IMAGE_MIMES = ("image/png", "image/svg+xml")
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 
@@ -99,11 +102,32 @@ def problems(ipynb_path: Path) -> list[str]:
     if code_cells and not any(c.get("outputs") for c in code_cells):
         found.append(f"{name}: has no outputs at all (commit notebooks with outputs)")
     for i, cell in enumerate(nb.cells):
+        found.extend(f"{name}: cell {i} {m}" for m in _figure_problems(cell))
         for out in cell.get("outputs", []):
             if WIDGET_STATE_MIME in out.get("data", {}):
                 found.append(f"{name}: cell {i} stores widget state in an output")
             if out.get("output_type") == "error":
                 found.append(f"{name}: cell {i} was committed with an error output ({out.get('ename')})")
+    return found
+
+
+def _figure_problems(cell: nbformat.NotebookNode) -> list[str]:
+    """A figure GitHub cannot draw: plotly JSON (or a cell building a ``FigureWidget`` and showing a widget) with
+    no PNG / SVG in the same cell — readers without a kernel would see a blank. ``minienv.viz.static.show`` puts
+    the image in the figure's own output. A figure cell must not be NBVAL_CHECK_OUTPUT: image bytes are not a
+    lesson number, and they differ between exporter versions."""
+    if cell.cell_type != "code":
+        return []
+    datas = [out.get("data", {}) for out in cell.get("outputs", [])]
+    has_image = any(mime in data for data in datas for mime in IMAGE_MIMES)
+    plotly = any(PLOTLY_MIME in data for data in datas)
+    figure_widget = "FigureWidget(" in cell.source and any(WIDGET_VIEW_MIME in data for data in datas)
+    found = []
+    if (plotly or figure_widget) and not has_image:
+        what = "a plotly figure" if plotly else "a live FigureWidget"
+        found.append(f"shows {what} with no static image beside it (display it with minienv.viz.static.show)")
+    if (plotly or has_image) and "NBVAL_CHECK_OUTPUT" in cell.source:
+        found.append("compares a figure's output (NBVAL_CHECK_OUTPUT on a figure cell): check numbers, not images")
     return found
 
 

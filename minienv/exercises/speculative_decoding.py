@@ -40,6 +40,9 @@ def check_accept_step(fn) -> str:
     q = np.array([[0.3, 0.4, 0.3], [0.2, 0.3, 0.5]])
     for _ in range(50):
         r = verifier([1, 2], p, q, rng, False)
+        # a correct answer never ends on draft 2 here: p - q is 0 at position 2, so no fix token can be 2
+        require(r.token_ids != [1, 2], "return the kept drafts (a prefix of the drafts) followed by exactly one "
+                "token of the target's", f"drafts [1, 2] are both kept (p >= q), and you returned only {r.token_ids}")
         require(r.num_accepted == 2, "keep a draft with probability min(1, p/q): p >= q means always",
                 f"drafts [1, 2] have p/q = 2 and 1, and you kept {r.num_accepted}")
         # rule 4: all kept -> the bonus comes from p at position k + 1 (here: token 0 for sure)
@@ -63,13 +66,14 @@ def check_accept_step(fn) -> str:
 def check_ngram(fn) -> str:
     cases = [
         # (tokens, k, min_n, max_n, rule the case tests)
-        ([1, 2, 3, 4, 1, 2, 3], 3, 1, 3, "match the suffix and propose the tokens that followed it"),
+        ([1, 2, 3, 4, 1, 2, 3], 4, 1, 3, "match the suffix and propose the tokens that followed it"),
+        ([1, 2, 3, 4, 1, 2, 3], 1, 1, 3, "propose at most k tokens"),
         ([8, 9, 5, 6, 9, 7, 8, 9], 3, 1, 3, "try the longest n first (max_n down to min_n)"),
         ([4, 1, 4, 2, 4], 2, 1, 3, "among matches of the same length, the most recent wins"),
         ([5, 6, 7], 2, 1, 3, "no match: propose nothing ([])"),
         ([1, 5, 6, 1], 2, 2, 3, "never use an n below min_n"),
-        ([1, 2, 3, 4, 1, 2, 3], 1, 1, 3, "propose at most k tokens"),
         ([7, 7], 3, 1, 3, "a match may overlap the suffix, but must end before the last token"),
+        ([1, 1, 2, 1, 1, 1], 2, 1, 2, "a match may overlap the suffix, but must end before the last token"),
         ([3], 2, 1, 3, "no match: propose nothing ([])"),
     ]
     for tokens, k, lo, hi, rule in cases:

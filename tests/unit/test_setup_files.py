@@ -31,17 +31,19 @@ def _pyproject_pins() -> dict[str, str]:
     for requirement in project["dependencies"] + [r for extra in project["optional-dependencies"].values()
                                                   for r in extra]:
         name, _, version = requirement.partition("==")
-        pins[name.strip().lower().replace("_", "-")] = version.split(";")[0].strip()
+        pins[name.strip().lower()] = version.split(";")[0].strip()
     return pins
 
 
-def _environment_pins() -> dict[str, str]:
-    pins = {}
+def _environment_pins() -> tuple[dict[str, str], dict[str, str]]:
+    """(conda-forge pins ``- name=version`` or bare ``- name``, pip-section pins ``- name==version``)."""
+    conda, pip = {}, {}
     for line in (REPO / "environment.yml").read_text().splitlines():
-        match = re.match(r"^\s*-\s*([A-Za-z0-9_.-]+)\s*=\s*([^\s#]+)", line)
-        if match:
-            pins[match[1].lower().replace("_", "-")] = match[2]  # conda-forge spells prometheus_client
-    return pins
+        if match := re.match(r"^\s*-\s*([A-Za-z0-9_.-]+)\s*==\s*([^\s#]+)", line):
+            pip[match[1].lower()] = match[2]
+        elif match := re.match(r"^\s*-\s*([A-Za-z0-9_.-]+)\s*(?:=\s*([^\s#]+))?\s*$", line):
+            conda[match[1].lower()] = match[2] or ""
+    return conda, pip
 
 
 def test_every_pyproject_requirement_is_pinned():
@@ -52,13 +54,28 @@ def test_every_pyproject_requirement_is_pinned():
 
 
 def test_environment_yml_matches_pyproject():
-    env, py = _environment_pins(), _pyproject_pins()
-    env.pop("python")
-    lab_and_test = {"numpy", "jupyterlab", "ipywidgets", "plotly", "anywidget", "pytest", "nbval", "jupytext",
-                    "hypothesis", "prometheus-client"}
-    assert set(env) == lab_and_test
-    mismatched = {name: (env[name], py.get(name)) for name in env if env[name] != py.get(name)}
-    assert not mismatched, f"environment.yml vs pyproject.toml (env, pyproject): {mismatched}"
+    """conda-forge brings only Python and pip; the pip section carries exactly pyproject's runtime, lab and test
+    pins (what CI installs), so Binder runs the versions the tests ran."""
+    conda, pip = _environment_pins()
+    assert set(conda) == {"python", "pip", "conda-forge", "nodefaults"}, conda
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["lab"] + [
+        r for r in project["optional-dependencies"]["test"] if ";" not in r]  # tomli: only for Python < 3.11
+    want = {name.strip().lower(): version.strip() for name, _, version in (r.partition("==") for r in wanted)}
+    assert pip == want, f"environment.yml pip section vs pyproject.toml: {set(pip.items()) ^ set(want.items())}"
+    assert conda["python"] == "3.11"
+
+
+def test_environment_pin_parser_sees_a_mismatch(tmp_path, monkeypatch):
+    """The comparison above can fail: a changed pin in the pip section is a difference."""
+    text = (REPO / "environment.yml").read_text().replace("numpy==2.4.6", "numpy==2.4.5")
+    assert "numpy==2.4.5" in text
+    fake = tmp_path / "environment.yml"
+    fake.write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    (tmp_path / "pyproject.toml").write_text((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    with pytest.raises(AssertionError):
+        test_environment_yml_matches_pyproject()
 
 
 def test_postbuild_installs_minienv_and_stops_on_error():

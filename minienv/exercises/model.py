@@ -1,0 +1,76 @@
+"""Notebook 02's exercises: the cached attention step, and the KV bytes one token costs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minienv.exercises._check import exercise, fail, require
+from minienv.model import causal_attention
+
+
+def _reference(q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """minienv's kernel on one head: the newest token (position t-1) attends to positions 0..t-1."""
+    t = len(K)
+    return causal_attention(q[None, None].astype(np.float32), K[:, None].astype(np.float32),
+                            V[:, None].astype(np.float32), np.array([t - 1]))[0, 0]
+
+
+def _call(fn, rule: str, *args):
+    try:
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(*args), dtype=np.float64)
+    except Exception as err:  # noqa: BLE001 - the student's code failing on this case breaks this case's rule
+        fail(rule, f"your function raised {type(err).__name__}: {err}")
+
+
+@exercise("write decode_attention(q, K, V): softmax(K @ q / sqrt(D)) @ V, one query over every cached token")
+def check_decode_attention(fn) -> str:
+    """Cases ordered so each isolates one rule: one cached token, the shape, the scale, then huge scores."""
+    r = np.random.default_rng(42)
+    rule = "the query attends to every cached token, its own included: with one cached token the output is its V"
+    q, K, V = r.standard_normal(8), r.standard_normal((1, 8)), r.standard_normal((1, 8))
+    got = _call(fn, rule, q, K, V)
+    require(got.shape == (8,), "the output is one vector of size D (the weighted sum of V rows), not the weights",
+            f"t=1, D=8: expected shape (8,), got {got.shape}")
+    require(np.allclose(got, V[0], atol=1e-5), rule,
+            f"t=1: expected V[0] = {np.round(V[0][:3], 4)}..., got {np.round(got.ravel()[:3], 4)}...")
+    for t, d in [(7, 16), (33, 64)]:
+        q, K, V = r.standard_normal(d), r.standard_normal((t, d)), r.standard_normal((t, d))
+        rule = "the output is one vector of size D (the weighted sum of V rows), not the weights"
+        got = _call(fn, rule, q, K, V)
+        require(got.shape == (d,), rule, f"t={t}, D={d}: expected shape ({d},), got {got.shape}")
+        want = _reference(q, K, V)
+        require(np.allclose(got, want, atol=1e-4),
+                "scores are q·k / sqrt(D), softmaxed over all t cached tokens, then weight the V rows",
+                f"t={t}, D={d}: expected {np.round(want[:3], 4)}..., got {np.round(got[:3], 4)}...")
+    q, K, V = 60 * r.standard_normal(64), 60 * r.standard_normal((9, 64)), r.standard_normal((9, 64))
+    rule = "softmax must be numerically stable: subtract the largest score before exp (scores here reach ~3000)"
+    got = _call(fn, rule, q, K, V)
+    want = _reference(q, K, V)
+    require(np.all(np.isfinite(got)) and np.allclose(got, want, atol=1e-4), rule,
+            f"expected {np.round(want[:3], 4)}..., got {np.round(got[:3], 4)}...")
+    return "one query attending to every cached token: O(t) work per step instead of O(t²)"
+
+
+# (num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes) -> bytes, with the rule the case isolates
+_KV_CASES = [
+    ((1, 4, 4, 8, 1), 64, "a token stores a K and a V vector: two tensors, so × 2"),
+    ((1, 32, 8, 128, 1), 2048, "with grouped-query attention only the KV heads are stored (8 here, not the 32 "
+                               "query heads)"),
+    ((32, 1, 1, 4, 1), 256, "every layer keeps its own K and V: × num_layers"),
+    ((1, 2, 2, 16, 4), 256, "× the bytes per element (4 for float32, 2 for fp16)"),
+    ((32, 32, 8, 128, 2), 128 * 1024, "Llama-3-8B in fp16: 128 KiB per token"),
+    ((40, 40, 40, 128, 2), 800 * 1024, "Llama-2-13B in fp16: 800 KiB per token"),
+    ((28, 28, 4, 128, 2), 56 * 1024, "Qwen2.5-7B in fp16: 56 KiB per token"),
+]
+
+
+@exercise("write kv_bytes_per_token(num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes)")
+def check_kv_bytes_per_token(fn) -> str:
+    for args, want, rule in _KV_CASES:
+        try:
+            got = fn(*args)
+        except Exception as err:  # noqa: BLE001
+            fail(rule, f"{args}: your function raised {type(err).__name__}: {err}")
+        require(got == want, rule, f"(layers, heads, kv_heads, head_dim, bytes) = {args}: expected {want}, got {got}")
+    return "2 × layers × kv_heads × head_dim × bytes, checked on three published models"

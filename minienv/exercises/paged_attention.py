@@ -1,0 +1,62 @@
+"""Notebook 04's exercises: gathering a sequence's K through its block table, and when a new block is taken."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minienv.exercises._check import exercise, fail, require
+
+
+@exercise("write my_gather(k_layer, block_table, num_tokens) -> K as [num_tokens, kv_heads, head_dim]")
+def check_gather(fn) -> str:
+    rng = np.random.default_rng(7)
+    for block_size, num_tokens in [(4, 8), (1, 5), (4, 9), (4, 12), (16, 3)]:
+        num_blocks = 12
+        k_layer = rng.standard_normal((num_blocks, block_size, 2, 3), dtype=np.float32)
+        table = rng.permutation(num_blocks)[: -(-num_tokens // block_size)]  # scattered, not sorted
+        if len(table) > 1 and np.all(np.diff(table) > 0):
+            table = table[::-1].copy()
+        want = np.stack([k_layer[table[t // block_size], t % block_size] for t in range(num_tokens)])
+        where = f"block size {block_size}, {num_tokens} tokens, table {table.tolist()}"
+        try:
+            got = np.asarray(fn(k_layer, table, num_tokens))
+        except Exception as err:  # noqa: BLE001
+            fail("the gather must work for any block size and token count", f"{where}: "
+                 f"your function raised {type(err).__name__}: {err}")
+        if got.ndim == 3 and got.shape[1:] == want.shape[1:] and got.shape[0] > num_tokens:
+            fail("cut the last block at num_tokens: its tail slots hold no token yet",
+                 f"{where}: expected {num_tokens} rows, got {got.shape[0]}")
+        require(got.shape == want.shape, "the result is [num_tokens, kv_heads, head_dim]",
+                f"{where}: expected shape {want.shape}, got {got.shape}")
+        if not np.array_equal(got, want):
+            rule = "token t is slot t % block_size of block table[t // block_size]: take the blocks in the table's " \
+                   "(logical) order"
+            if np.array_equal(got, np.take(k_layer, np.sort(table), axis=0).reshape(-1, 2, 3)[:num_tokens]):
+                rule += " — you took them in physical (sorted) order"
+            fail(rule, f"{where}: values differ")
+    return "my_gather reads every token's K through the block table"
+
+
+@exercise("write new_blocks_needed(num_tokens, num_new, block_size): blocks a request must take to grow")
+def check_new_blocks_needed(fn) -> str:
+    got = fn(0, 5, 4)
+    require(got == 2, "a new request needs ceil(tokens / block_size) blocks", f"(0, 5, 4): expected 2, got {got}")
+    got = fn(6, 1, 4)
+    require(got == 0, "a token that fits in the last block's free slots takes no block",
+            f"6 tokens in blocks of 4 (2 slots left), 1 new: expected 0, got {got}")
+    got = fn(8, 1, 4)
+    require(got == 1, "a token that crosses a block boundary takes a block — including when the last block is "
+                      "exactly full", f"8 tokens in blocks of 4, 1 new: expected 1, got {got}")
+    got = fn(6, 7, 4)
+    require(got == 2, "use the free slots of the last block first, then whole new blocks",
+            f"6 tokens in blocks of 4, 7 new (13 in all, 4 blocks): expected 2, got {got}")
+    tried = 0
+    for bs in (1, 2, 3, 4, 16):
+        for n in range(0, 40):
+            for k in range(0, 20):
+                want = -(-(n + k) // bs) - -(-n // bs)
+                got = fn(n, k, bs)
+                require(got == want, "blocks after − blocks before: ceil((n + k) / B) − ceil(n / B)",
+                        f"({n}, {k}, {bs}): expected {want}, got {got}")
+                tried += 1
+    return f"new_blocks_needed is right in all {tried} cases: a block is taken exactly when a token crosses a boundary"

@@ -1,0 +1,486 @@
+"""Every exercise check, three ways: the reference solution passes, each wrong answer fails naming the rule it
+breaks, and the stub the notebook ships says "not implemented yet" (without raising).
+
+The wrong answers are the mistakes a student is likely to make, at least one per rule the exercise states;
+``WRONG`` pairs each with the words its failure message must contain.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minienv.exercises import NOT_IMPLEMENTED, PASSED, ExerciseFailed
+from minienv.exercises import engine as ex08
+from minienv.exercises import kv_memory as ex03
+from minienv.exercises import lru_eviction as ex06
+from minienv.exercises import model as ex02
+from minienv.exercises import paged_attention as ex04
+from minienv.exercises import prefix_sharing as ex05
+from minienv.exercises import scheduling as ex07
+from minienv.exercises import tokenizer as ex01
+from minienv.exercises import tour as ex00
+from minienv.kv import OutOfBlocksError
+from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _solutions(name: str):
+    spec = importlib.util.spec_from_file_location(f"solutions_{name}", REPO / "solutions" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------------------- wrong answers
+def merge_pair(seq, pair, new_id):
+    return _solutions("01_tokenizer").merge_pair(seq, pair, new_id)
+
+
+def _weighted(words):
+    counts = Counter()
+    for w, c in words.items():
+        for p in zip(w, w[1:]):
+            counts[p] += c
+    return counts
+
+
+def _release_forward(pool, req):
+    for block in pool.tables.pop(req):  # head of the table first
+        pool.refcount[block] -= 1
+        if pool.refcount[block] == 0:
+            pool.free[block] = None
+
+
+def _release_ignoring_refcount(pool, req):
+    for block in reversed(pool.tables.pop(req)):
+        pool.refcount[block] = max(0, pool.refcount[block] - 1)
+        pool.free[block] = None
+
+
+def _release_zeroes_refcount(pool, req):
+    for block in reversed(pool.tables.pop(req)):
+        pool.refcount[block] = 0  # drops every holder's reference, not just this request's
+        if block not in pool.free:
+            pool.free[block] = None
+
+
+def _release_keeps_table(pool, req):
+    for block in reversed(pool.tables[req]):
+        pool.refcount[block] -= 1
+        if pool.refcount[block] == 0:
+            pool.free[block] = None
+
+
+def _release_to_head(pool, req):
+    for block in reversed(pool.tables.pop(req)):
+        pool.refcount[block] -= 1
+        if pool.refcount[block] == 0:
+            pool.free[block] = None
+            pool.free.move_to_end(block, last=False)
+
+
+def _merge_step_with(pick=None, new_id=None, merge=None, nothing=None, mutate=False, weighted=True):
+    def fn(words):
+        counts = _weighted(words) if weighted else Counter(p for w in words for p in zip(w, w[1:]))
+        if not counts:
+            return nothing
+        pair = (pick or (lambda c: min(c, key=lambda p: (-c[p], p))))(counts)
+        nid = new_id if new_id is not None else max(256, max(max(w) for w in words if w) + 1)
+        out = {tuple((merge or merge_pair)(list(w), pair, nid)): c for w, c in words.items()}
+        if mutate:
+            words.clear()
+        return pair, nid, out
+    return fn
+
+
+def _merge_right_to_left(seq, pair, new_id):
+    return merge_pair(seq[::-1], pair[::-1], new_id)[::-1]
+
+
+def _merge_first_only(seq, pair, new_id):
+    for i in range(len(seq) - 1):
+        if (seq[i], seq[i + 1]) == pair:
+            return seq[:i] + [new_id] + seq[i + 2:]
+    return seq
+
+
+def _encode_leftmost(word, merges):
+    rank = {p: i for i, p in enumerate(merges)}
+    ids = list(word)
+    while True:
+        for i, p in enumerate(zip(ids, ids[1:])):
+            if p in rank:
+                ids = ids[:i] + [256 + rank[p]] + ids[i + 2:]
+                break
+        else:
+            return ids
+
+
+def _encode_one_merge(word, merges):
+    rank = {p: i for i, p in enumerate(merges)}
+    ids = list(word)
+    pairs = [p for p in zip(ids, ids[1:]) if p in rank]
+    if pairs:
+        best = min(pairs, key=rank.__getitem__)
+        ids = merge_pair(ids, best, 256 + rank[best])
+    return ids
+
+
+def _encode_first_occurrence(word, merges):
+    ids = list(word)
+    for i, pair in enumerate(merges):
+        ids = _merge_first_only(ids, pair, 256 + i)
+    return ids
+
+
+def _softmax_attend(q, K, V, scale=True, stable=True):
+    s = K @ q / (np.sqrt(q.shape[-1]) if scale else 1.0)
+    w = np.exp(s - s.max()) if stable else np.exp(s)
+    return (w / w.sum()) @ V
+
+
+def _weights_only(q, K, V):
+    s = K @ q / np.sqrt(q.shape[-1])
+    w = np.exp(s - s.max())
+    return w / w.sum()
+
+
+def _rand_mgr_gather(k_layer, table, n):
+    return np.take(k_layer, table, axis=0).reshape(-1, *k_layer.shape[2:])[:n]
+
+
+def _chain_own_tokens(tokens, bs):
+    return [hash_block_tokens(ROOT_HASH, tokens[j * bs:(j + 1) * bs]) for j in range(len(tokens) // bs)]
+
+
+def _chain_with_partial(tokens, bs):
+    hashes, parent = [], ROOT_HASH
+    for j in range(-(-len(tokens) // bs)):
+        parent = hash_block_tokens(parent, tokens[j * bs:(j + 1) * bs])
+        hashes.append(parent)
+    return hashes
+
+
+def _chain_wrong_root(tokens, bs):
+    hashes, parent = [], b"\x01" * 32
+    for j in range(len(tokens) // bs):
+        parent = hash_block_tokens(parent, tokens[j * bs:(j + 1) * bs])
+        hashes.append(parent)
+    return hashes
+
+
+def _cached_with(stop=True, cover_last=False, chain=True):
+    def fn(prompt, cached, bs):
+        parent, hits = ROOT_HASH, 0
+        n_blocks = len(prompt) // bs if cover_last else (len(prompt) - 1) // bs
+        for j in range(n_blocks):
+            h = hash_block_tokens(parent if chain else ROOT_HASH, prompt[j * bs:(j + 1) * bs])
+            parent = h
+            if h not in cached:
+                if stop:
+                    break
+                continue
+            hits += 1
+        return hits * bs
+    return fn
+
+
+def _safe_victims_mutating(lru_order, refcount, n):
+    victims = [b for b in lru_order if refcount[b] == 0][:n]
+    if len(victims) < n:
+        raise OutOfBlocksError(n, len(victims), len(lru_order))
+    for b in victims:
+        lru_order.remove(b)
+    return victims
+
+
+def _plan_greedy(needs, budget):
+    out = []
+    for n in needs:
+        k = min(n, budget)
+        out.append(k)
+        budget -= k
+    return out
+
+
+def _plan_prefills_reversed(needs, budget):
+    out = [1 if n == 1 else 0 for n in needs]
+    budget -= sum(out)
+    for i in reversed(range(len(needs))):
+        if needs[i] > 1:
+            out[i] = max(0, min(needs[i], budget))
+            budget -= out[i]
+    return out
+
+
+def _plan_no_need_cap(needs, budget):
+    decodes = sum(1 for n in needs if n == 1)
+    out, left = [], budget - decodes
+    for n in needs:
+        if n == 1:
+            out.append(1)
+        else:
+            out.append(max(0, left))
+            left = 0
+    return out
+
+
+def _run_fixed_steps(engine, prompts, params):
+    ids = [engine.add_request(p, params) for p in prompts]
+    texts = {rid: "" for rid in ids}
+    for _ in range(3):
+        for out in engine.step():
+            texts[out.request_id] += out.delta_text
+    return texts
+
+
+def _run_last_delta(engine, prompts, params):
+    ids = [engine.add_request(p, params) for p in prompts]
+    texts = {rid: "" for rid in ids}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            texts[out.request_id] = out.delta_text
+    return texts
+
+
+def _run_keyed_by_index(engine, prompts, params):
+    ids = [engine.add_request(p, params) for p in prompts]
+    texts = {i: "" for i in range(len(ids))}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            texts[ids.index(out.request_id)] += out.delta_text
+    return texts
+
+
+# notebook, check, solution / stub name, [(wrong answer, words its failure must contain), ...]
+WRONG = [
+    ("00_tour", ex00.check_next_blocks, "next_blocks", [
+        (lambda pool, n: list(pool.free)[-n:], "head of the free queue first"),
+        (lambda pool, n: list(pool.free)[:n][::-1], "right blocks, wrong order"),
+        (lambda pool, n: sorted(pool.free)[:n], "head of the free queue first"),
+        (lambda pool, n: [pool.free.popitem(last=False)[0] for _ in range(n)], "must not change the pool"),
+    ]),
+    ("00_tour", ex00.check_release, "release", [
+        (_release_forward, "the table's last block first"),
+        (_release_ignoring_refcount, "only when its refcount reaches 0"),
+        (_release_keeps_table, "block table is removed"),
+        (_release_zeroes_refcount, "loses exactly one reference"),
+        (_release_to_head, "join the tail of the queue"),
+    ]),
+    ("01_tokenizer", ex01.check_merge_step, "merge_step", [
+        (_merge_step_with(weighted=False), "weighted by the word's count"),
+        (_merge_step_with(pick=lambda c: max(c, key=lambda p: (c[p], p))), "smallest pair"),
+        (_merge_step_with(merge=_merge_right_to_left), "left to right, without overlaps"),
+        (_merge_step_with(merge=_merge_first_only), "every occurrence"),
+        (_merge_step_with(new_id=256), "largest id in any word + 1"),
+        (_merge_step_with(nothing=(None, 256, {})), "nothing to merge: return None"),
+        (_merge_step_with(mutate=True), "do not modify the input"),
+    ]),
+    ("01_tokenizer", ex01.check_encode_word, "encode_word", [
+        (_encode_leftmost, "lowest-rank merge present first"),
+        (_encode_one_merge, "keep merging until no merge applies"),
+        (_encode_first_occurrence, "replaces every occurrence"),
+    ]),
+    ("02_model_and_kv_cache", ex02.check_decode_attention, "decode_attention", [
+        (lambda q, K, V: _softmax_attend(q, K, V, scale=False), "q·k / sqrt(D)"),
+        (lambda q, K, V: _softmax_attend(q, K[:-1], V[:-1]), "its own included"),
+        (lambda q, K, V: _softmax_attend(q, K, V, stable=False), "numerically stable"),
+        (_weights_only, "one vector of size D"),
+    ]),
+    ("02_model_and_kv_cache", ex02.check_kv_bytes_per_token, "kv_bytes_per_token", [
+        (lambda L, h, kv, d, b: L * kv * d * b, "a K and a V vector"),
+        (lambda L, h, kv, d, b: 2 * L * h * d * b, "only the KV heads are stored"),
+        (lambda L, h, kv, d, b: 2 * kv * d * b, "every layer"),
+        (lambda L, h, kv, d, b: 2 * L * kv * d, "bytes per element"),
+    ]),
+    ("03_kv_memory", ex03.check_internal_frag, "internal_frag", [
+        (lambda n, b: b - n % b, "exactly full wastes nothing"),
+        (lambda n, b: n % b, "not the used ones"),
+        (lambda n, b: 0 if n % b == 0 else b - n % b + (1 if b == 256 else 0), "blocks × block_size − tokens"),
+    ]),
+    ("03_kv_memory", ex03.check_slot_categories, "slot_categories", [
+        (lambda l, L, A: (l, L - l, A - min(A, L)), "reservation counts only allocated slots"),
+        (lambda l, L, A: (l, min(A, L) - l, A - L), "never negative"),
+        (lambda l, L, A: (l, A - min(A, L), min(A, L) - l), "reservation is room this request will fill later"),
+        (lambda l, L, A: (L, min(A, L) - l, A - min(A, L)), "token states are the tokens computed so far"),
+        (lambda l, L, A: [l, min(A, L) - l, A - min(A, L)], "return a tuple"),
+    ]),
+    ("04_paged_attention", ex04.check_gather, "my_gather", [
+        (lambda k, t, n: _rand_mgr_gather(k, np.sort(t), n), "physical (sorted) order"),
+        (lambda k, t, n: np.take(k, t, axis=0).reshape(-1, *k.shape[2:]), "cut the last block at num_tokens"),
+        (lambda k, t, n: np.take(k, t, axis=0).reshape(-1, k.shape[2] * k.shape[3])[:n], "[num_tokens, kv_heads"),
+        (lambda k, t, n: np.take(k, t, axis=0).transpose(1, 0, 2, 3).reshape(-1, *k.shape[2:])[:n],
+         "take the blocks in the table's"),
+    ]),
+    ("04_paged_attention", ex04.check_new_blocks_needed, "new_blocks_needed", [
+        (lambda n, k, b: -(-k // b), "fits in the last block's free slots"),
+        (lambda n, k, b: (n + k) // b - n // b, "ceil(tokens / block_size)"),
+        (lambda n, k, b: -(-(n + k) // b) - n // b, "fits in the last block's free slots"),
+        (lambda n, k, b: -(-(n + k) // b) - -(-n // b) if n % b else (-(-k // b) if n == 0 else 0),
+         "crosses a block boundary"),
+    ]),
+    ("05_prefix_sharing", ex05.check_chain_hashes, "chain_hashes", [
+        (_chain_own_tokens, "covers its parent's hash"),
+        (_chain_with_partial, "only full blocks get a hash"),
+        (_chain_wrong_root, "hash_block_tokens(ROOT_HASH"),
+    ]),
+    ("05_prefix_sharing", ex05.check_cached_tokens, "my_cached_tokens", [
+        (_cached_with(stop=False), "stop at the first miss"),
+        (_cached_with(cover_last=True), "never cover the last prompt token"),
+        (_cached_with(chain=False), "each block's hash takes its parent's hash"),
+    ]),
+    ("06_lru_eviction", ex06.check_evictions, "my_evictions", [
+        (lambda q, n: [b for b, c in q[::-1][:n] if c], "head first"),
+        (lambda q, n: [b for b, _ in q[:n]], "a free-empty block holds nothing"),
+        (lambda q, n: [b for b, c in q if c][:n], "takes the first n blocks of the free queue"),
+        (lambda q, n: [b for b, c in q[:n] if c][::-1], "head first"),
+    ]),
+    ("06_lru_eviction", ex06.check_safe_victims, "safe_victims", [
+        (lambda order, rc, n: order[:n] if sum(rc[b] == 0 for b in order) >= n
+         else (_ for _ in ()).throw(OutOfBlocksError(n, 0, len(order))), "never evict a block a request still holds"),
+        (lambda order, rc, n: [b for b in sorted(order) if rc[b] == 0][:n] if sum(rc[b] == 0 for b in order) >= n
+         else (_ for _ in ()).throw(OutOfBlocksError(n, 0, len(order))), "LRU order"),
+        (lambda order, rc, n: [b for b in order if rc[b] == 0][:n], "raise OutOfBlocksError"),
+        (_safe_victims_mutating, "change nothing"),
+        (lambda order, rc, n: (_ for _ in ()).throw(OutOfBlocksError(n, 0, len(order))), "refuse only when"),
+    ]),
+    ("07_scheduling", ex07.check_victim_policy, "fewest_computed", [
+        (lambda c: min(c, key=lambda r: r.num_computed_tokens), "among equals"),
+        (lambda c: c[0], "fewest computed tokens"),
+        (lambda c: max(c, key=lambda r: r.num_computed_tokens), "fewest computed tokens"),
+        (lambda c: min(reversed(c), key=lambda r: r.num_computed_tokens).request_id, "return one of the candidates"),
+    ]),
+    ("07_scheduling", ex07.check_plan_step, "plan_step", [
+        (_plan_greedy, "every decode gets its token"),
+        (lambda needs, budget: list(needs), "never computes more tokens than the budget"),
+        (_plan_prefills_reversed, "in running order"),
+        (_plan_no_need_cap, "at most what it still needs"),
+        (lambda needs, budget: _plan_greedy(needs, budget)[:-1], "one number per running request"),
+    ]),
+    ("08_engine", ex08.check_slots, "slot_of", [
+        (lambda table, t, b: t, "not the logical block"),
+        (lambda table, t, b: table[t // b] + t % b, "id × block_size"),
+        (lambda table, t, b: table[t % len(table)] * b + t % b, "not the logical block"),
+    ]),
+    ("08_engine", ex08.check_run_to_completion, "run_to_completion", [
+        (_run_fixed_steps, "step until has_unfinished_requests() is false"),
+        (_run_last_delta, "all its deltas joined"),
+        (_run_keyed_by_index, "key the texts by the request ids"),
+        (lambda engine, prompts, params: [o.text for o in engine.generate(prompts, params)], "return a dict"),
+    ]),
+]
+
+CASES = [(nb, check, name, wrong, words) for nb, check, name, wrongs in WRONG for wrong, words in wrongs]
+EXERCISES = [(nb, check, name) for nb, check, name, _ in WRONG]
+
+
+@pytest.mark.parametrize("notebook, check, name", EXERCISES, ids=[f"{nb}:{name}" for nb, _, name in EXERCISES])
+def test_solution_passes(notebook, check, name, capsys):
+    assert check(getattr(_solutions(notebook), name)) == PASSED
+    assert capsys.readouterr().out.startswith("✓ ")
+
+
+@pytest.mark.parametrize("notebook, check, name, wrong, words", CASES,
+                         ids=[f"{nb}:{name}:{i}" for i, (nb, _, name, _, _) in enumerate(CASES)])
+def test_wrong_answer_fails_naming_the_rule(notebook, check, name, wrong, words):
+    with pytest.raises(ExerciseFailed) as info:
+        check(wrong)
+    first_line = str(info.value).splitlines()[0]
+    assert first_line.startswith("✗ ")
+    assert words in first_line, f"{name}: expected the rule {words!r}, got: {info.value}"
+
+
+def _stub(notebook: str, name: str):
+    """The function the notebook ships under ``name``, compiled alone from the notebook's source."""
+    source = (REPO / "notebooks" / f"{notebook}.py").read_text()
+    defs = [node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name == name]
+    assert len(defs) == 1, f"notebooks/{notebook}.py defines {name} {len(defs)} times"
+    namespace: dict = {"np": np}
+    exec(compile(ast.Module(body=defs, type_ignores=[]), f"{notebook}.py", "exec"), namespace)
+    return namespace[name]
+
+
+@pytest.mark.parametrize("notebook, check, name", EXERCISES, ids=[f"{nb}:{name}" for nb, _, name in EXERCISES])
+def test_committed_stub_is_not_implemented(notebook, check, name, capsys):
+    assert check(_stub(notebook, name)) == NOT_IMPLEMENTED
+    out = capsys.readouterr().out
+    assert out.startswith("not implemented yet — ") and check.todo in out
+
+
+@pytest.mark.parametrize("notebook, check, name", EXERCISES, ids=[f"{nb}:{name}" for nb, _, name in EXERCISES])
+def test_notebook_calls_this_check_on_the_stub(notebook, check, name):
+    source = (REPO / "notebooks" / f"{notebook}.py").read_text()
+    assert f"{check.__name__}({name})" in source, f"notebooks/{notebook}.py never runs {check.__name__}({name})"
+
+
+def test_every_notebook_has_two_exercises_and_hints():
+    per_notebook = Counter(nb for nb, _, _ in EXERCISES)
+    for nb in sorted({p.stem for p in (REPO / "notebooks").glob("0[0-8]_*.py")}):
+        assert per_notebook[nb] >= 2, f"{nb} has {per_notebook[nb]} exercises"
+        source = (REPO / "notebooks" / f"{nb}.py").read_text()
+        assert source.count("<details>") >= 2 * per_notebook[nb], f"{nb}: fewer than two hints per exercise"
+        assert "# --- solution" not in source and "_solution(" not in source, f"{nb} ships a solution"
+
+
+def test_stub_detection_only_on_first_call():
+    """``None`` from a function that answered before is a wrong answer, not a stub."""
+    calls = []
+
+    def sometimes_none(pool, n):
+        calls.append(n)
+        return list(pool.free)[:n] if len(calls) < 3 else None
+
+    with pytest.raises(ExerciseFailed):
+        ex00.check_next_blocks(sometimes_none)
+
+
+def test_cached_tokens_reference_agrees_with_the_manager():
+    """The check's plain statement of the lookup rule is what KVCacheManager.lookup does."""
+    from minienv.kv.hashing import hash_block_chain
+    from minienv.kv.kv_cache_manager import KVCacheManager
+
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        bs = int(rng.choice([1, 2, 4, 8]))
+        mgr = KVCacheManager(256, bs)
+        stem = [int(t) for t in rng.integers(0, 5, int(rng.integers(1, 30)))]
+        cached: set = set()
+        for i in range(int(rng.integers(0, 3))):
+            p = stem[: int(rng.integers(1, len(stem) + 1))]
+            assert mgr.allocate(i, p) is not None
+            mgr.commit(i)
+            cached |= set(hash_block_chain(p, bs))
+        prompt = stem[: int(rng.integers(1, len(stem) + 1))] + [int(t) for t in rng.integers(0, 5, 2)]
+        assert ex05.cached_tokens_reference(prompt, cached, bs) == mgr.lookup(prompt).num_cached_tokens
+
+
+def test_plan_reference_is_the_scheduler_rule():
+    """plan_step's reference equals what minienv's scheduler schedules when memory is plentiful."""
+    from minienv.engine import InferenceEngine
+    from minienv.sampling import SamplingParams
+
+    eng = InferenceEngine(ex07._tiny_model(), ex07._TokenIds(), kv_budget_tokens=4096, block_size=8,
+                          max_num_seqs=4, max_num_batched_tokens=24)
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        eng.add_request([int(t) for t in rng.integers(0, 128, int(rng.integers(5, 60)))],
+                        SamplingParams(max_tokens=6, temperature=0))
+    compared = 0
+    while eng.has_unfinished_requests():
+        before = {r.request_id: r.num_tokens_to_compute for r in eng.scheduler.running}
+        order = [r.request_id for r in eng.scheduler.running]
+        eng.step()
+        plan = eng.history[-1].scheduler_output
+        got = {s.request_id: s.num_new_tokens for s in plan.scheduled if not s.is_new}
+        if order and not plan.preempted:
+            want = ex07.plan_reference([before[r] for r in order], 24)
+            assert [got.get(r, 0) for r in order] == want
+            compared += 1
+    assert compared > 5
