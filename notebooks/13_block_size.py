@@ -235,6 +235,7 @@ print(bs.format_table(res))
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
+from minienv.viz.static import show
 
 pio.renderers.default = "plotly_mimetype"  # drawn by JupyterLab itself: no CDN, no network
 
@@ -256,38 +257,7 @@ for k, (title, value) in enumerate(panels):
 curves.update_xaxes(type="log", dtick=np.log10(2), tickvals=list(bs.BLOCK_SIZES))
 curves.update_yaxes(type="log", row=2, col=1)
 curves.update_layout(height=620, width=1100, title="Block size 1 … 256 on three traces (dotted: vLLM's default 16)")
-curves.show()
-
-# %% [markdown]
-# The same figure as a static PNG rendered with kaleido (installed in the environment), for readers without a
-# kernel:
-
-# %%
-import warnings
-
-from IPython.display import Image
-
-try:
-    import kaleido
-
-    kaleido.start_sync_server(silence_warnings=True)  # one headless browser for every image of this notebook
-except ImportError:  # kaleido is in the `lab` extra; without it (or a Chromium) the live figure stands alone
-    kaleido = None
-
-
-def static_png(fig, width, height):
-    """The figure as a PNG (kaleido), or a note saying why there is none."""
-    if kaleido is None:
-        return "static image unavailable: kaleido is not installed (pip install 'minienv[lab]')"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "kopts ignored when using a server": expected
-            return Image(fig.to_image(format="png", width=width, height=height))
-    except Exception as err:  # e.g. no Chromium for kaleido to drive
-        return f"static image unavailable: {type(err).__name__}: {err}"
-
-
-static_png(curves, 1100, 620)
+show(curves)  # live, then a PNG of it (kaleido) for readers without a kernel
 
 # %%
 # Proof cells: the directions the trade-off predicts.
@@ -386,10 +356,7 @@ for col, value in enumerate((lambda r: 100 * r.frag, lambda r: r.preemptions, la
     dyn_fig.add_bar(x=labels, y=[value(b) for _, _, b in cmp_rows], name="best fixed", marker_color="#4e79a7",
                     showlegend=col == 0, row=1, col=col + 1)
 dyn_fig.update_layout(height=400, width=1100, barmode="group", title="Dynamic scheme vs the best fixed size")
-dyn_fig.show()
-
-# %%
-static_png(dyn_fig, 1100, 400)  # the static picture (kaleido)
+show(dyn_fig)  # live, then its PNG
 
 # %%
 # Proof cell: what the comparison says.
@@ -552,6 +519,3 @@ except AssertionError as err:
 #   overall score is worse than the best fixed size's on every trace.
 # * `recommend_block_size` predicts the measured optimum from lengths alone, within 0.05 of the best on every trace.
 
-# %%
-if kaleido is not None:
-    kaleido.stop_sync_server(silence_warnings=True)
