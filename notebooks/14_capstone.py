@@ -272,12 +272,14 @@ print(f"8 requests, {sum(map(len, dense))} tokens: cache on ({hits_on} prompt to
 print("first request's output:", dense[0])
 
 # %% [markdown]
-# One rule the engine cannot check for you. Index a block at allocation and run grading 3 alone: it passes. In
-# minienv's engine a request that hits a block reserved *in the same step* reads K/V that the same forward pass
-# writes, layer by layer, before any attention reads them — so the premature hit is harmless here by accident.
-# An engine that overlaps scheduling of step *n + 1* with the compute of step *n* (vLLM's async scheduling) would
-# hand out slots whose K/V do not exist yet. That is why grading 1 checks the rule directly: "indexed at commit,
-# never at allocation".
+# One rule the engine cannot check for you. Index a block at allocation and run grading 3 alone: it passes. A
+# request that hits a block reserved *in the same step* reads K/V that the same forward pass writes — each layer
+# stores the step's K/V before it attends — so the early hit is harmless here. vLLM relies on exactly that:
+# `allocate_slots` indexes the full blocks of the tokens the step is *about to* compute. What early indexing
+# risks is everything between reservation and compute: a step that fails and is rolled back (minienv's steps are
+# transactions, notebook 08) would leave findable blocks whose K/V were never written, and a block filled by a KV
+# transfer that lands in a later step must wait (vLLM's `delay_cache_blocks`). Indexing at commit holds without
+# those conditions; grading 1 checks the rule directly.
 #
 # A seam that takes anything must refuse what it cannot use, clearly:
 
@@ -294,10 +296,10 @@ except ValueError as err:
 # > **vLLM v0.11.0**
 # > * `vllm/v1/core/kv_cache_manager.py` — `KVCacheManager`: `get_computed_blocks` (your `lookup`, capped so the
 # >   last token is computed), `allocate_slots` (your `allocate` / `append_slots`: `None` when the blocks do not
-# >   fit, and it caches the full blocks of tokens already computed), `free`.
+# >   fit; it also indexes the full blocks of the tokens the step will compute, unless `delay_cache_blocks`), `free`.
 # > * `vllm/v1/core/block_pool.py` — `BlockPool`: `get_new_blocks` (head of the free queue, and
 # >   `_maybe_evict_cached_block` drops the hash in the same call), `touch` (a hit: out of the queue, `ref_cnt += 1`),
-# >   `cache_full_blocks` (your `commit`), `free_blocks` (refcount −1, to the tail).
+# >   `cache_full_blocks` (the indexing your `commit` does), `free_blocks` (refcount −1, to the tail).
 # > * `vllm/v1/core/kv_cache_utils.py` — `FreeKVCacheBlockQueue` (your `OrderedDict`, as a doubly linked list) and
 # >   `hash_block_tokens` (the chain hash).
 # > * `vllm/v1/core/single_type_kv_cache_manager.py` — `free` walks `reversed(req_blocks)`: last block first.

@@ -219,9 +219,9 @@ def test_random_ops_alone_catches_a_wrong_hash():
         cap.check_random_ops(HashOwnTokens, seed=1)
 
 
-def test_index_at_allocation_is_harmless_only_by_accident_of_one_forward_per_step():
+def test_index_at_allocation_passes_the_engine_proof():
     """Why the rules scenario, not the engine, catches this bug: in minienv's engine a same-step hit reads K/V the
-    same forward pass writes before attending. The notebook says so; this pins the claim."""
+    same forward pass writes before attending, so outputs cannot show it. The notebook says so; this pins it."""
     assert cap.check_in_engine(IndexAtAllocation) == PASSED
 
 
