@@ -31,7 +31,8 @@ from minienv.kv.kv_cache_manager import KVCacheStats, PrefixHit, RequestKV, Slot
 from minienv.kv.prefix_cache import PrefixCacheStats
 
 CONTRACT = """\
-MyKVCacheManager(num_blocks, block_size, enable_prefix_caching=True); block ids are 0 .. num_blocks-1, all free.
+MyKVCacheManager(num_blocks, block_size, enable_prefix_caching=True): blocks 0 .. num_blocks-1, all in the free
+                                    queue in that order (0 at the head)
 lookup(token_ids) -> list[int]      the blocks of the longest cached run of FULL blocks of token_ids, found by chain
                                     hash, at most (len-1)//block_size of them; [] with caching off; changes nothing
 allocate(rid, token_ids, n) -> int | None

@@ -188,6 +188,14 @@ BUGS = [
 
 
 # ---------------------------------------------------------------------------------------- the checks
+def test_reference_solution_is_written_from_scratch():
+    """It implements the contract itself: no base class, and nothing imported from minienv but the chain hash."""
+    assert Good.__bases__ == (object,)
+    source = (REPO / "solutions" / "14_capstone.py").read_text()
+    imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+    assert [i for i in imports if "minienv" in i] == ["from minienv.kv.hashing import ROOT_HASH, hash_block_tokens"]
+
+
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
 def test_reference_solution_passes(check, capsys):
     assert check(Good) == PASSED
