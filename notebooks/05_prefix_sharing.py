@@ -483,6 +483,41 @@ assert poisoned.cached_tokens_per_request[2] > 0 and poisoned.outputs[2] != off.
 assert poisoned.outputs[:2] == off.outputs[:2]
 
 # %% [markdown]
+# ## Break it yourself
+#
+# `minienv.lab.break_it` is minienv's manager with one switch per classic bug. Set `BUG` to one of this chapter's
+# (`index_at_allocation`, `hash_own_tokens`, `no_copy_on_write`), predict which proof fails, and run the cell: it runs the series' proofs on
+# the **real engine** (the manager goes in through `InferenceEngine(kv_cache_manager_factory=...)`) and on the
+# manager, and prints which still hold.
+
+# %%
+from minienv.lab import break_it
+
+BUG = None  # try "index_at_allocation" or "hash_own_tokens" or "no_copy_on_write"
+for result in break_it.run_proofs(BUG).values():
+    print(f"{'✓' if result.holds else '✗'} {result.name:<14} {result.detail}")
+
+# %% [markdown]
+# <details><summary>Which proof each bug breaks, and why (after you tried)</summary>
+#
+# * `index_at_allocation` — the outputs still match: a same-step hit reads K/V the same forward pass writes first.
+#   But interrupt a step (the stop button) and roll it back: the reserved blocks stay findable though their K/V
+#   were never written, and the resumed request "hits" its own empty blocks (`failed_step`).
+# * `hash_own_tokens` — equal tokens after a different prefix get the same key, so a request reuses K/V that
+#   attended to someone else's beginning (`outputs`).
+# * `no_copy_on_write` — after a fork, the child's first token lands in the half-full block it shares with the
+#   parent and overwrites the parent's K/V (`copy_on_write`). Full shared blocks are never written, so only the
+#   last one needs the copy.
+# </details>
+
+# %%
+# NBVAL_CHECK_OUTPUT
+broken = {bug: sorted(n for n, r in break_it.run_proofs(bug).items() if not r.holds) for bug in ("index_at_allocation", "hash_own_tokens", "no_copy_on_write",)}
+for bug, names in broken.items():
+    print(f"{bug:<20} breaks: {', '.join(names)}")
+assert broken == {'index_at_allocation': ['failed_step'], 'hash_own_tokens': ['outputs'], 'no_copy_on_write': ['copy_on_write']}
+
+# %% [markdown]
 # ## The traps of this layer
 #
 # Each of these shipped in a real engine (or in the naive design). Each has a regression test in

@@ -380,6 +380,39 @@ assert usable_prefix_after_evictions(5, 2, tail_first=True)[1:] == (3, 0)
 assert usable_prefix_after_evictions(5, 2, tail_first=False)[1:] == (0, 3)
 
 # %% [markdown]
+# ## Break it yourself
+#
+# `minienv.lab.break_it` is minienv's manager with one switch per classic bug. Set `BUG` to one of this chapter's
+# (`free_head_first`, `evict_in_use`), predict which proof fails, and run the cell: it runs the series' proofs on
+# the **real engine** (the manager goes in through `InferenceEngine(kv_cache_manager_factory=...)`) and on the
+# manager, and prints which still hold.
+
+# %%
+from minienv.lab import break_it
+
+BUG = None  # try "free_head_first" or "evict_in_use"
+for result in break_it.run_proofs(BUG).values():
+    print(f"{'✓' if result.holds else '✗'} {result.name:<14} {result.detail}")
+
+# %% [markdown]
+# <details><summary>Which proof each bug breaks, and why (after you tried)</summary>
+#
+# * `free_head_first` — outputs stay right, but a freed chain now sits in the queue head-first, so eviction
+#   takes its *first* block and strands the rest: cached blocks no lookup can reach (`invariants`: "parent block
+#   would be evicted before its child").
+# * `evict_in_use` — a prefix hit on a cached-free block leaves it in the free queue; the next allocation takes
+#   it from under the request using it (`invariants`: refcount 1 but in the free queue), and the engine ends up
+#   freeing a block twice (`outputs`: the crash is the proof failing).
+# </details>
+
+# %%
+# NBVAL_CHECK_OUTPUT
+broken = {bug: sorted(n for n, r in break_it.run_proofs(bug).items() if not r.holds) for bug in ("free_head_first", "evict_in_use",)}
+for bug, names in broken.items():
+    print(f"{bug:<20} breaks: {', '.join(names)}")
+assert broken == {'free_head_first': ['invariants'], 'evict_in_use': ['invariants', 'outputs']}
+
+# %% [markdown]
 # ## The traps of this layer
 #
 # | trap | what went wrong | the lesson, in one sentence |

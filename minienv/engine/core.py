@@ -120,13 +120,23 @@ class InferenceEngine:
     speculative_config:
         ``{"method": "draft" | "ngram", "num_speculative_tokens": k, ...}`` (or a
         :class:`~minienv.spec_decode.SpeculativeConfig`) turns on speculative decoding; ``None`` (default) is off.
+    kv_cache_manager_factory:
+        ``factory(num_blocks, block_size, enable_prefix_caching) -> manager``, called once instead of
+        ``KVCacheManager(...)``: the seam through which a different manager (the capstone's, a lab's) runs in the
+        real engine. The manager must answer what the scheduler and the step ask of a :class:`KVCacheManager`
+        (``allocate``, ``append_slots``, ``lookup``, ``commit``, ``free``, ``request``, ...). ``None`` (default):
+        minienv's own.
     """
 
     def __init__(self, model: Any = None, tokenizer: Any = None, *, kv_budget_tokens: int = 8192,
                  block_size: int = 16, enable_prefix_caching: bool = True, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 512, scheduling: SchedulingPolicy = "continuous",
                  victim_policy: VictimPolicy | None = None, static_padding: bool = True, history_size: int = 256,
-                 finished_retention: int = 256, kv_tier: Any = None, speculative_config: Any = None):
+                 finished_retention: int = 256, kv_tier: Any = None, speculative_config: Any = None,
+                 kv_cache_manager_factory: Callable[[int, int, bool], Any] | None = None):
+        if kv_cache_manager_factory is not None and not callable(kv_cache_manager_factory):
+            raise ValueError("kv_cache_manager_factory must be a callable (num_blocks, block_size, "
+                             f"enable_prefix_caching) -> manager, got {type(kv_cache_manager_factory).__name__}")
         for name, flag in (("enable_prefix_caching", enable_prefix_caching), ("static_padding", static_padding)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
@@ -149,8 +159,11 @@ class InferenceEngine:
         num_blocks = num_blocks_for_budget(kv_budget_tokens, block_size)  # KVBudgetError below one block
         self.block_size = int(block_size)
         self.kv_pool = KVPool.for_model(model.config, num_blocks * self.block_size, self.block_size)
-        self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size,
-                                               enable_prefix_caching=bool(enable_prefix_caching))
+        if kv_cache_manager_factory is None:
+            self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size,
+                                                   enable_prefix_caching=bool(enable_prefix_caching))
+        else:
+            self.kv_cache_manager = kv_cache_manager_factory(num_blocks, self.block_size, bool(enable_prefix_caching))
         self.scheduler = make_scheduler(
             self.kv_cache_manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             scheduling=scheduling, victim_policy=victim_policy, static_padding=bool(static_padding),

@@ -1,0 +1,501 @@
+"""Notebook 14's capstone: grade a KV cache manager the student wrote from scratch, with the series' own proofs.
+
+The student's class keeps a small contract (``CONTRACT`` below, stated in the notebook). :class:`PluggedManager`
+adapts it to what minienv's scheduler asks of a :class:`~minienv.kv.kv_cache_manager.KVCacheManager` (slot
+mappings, :class:`SlotAllocation`, stats), and :func:`plug` turns the class into the ``kv_cache_manager_factory``
+of a real :class:`~minienv.engine.InferenceEngine`. The adapter adds no policy: every block id, refcount, hit and
+eviction is the student's.
+
+Three checks, each an ``exercise`` (stub -> "not implemented yet", wrong -> the rule broken, right -> ✓):
+
+* :func:`check_rules` — one small scenario per rule of the contract (each classic bug breaks exactly one);
+* :func:`check_random_ops` — random admissions, appends, commits and frees: the structural invariants after every
+  operation, every prefix hit holds the right computed tokens, and a freed prompt is found again;
+* :func:`check_in_engine` — the student's manager inside the engine: outputs == minienv's manager (cache on) ==
+  cache off == each request generated alone, and again under a budget so tight that requests are preempted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from minienv.exercises._check import ExerciseFailed, _NotYet, exercise, fail, require
+from minienv.kv.block_table import cdiv, slot_mapping
+from minienv.kv.errors import KVCacheError
+from minienv.kv.kv_cache_manager import KVCacheStats, PrefixHit, RequestKV, SlotAllocation
+from minienv.kv.prefix_cache import PrefixCacheStats
+
+CONTRACT = """\
+MyKVCacheManager(num_blocks, block_size, enable_prefix_caching=True): blocks 0 .. num_blocks-1, all in the free
+                                    queue in that order (0 at the head)
+lookup(token_ids) -> list[int]      the blocks of the longest cached run of FULL blocks of token_ids, found by chain
+                                    hash, at most (len-1)//block_size of them; [] with caching off; changes nothing
+allocate(rid, token_ids, n) -> int | None
+                                    admit a request: take its lookup hit (refcount +1; a cached-free hit leaves the
+                                    free queue), then new blocks from the free-queue HEAD for hit + n tokens; return
+                                    the tokens served from cache, or None (changing nothing) if the blocks don't fit
+append_slots(rid, token_ids) -> bool
+                                    reserve slots for more tokens (new blocks only when the last is full); False,
+                                    changing nothing, if they don't fit
+commit(rid)                         the step computed every reserved token: index each newly FULL block under its
+                                    chain hash (unless that hash is already indexed)
+free(rid)                           release the blocks LAST FIRST; a block whose refcount reaches 0 joins the free
+                                    queue's TAIL, still findable if indexed (cached-free)
+taking a block from the free queue evicts it: its hash leaves the index in that call
+observers: block_table(rid) -> list[int], ref_cnt(b) -> int, free_queue() -> list[int] (head first),
+           is_cached(b) -> bool (b is in the prefix index)"""
+
+
+@contextlib.contextmanager
+def _student() -> Iterator[None]:
+    """A ``NotImplementedError`` from any of the student's methods means the stub is still there."""
+    try:
+        yield
+    except NotImplementedError as err:
+        raise _NotYet from err
+
+
+class _PoolView:
+    """``manager.pool.num_used_blocks``, which the engine reads after every step."""
+
+    def __init__(self, core: Any, num_blocks: int):
+        self._core, self.num_blocks = core, num_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._core.free_queue())
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._core.free_queue())
+
+
+class PluggedManager:
+    """The student's manager (``core``) seen through the :class:`KVCacheManager` interface the scheduler uses.
+
+    It keeps what the scheduler needs but the contract leaves out (each request's tokens and computed count, the
+    prefix-cache counters) and turns block tables into slot mappings. Not supported, with a clear error: rollback
+    to fewer tokens (``truncate``: a step that failed mid-way, speculative decoding) and ``reset_prefix_cache``.
+    It emits no :class:`~minienv.kv.kv_cache_manager.KVEvent`, so step records show none.
+    """
+
+    extra_key = b""
+
+    def __init__(self, core: Any, num_blocks: int, block_size: int, enable_prefix_caching: bool):
+        self.core, self.block_size = core, block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = _PoolView(core, num_blocks)
+        self.prefix_stats = PrefixCacheStats()
+        self._reqs: dict[Any, RequestKV] = {}
+        self._listeners: list[Callable] = []
+
+    num_blocks = property(lambda self: self.pool.num_blocks)
+    kv_budget_tokens = property(lambda self: self.pool.num_blocks * self.block_size)
+    num_free_blocks = property(lambda self: self.pool.num_free_blocks)
+
+    def add_listener(self, listener: Callable) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable) -> None:
+        self._listeners.remove(listener)
+
+    def has_request(self, request_id: Any) -> bool:
+        return request_id in self._reqs
+
+    def request_ids(self) -> list:
+        return list(self._reqs)
+
+    def _table(self, request_id: Any, num_tokens: int) -> list[int]:
+        table = list(self.core.block_table(request_id))
+        if len(table) != cdiv(num_tokens, self.block_size):
+            raise KVCacheError(f"your block_table({request_id!r}) has {len(table)} blocks for {num_tokens} tokens; "
+                               f"it must have ceil(tokens / block_size) = {cdiv(num_tokens, self.block_size)}")
+        return table
+
+    def request(self, request_id: Any) -> RequestKV:
+        req = self._reqs[request_id]
+        req.block_ids = self._table(request_id, req.num_tokens)
+        return req
+
+    def block_ids(self, request_id: Any) -> list[int]:
+        return list(self.request(request_id).block_ids)
+
+    def ref_cnt(self, block_id: int) -> int:
+        return self.core.ref_cnt(block_id)
+
+    def free_queue(self) -> list[tuple[int, bool]]:
+        return [(b, bool(self.core.is_cached(b))) for b in self.core.free_queue()]
+
+    def lookup(self, token_ids: Sequence[int]) -> PrefixHit:
+        hit = tuple(self.core.lookup(list(token_ids)))
+        return PrefixHit(hit, (), len(hit) * self.block_size)
+
+    def _slots(self, req: RequestKV, start: int, n_cached: int) -> SlotAllocation:
+        req = self.request(req.request_id)
+        positions = np.arange(start, req.num_tokens, dtype=np.int64)
+        return SlotAllocation(req.request_id, tuple(req.token_ids[start:]), positions,
+                              slot_mapping(req.block_ids, positions, self.block_size), (), (), n_cached)
+
+    def allocate(self, request_id: Any, prompt_token_ids: Sequence[int], *,
+                 num_new_tokens: int | None = None) -> SlotAllocation | None:
+        prompt = [int(t) for t in prompt_token_ids]
+        if num_new_tokens is None:
+            num_new_tokens = len(prompt) - self.lookup(prompt).num_cached_tokens
+        n_cached = self.core.allocate(request_id, prompt, num_new_tokens)
+        if n_cached is None:
+            return None
+        total = n_cached + num_new_tokens
+        self._reqs[request_id] = RequestKV(self.block_size, self._table(request_id, total), total, request_id, prompt[:total], n_cached, n_cached)
+        s = self.prefix_stats
+        s.requests, s.queries, s.hits = s.requests + 1, s.queries + len(prompt), s.hits + n_cached
+        return self._slots(self._reqs[request_id], n_cached, n_cached)
+
+    def append_slots(self, request_id: Any, token_ids: Sequence[int]) -> SlotAllocation | None:
+        req = self._reqs[request_id]
+        new = [int(t) for t in token_ids]
+        if not self.core.append_slots(request_id, new):
+            return None
+        start = req.num_tokens
+        req.token_ids.extend(new)
+        req.num_tokens = len(req.token_ids)
+        return self._slots(req, start, 0)
+
+    def commit(self, request_id: Any) -> list[int]:
+        self.core.commit(request_id)
+        req = self._reqs[request_id]
+        req.num_computed_tokens = req.num_tokens
+        return []
+
+    def free(self, request_id: Any) -> list[int]:
+        released = self.core.block_table(request_id)[::-1]
+        self.core.free(request_id)
+        del self._reqs[request_id]
+        return released
+
+    def return_to_head(self, block_ids: Sequence[int]) -> None:
+        """After a failed step minienv puts reserved blocks back where they were taken; the contract has no such
+        call, so here the LRU order after a failure may differ (outputs cannot)."""
+
+    def truncate(self, request_id: Any, num_tokens: int) -> list[int]:
+        raise KVCacheError("the capstone's manager cannot roll a request back to fewer tokens (a failed step, "
+                           "speculative decoding): run the engine without speculation")
+
+    def stats(self) -> KVCacheStats:
+        free = self.core.free_queue()
+        cached = sum(1 for b in free if self.core.is_cached(b))
+        s = self.prefix_stats
+        return KVCacheStats(self.num_blocks, self.block_size, len(free) - cached, cached,
+                            self.num_blocks - len(free), len(self._reqs), s.requests, s.queries, s.hits, 0, 0, 0)
+
+    def check_invariants(self) -> None:
+        audit(self.core, self.num_blocks, {rid: self.request(rid).block_ids for rid in self._reqs})
+
+
+def plug(manager_class: type) -> Callable[[int, int, bool], PluggedManager]:
+    """``InferenceEngine(..., kv_cache_manager_factory=plug(MyKVCacheManager))``: the student's class in the engine."""
+    def factory(num_blocks: int, block_size: int, enable_prefix_caching: bool) -> PluggedManager:
+        core = manager_class(num_blocks, block_size, enable_prefix_caching)
+        return PluggedManager(core, num_blocks, block_size, enable_prefix_caching)
+    return factory
+
+
+# ---------------------------------------------------------------------------------------------- invariants
+def audit(core: Any, num_blocks: int, tables: dict[Any, Sequence[int]]) -> None:
+    """The structural invariants, read through the observers; ``tables`` are the block tables the caller expects."""
+    holders = [0] * num_blocks
+    for rid, want in tables.items():
+        got = list(core.block_table(rid))
+        require(got == list(want), "block_table(rid) is the request's blocks in logical order, and only allocate / "
+                "append_slots change it", f"request {rid!r}: block_table {got}, expected {list(want)}")
+        for b in got:
+            holders[b] += 1
+    queue = list(core.free_queue())
+    require(len(set(queue)) == len(queue), "a block is in the free queue at most once", f"free queue {queue}")
+    for b in range(num_blocks):
+        rc = core.ref_cnt(b)
+        require(rc == holders[b], "a block's refcount equals the number of block tables holding it",
+                f"block {b}: ref_cnt {rc}, held by {holders[b]} table(s) {[r for r, t in tables.items() if b in t]}")
+        require((rc == 0) == (b in queue), "a block is in the free queue exactly when its refcount is 0 (an in-use "
+                "block must never be handed out, so never evicted)",
+                f"block {b}: ref_cnt {rc}, {'in' if b in queue else 'not in'} the free queue")
+
+
+# ---------------------------------------------------------------------------------------------- the checks
+B = 4  # block size of the scenarios
+
+
+def _seq(start: int, n: int) -> list[int]:
+    return list(range(start, start + n))
+
+
+def _admit(m: Any, rid: str, tokens: list[int], commit: bool = True) -> int:
+    n_cached = m.allocate(rid, tokens, len(tokens) - len(m.lookup(tokens)) * B)
+    require(n_cached is not None, "allocate succeeds when the free queue holds enough blocks",
+            f"allocate({rid!r}, {len(tokens)} tokens) returned None with {len(m.free_queue())} free blocks")
+    if commit:
+        m.commit(rid)
+    return n_cached
+
+
+@exercise("implement MyKVCacheManager's methods (the contract above), then run this cell again")
+def check_rules(cls) -> str:
+    """One scenario per rule; each classic bug breaks exactly one of them (tests/unit/test_capstone.py)."""
+    with _student():
+        # 1. lifecycle + refcount on a shared block
+        m = cls(8, B, True)
+        a = _seq(0, 9)  # 2 full blocks + 1
+        require(_admit(m, "a", a) == 0, "allocate returns the tokens served from cache: 0 for a cold prompt")
+        ta = m.block_table("a")
+        require(len(ta) == 3, "allocate reserves ceil(tokens / block_size) blocks", f"9 tokens -> {ta}")
+        require(m.free_queue()[0] == 3, "new blocks come from the HEAD of the free queue (block 0, 1, 2 first)",
+                f"table {ta}, free queue now {m.free_queue()}")
+        b = a[:8] + [99, 98]
+        got = _admit(m, "b", b)
+        require(got == 8, "a committed full block is found by lookup: b shares a's 2 full blocks",
+                f"allocate('b') served {got} tokens from cache, expected 8")
+        audit(m, 8, {"a": ta, "b": m.block_table("b")})
+        m.free("a")
+        audit(m, 8, {"b": m.block_table("b")})
+        # 2. index at commit, not at allocation
+        m = cls(8, B, True)
+        m.allocate("a", a, len(a))
+        early = m.lookup(a + [7, 7])
+        require(early == [], "a block is indexed at commit, never at allocation: its K/V do not exist yet",
+                f"lookup found {early} after allocate('a') but before commit('a')")
+        m.commit("a")
+        require(m.lookup(a + [7]) == m.block_table("a")[:2], "commit indexes every newly full block",
+                f"after commit, lookup gave {m.lookup(a + [7])}, table {m.block_table('a')}")
+        require(len(m.lookup(a[:8])) == 1, "lookup returns at most (len - 1) // block_size blocks: the last token "
+                "is always computed, for its logits", f"lookup of 8 tokens gave {m.lookup(a[:8])}")
+        # 3. chain hash: a block's key is its whole prefix
+        x = _seq(100, 4) + _seq(200, 4) + [1]
+        y = _seq(200, 4) + [1]  # x's 2nd block's tokens, but as a first block: no prefix before them
+        m = cls(8, B, True)
+        _admit(m, "x", x)
+        hit = m.lookup(y)
+        require(hit == [], "the hash of block j chains block j-1's hash: the same tokens after a different prefix "
+                "must miss (their K/V differ)", f"x = {x}; lookup({y}) returned {hit}, but x's block 1 holds those "
+                "tokens after x's block 0")
+        # 4. free last-first + LRU: eviction cuts a cached prefix from its tail
+        m = cls(4, B, True)
+        p = _seq(0, 13)  # 3 full blocks + 1 -> 4 blocks: the whole pool
+        _admit(m, "p", p)
+        m.free("p")
+        kept = len(m.lookup(p))
+        require(kept == 3, "a freed request's full blocks stay cached (cached-free) and findable until evicted",
+                f"right after free('p'), lookup(p) finds {kept} of its 3 full blocks")
+        _admit(m, "q", _seq(500, 5), commit=False)  # 2 blocks: p's partial one, then ONE cached block
+        kept = len(m.lookup(p))
+        require(kept != 3, "an evicted block leaves the index in the call that reuses it (its K/V get overwritten)",
+                f"the pool of 4 is full again (q took 2 blocks, one of them cached), yet lookup(p) finds all 3 of "
+                f"p's blocks: a reused block is still indexed")
+        require(kept == 2, "free releases the LAST block first, so eviction (from the free-queue head) removes a "
+                "cached prefix from its tail and the rest stays findable",
+                f"after freeing p (3 cached blocks) and evicting one, lookup(p) finds {kept} blocks, not 2")
+        # 5. LRU across requests + eviction drops the hash
+        m = cls(6, B, True)
+        old, new = _seq(0, 5), _seq(40, 5)
+        _admit(m, "old", old)
+        _admit(m, "new", new)
+        m.free("old")
+        m.free("new")
+        _admit(m, "z", _seq(80, 8), commit=False)  # 2 blocks: the free-empty ones first, then the LRU cached one
+        _admit(m, "w", _seq(90, 8), commit=False)  # 2 more: old's partial block, then one cached block
+        require(m.lookup(old) == [] and len(m.lookup(new)) == 1,
+                "allocation takes the least recently freed block first (LRU), and an evicted block leaves the index",
+                f"old freed before new; after evicting one cached block lookup(old) = {m.lookup(old)}, "
+                f"lookup(new) = {m.lookup(new)}")
+        # 6. a cached-free hit leaves the free queue; allocate that does not fit changes nothing
+        m = cls(4, B, True)
+        _admit(m, "a", a[:5])
+        m.free("a")
+        _admit(m, "a2", a[:5], commit=False)
+        hit_block = m.block_table("a2")[0]
+        require(hit_block not in m.free_queue(), "a prefix hit on a cached-free block takes it out of the free queue "
+                "(in use again: it must not be evicted)", f"block {hit_block} is in a2's table and the free queue")
+        state = lambda: (m.free_queue(), m.block_table("a2"), [m.ref_cnt(b) for b in range(4)])  # noqa: E731
+        before = state()
+        big = a[:4] + _seq(600, 40)  # its first block is a hit: taking it must be undone too
+        got = m.allocate("big", big, len(big) - B)
+        require(got is None and state() == before, "allocate returns None and changes nothing when the blocks do not "
+                "fit (check the whole need — hit blocks included — before touching anything)",
+                f"allocate of 11 blocks with 2 free returned {got}; (free queue, a2's table, refcounts) went from "
+                f"{before} to {state()}")
+        require(m.append_slots("a2", [1, 2, 3]) and len(m.block_table("a2")) == 2,
+                "append_slots takes a new block only when the last one is full",
+                f"5 + 3 tokens -> table {m.block_table('a2')}")
+        # 7. caching off
+        m = cls(8, B, False)
+        _admit(m, "a", a)
+        m.free("a")
+        require(m.lookup(a) == [], "with enable_prefix_caching=False nothing is ever found",
+                f"lookup gave {m.lookup(a)}")
+    return "every rule of the contract holds on its scenario (refcounts, commit-time indexing, chain hashes, " \
+           "last-first free, LRU eviction, all-or-nothing allocation)"
+
+
+@dataclass
+class _Req:
+    tokens: list[int]
+    computed: int
+    table: list[int]
+
+
+@exercise("implement MyKVCacheManager first (check_rules), then run this cell again")
+def check_random_ops(cls, *, seed: int = 0, num_ops: int = 400, num_blocks: int = 12) -> str:
+    """Random admissions / appends / commits / frees over prompts that share prefixes. After every operation: the
+    structural invariants; every block a lookup returns holds exactly the prompt's tokens and was computed; a prompt
+    freed with nothing allocated since is found again in full."""
+    rng = np.random.default_rng(seed)
+    # prompts start with 0-3 "words" of one block each from a vocabulary of 3, so equal blocks recur both as a
+    # shared prefix and at different positions after different prefixes
+    words = [list(map(int, rng.integers(0, 50, B))) for _ in range(3)]
+    content: dict[int, tuple[int, ...]] = {}  # block -> the computed tokens it holds as a full prefix block
+    reqs: dict[str, _Req] = {}
+    hits = found_again = 0
+    with _student():
+        m = cls(num_blocks, B, True)
+        for op_no in range(num_ops):
+            op = rng.integers(0, 4)
+            if op == 0 or not reqs:  # admit
+                stem = [t for _ in range(int(rng.integers(0, 4))) for t in words[int(rng.integers(0, 3))]]
+                prompt = stem + list(map(int, rng.integers(50, 99, int(rng.integers(1, 9)))))
+                hit = m.lookup(prompt)
+                for j, bid in enumerate(hit):
+                    require(content.get(bid) == tuple(prompt[:(j + 1) * B]),
+                            "a prefix hit returns only blocks whose computed K/V are exactly the prompt's tokens up "
+                            "to that block's end", f"op {op_no}: lookup(prompt) block {j} = {bid} holds "
+                            f"{content.get(bid, 'nothing computed')}, the prompt needs {tuple(prompt[:(j + 1) * B])}")
+                n = len(prompt) - len(hit) * B
+                rid = f"r{op_no}"
+                got = m.allocate(rid, prompt, n)
+                if got is not None:
+                    require(got == len(hit) * B, "allocate serves from cache exactly what lookup finds",
+                            f"op {op_no}: lookup found {len(hit)} blocks, allocate reported {got} tokens")
+                    hits += got
+                    reqs[rid] = _Req(list(prompt), got, m.block_table(rid))
+                    require(reqs[rid].table[:len(hit)] == hit, "allocate puts the lookup hit first in the table",
+                            f"op {op_no}: hit {hit}, table {reqs[rid].table}")
+            else:
+                rid = list(reqs)[int(rng.integers(0, len(reqs)))]
+                r = reqs[rid]
+                if op == 1 and r.computed < len(r.tokens):  # the step computes the reserved tokens
+                    m.commit(rid)
+                    for j in range(r.computed // B, len(r.tokens) // B):
+                        content.setdefault(r.table[j], tuple(r.tokens[:(j + 1) * B]))
+                        require(content[r.table[j]] == tuple(r.tokens[:(j + 1) * B]),
+                                "a block in use is never handed to another request (its K/V would be overwritten)",
+                                f"op {op_no}: block {r.table[j]} is in two live prefixes")
+                    r.computed = len(r.tokens)
+                elif op == 2 and r.computed == len(r.tokens):  # decode one token
+                    tok = int(rng.integers(0, 99))
+                    if m.append_slots(rid, [tok]):
+                        r.tokens.append(tok)
+                        r.table = m.block_table(rid)
+                else:  # free (committed or not)
+                    table = r.table
+                    m.free(rid)
+                    del reqs[rid]
+                    for b in table:  # a block's K/V are only valid if it stays out of allocation: forget the
+                        if m.ref_cnt(b) == 0 and not m.is_cached(b):  # ones freed empty
+                            content.pop(b, None)
+                    full = (len(r.tokens) - 1) // B
+                    # a block computed twice at once (two requests, same prefix, neither committed) stays private;
+                    # its prompt is then findable only while the indexed twin is: check the untwinned ones
+                    if r.computed == len(r.tokens) and full and all(m.is_cached(b) for b in table[:full]):
+                        again = m.lookup(r.tokens)
+                        require(len(again) == (len(r.tokens) - 1) // B, "a freed request's full blocks stay cached "
+                                "(cached-free) and findable until evicted",
+                                f"op {op_no}: freed {rid} ({len(r.tokens)} tokens), lookup right after finds "
+                                f"{len(again)} blocks, expected {(len(r.tokens) - 1) // B}")
+                        found_again += 1
+            for b in range(num_blocks):  # an evicted (reused) block no longer holds its old prefix
+                if m.ref_cnt(b) > 0 and b not in {x for rr in reqs.values() for x in rr.table[:rr.computed // B]}:
+                    content.pop(b, None)
+            audit(m, num_blocks, {rid: r.table for rid, r in reqs.items()})
+        require(found_again >= 5, "a freed request's full blocks stay cached (cached-free) and findable until evicted",
+                f"only {found_again} freed prompts had their blocks still indexed right after free")
+    return (f"{num_ops} random operations: invariants after each, {hits} tokens of prefix hits all correct, "
+            f"{found_again} freed prompts found again")
+
+
+def _tiny_setup():
+    from minienv.exercises.scheduling import _tiny_model, _TokenIds
+    return _tiny_model(), _TokenIds()
+
+
+def _workload() -> tuple[list[list[int]], Any]:
+    from minienv.sampling import SamplingParams
+    rng = np.random.default_rng(3)
+    shared = list(map(int, rng.integers(1, 128, 16)))
+    prompts = [(shared if i % 2 == 0 else []) + list(map(int, rng.integers(1, 128, int(rng.integers(3, 12)))))
+               for i in range(8)]
+    return prompts, SamplingParams(max_tokens=10, temperature=0)
+
+
+def run_engine(factory: Callable | None, *, enable_prefix_caching: bool = True, kv_budget_tokens: int = 512
+               ) -> tuple[list[list[int]], int, int]:
+    """The capstone workload (8 greedy requests, half sharing a 16-token prefix) through a real engine; returns the
+    outputs, the number of preemptions and the prompt tokens served from the prefix cache."""
+    from minienv.engine import InferenceEngine
+    model, tok = _tiny_setup()
+    prompts, params = _workload()
+    eng = InferenceEngine(model, tok, kv_budget_tokens=kv_budget_tokens, block_size=B, max_num_seqs=4,
+                          max_num_batched_tokens=64, enable_prefix_caching=enable_prefix_caching, history_size=0,
+                          kv_cache_manager_factory=factory)
+    ids = [eng.add_request(p, params) for p in prompts]
+    outs: dict[str, list[int]] = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = list(o.token_ids)
+        eng.check_invariants()
+    return [outs[i] for i in ids], eng.scheduler.num_preemptions, eng.kv_cache_manager.prefix_stats.hits
+
+
+def dense_outputs() -> list[list[int]]:
+    """Each request generated alone by ``minienv.generate`` (a contiguous cache, no scheduler)."""
+    from minienv.generate import generate_ids
+    model, tok = _tiny_setup()
+    prompts, params = _workload()
+    return [list(generate_ids(model, p, params, eos_token_id=tok.eos_token_id)) for p in prompts]
+
+
+TIGHT_BUDGET = 48  # tokens: the longest request fits alone, eight at once do not -> preemptions
+
+
+@exercise("implement MyKVCacheManager first (check_rules), then run this cell again")
+def check_in_engine(cls) -> str:
+    """The series' proofs with the student's manager inside the real engine."""
+    dense = dense_outputs()
+    with _student():
+        try:
+            mine, _, hits = run_engine(plug(cls))
+            mine_tight, preempted, _ = run_engine(plug(cls), kv_budget_tokens=TIGHT_BUDGET)
+        except (_NotYet, ExerciseFailed):
+            raise
+        except NotImplementedError as err:
+            raise _NotYet from err
+        except Exception as err:  # noqa: BLE001 - the engine's invariant check or a crash inside the manager
+            fail("inside the engine, your manager keeps every invariant and never crashes",
+                 f"{type(err).__name__}: {err}")
+    ref_on, _, _ = run_engine(None)
+    ref_off, _, _ = run_engine(None, enable_prefix_caching=False)
+    assert ref_on == ref_off == dense, "minienv's own manager disagrees with dense generation"
+    for i, (got, want) in enumerate(zip(mine, dense, strict=True)):
+        require(got == want, "the engine's output with your manager equals each request generated alone (and "
+                "minienv's manager, cache on and off)", f"request {i}: yours {got}, dense {want}")
+    require(hits > 0, "in the engine your manager serves the shared prefix from cache (lookup finds committed "
+            "blocks)", f"{hits} prompt tokens served from cache; four prompts share a 16-token prefix")
+    require(preempted > 0, "the tight budget preempts (otherwise it proves nothing)", f"{preempted} preemptions")
+    for i, (got, want) in enumerate(zip(mine_tight, dense, strict=True)):
+        require(got == want, "nothing is lost under a tight budget: preempted requests resume to the same output",
+                f"request {i} at a {TIGHT_BUDGET}-token budget ({preempted} preemptions): yours {got}, dense {want}")
+    return (f"8 requests: your manager ({hits} prompt tokens from cache) == minienv's (cache on) == cache off == "
+            f"dense, and still equal at a {TIGHT_BUDGET}-token budget with {preempted} preemptions")
+

@@ -1,0 +1,322 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 14 · Capstone: write the KV cache manager, run it in the real engine
+#
+# Notebooks 04–08 took minienv's KV cache manager apart: block tables (04), prefix sharing by chain hash (05), LRU
+# eviction of cached-free blocks (06), preemption when blocks run out (07), the engine loop around it all (08).
+# Here you write the core of that manager yourself, from an empty class, and plug it into the same
+# `InferenceEngine` every earlier notebook used. Nothing is mocked: the scheduler asks *your* class for blocks, the
+# model writes K/V into the slots *your* block tables name, and attention reads them back.
+#
+# The grading is the series' own proofs: outputs with your manager equal minienv's manager, cache on and off, and
+# each request generated alone; the invariants hold after every one of hundreds of random operations; nothing is
+# lost under a budget so tight that requests are preempted.
+#
+# **Learning goals.** After this notebook you can
+# 1. write a block allocator with refcounts and an LRU free queue, and say why a prefix hit must leave the queue;
+# 2. index full blocks by chain hash **at commit**, and explain why not at allocation;
+# 3. free a request's blocks last-first and explain what that buys eviction;
+# 4. keep allocation all-or-nothing, so the scheduler can preempt and retry;
+# 5. find each of these pieces in vLLM's `kv_cache_manager.py` / `block_pool.py`.
+#
+# **Before you start**: notebooks 04–08 (block tables, chain hashes, the free queue, preemption). About 60–90
+# minutes. The reference solution is in `solutions/14_capstone.py`; read it after you pass, or when stuck past the
+# third hint.
+
+# %% [markdown]
+# ## The contract
+#
+# The engine's scheduler needs more than this (slot mappings, stats, request bookkeeping); a small adapter,
+# `minienv.exercises.capstone.PluggedManager`, supplies those around your class and adds no policy of its own —
+# every block id, refcount, hit and eviction is yours. Your class answers this:
+
+# %%
+from minienv.exercises import capstone
+
+print(capstone.CONTRACT)
+
+# %% [markdown]
+# Four words carry the design:
+#
+# * **refcount** — how many block tables hold a block. A block with refcount > 0 is *in use* and is never in the
+#   free queue; at 0 it joins the queue's tail.
+# * **cached-free** — refcount 0 but still in the prefix index: its K/V are intact and a lookup may revive it
+#   (refcount 0 → 1, out of the queue). Allocation takes blocks from the queue's **head**, the least recently
+#   freed; taking a cached-free block *is* evicting it, so its hash leaves the index in that same call.
+# * **chain hash** — block `j`'s key is `hash(key of block j-1, tokens of block j)`, from `ROOT_HASH`; equal keys
+#   mean equal tokens from position 0 to the block's end, hence equal K/V. Use
+#   `minienv.kv.hashing.hash_block_tokens(parent_hash, tokens)` and `ROOT_HASH`.
+# * **commit** — the engine calls it after the step whose forward pass computed the reserved tokens. Before that a
+#   block's slots hold nothing (or someone else's old K/V), so it must not be findable.
+
+# %% [markdown]
+# ## Watch the contract on minienv's manager
+#
+# Before writing it, watch it: six calls of the contract on minienv's own `KVCacheManager` (the one your class
+# replaces), 6 blocks of 4 tokens. **Step** through: `a` is admitted and committed; `b` shares `a`'s two full
+# blocks (refcount 2); `a` is freed (its last block first) and then `b`; a new request evicts from the queue's head.
+
+# %%
+import ipywidgets as widgets
+
+from minienv.kv.kv_cache_manager import KVCacheManager
+from minienv.viz import Stepper
+from minienv.viz.kv_views import ManagerView
+
+B = 4
+A_PROMPT = list(range(10, 19))  # 9 tokens: 2 full blocks + 1
+B_PROMPT = A_PROMPT[:8] + [70, 71, 72]
+NEW_PROMPT = list(range(40, 60))  # 20 tokens: 5 blocks
+SCRIPT = [
+    ("admit a (9 tokens) and commit it", lambda m: (m.allocate("a", A_PROMPT), m.commit("a"))),
+    ("admit b: its first 8 tokens are a's 2 full blocks", lambda m: (m.allocate("b", B_PROMPT), m.commit("b"))),
+    ("free a: last block first; shared blocks keep refcount 1", lambda m: m.free("a")),
+    ("free b: its blocks join the queue's tail, cached ones stay findable", lambda m: m.free("b")),
+    ("admit new (5 blocks): taken from the head, a cached one evicted", lambda m: m.allocate("new", NEW_PROMPT)),
+    ("commit new", lambda m: m.commit("new")),
+]
+demo = {}
+
+
+def demo_reset():
+    demo["mgr"] = KVCacheManager(6, B)
+    if "view" not in demo:
+        demo["view"] = ManagerView(demo["mgr"], title="minienv's KVCacheManager: 6 blocks of 4 tokens", columns=6)
+    else:
+        demo["view"].attach(demo["mgr"])
+
+
+def demo_step(i):
+    caption, call = SCRIPT[i]
+    call(demo["mgr"])
+    demo["mgr"].check_invariants()
+    demo["view"].update(caption=f"step {i + 1}: {caption}")
+
+
+demo_stepper = Stepper(demo_step, demo_reset, n_steps=len(SCRIPT), interval_ms=1200, description="call")
+demo_stepper.reset()
+widgets.VBox([demo_stepper.widget, demo["view"].widget])
+
+# %% [markdown]
+# For readers without a kernel, the pool after the last call:
+
+# %%
+demo_stepper.run()
+demo["view"].static()
+
+# %% [markdown]
+# What the pictures claim, checked on the manager itself:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+demo_stepper.reset()
+for i in range(2):
+    demo_stepper.step()
+mgr = demo["mgr"]
+shared = mgr.block_ids("b")[:2]
+assert shared == mgr.block_ids("a")[:2] and [mgr.ref_cnt(b) for b in shared] == [2, 2]  # b holds a's full blocks
+demo_stepper.step()  # free a
+assert [mgr.ref_cnt(b) for b in shared] == [1, 1]  # still b's: not in the free queue
+demo_stepper.step()  # free b
+print("free queue after both frees (head first, * = cached):",
+      " ".join(f"{b}{'*' if cached else ''}" for b, cached in mgr.free_queue()))
+demo_stepper.step()  # admit new: 5 blocks from the head
+print("evicted to make room:", demo["view"].last_evicted, "| new got blocks", mgr.block_ids("new"))
+assert mgr.lookup(A_PROMPT).num_cached_tokens == 4  # the tail of a's chain went first; its first block survives
+
+# %% [markdown]
+# The queue after both frees holds each request's blocks tail-first. The five blocks `new` needs come from the
+# head: the free-empty ones first, then one cached block — the *second* block of the shared chain, its tail — so
+# `a`'s prompt still finds its first block.
+#
+# ## Your turn: `MyKVCacheManager`
+#
+# Fill in the class. Keep it simple — lists, dicts and an `OrderedDict` (as an ordered set: `popitem(last=False)`
+# takes the head, `d[b] = None` appends to the tail, `del d[b]` removes from anywhere in O(1)) are all you need.
+# Every method below raises `NotImplementedError` until you write it.
+#
+# <details><summary>Hint 1: what to store</summary>
+#
+# Per block: its refcount and, if indexed, its hash. The free queue (all blocks at the start, `0 … n-1` in order).
+# The index `hash -> block`. Per request: its block table, its tokens, how many are computed, and the chain hashes
+# of its committed full blocks (so commit can continue the chain where it stopped).
+# </details>
+#
+# <details><summary>Hint 2: allocate in two phases</summary>
+#
+# First decide: `hit = self.lookup(token_ids)`; new blocks needed = `ceil((len(hit)·B + n) / B) − len(hit)`; the
+# hit blocks with refcount 0 count against the free ones too (taking them empties queue slots). If the sum exceeds
+# the free queue, return `None` *before touching anything*. Only then take the hit (refcount +1, out of the queue)
+# and then the new blocks from the head — hit first, so the new blocks cannot evict the hit.
+# </details>
+#
+# <details><summary>Hint 3: commit and free</summary>
+#
+# Commit: for each full block `j` from the first not yet hashed to `num_tokens // B − 1`, compute
+# `h = hash_block_tokens(previous hash or ROOT_HASH, tokens[j·B:(j+1)·B])`; index `h -> table[j]` unless `h` is
+# already indexed (another request computed the same block at the same time: keep yours private). Free: walk the
+# table **reversed**, refcount −1, and append each block that reaches 0 to the queue's tail; leave the index alone.
+# </details>
+
+# %%
+from collections import OrderedDict
+
+from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
+
+
+class MyKVCacheManager:
+    def __init__(self, num_blocks, block_size, enable_prefix_caching=True):
+        self.num_blocks, self.block_size, self.caching = num_blocks, block_size, enable_prefix_caching
+        # your data structures here (see hint 1)
+
+    def lookup(self, token_ids):
+        raise NotImplementedError
+
+    def allocate(self, request_id, token_ids, num_new_tokens):
+        raise NotImplementedError
+
+    def append_slots(self, request_id, token_ids):
+        raise NotImplementedError
+
+    def commit(self, request_id):
+        raise NotImplementedError
+
+    def free(self, request_id):
+        raise NotImplementedError
+
+    def block_table(self, request_id):
+        raise NotImplementedError
+
+    def ref_cnt(self, block_id):
+        raise NotImplementedError
+
+    def free_queue(self):
+        raise NotImplementedError
+
+    def is_cached(self, block_id):
+        raise NotImplementedError
+
+
+# %% [markdown]
+# ## Grading 1: one scenario per rule
+#
+# Each scenario is a few calls on a fresh manager, built so that one classic bug breaks one rule: a block indexed
+# at allocation, a table freed head-first, a shared block without its second refcount, a hit left in the free queue
+# (so it gets evicted while in use), a hash of the block's own tokens only, an evicted block left in the index, an
+# allocation that half-happens. The message names the rule and shows the case.
+
+# %%
+capstone.check_rules(MyKVCacheManager)
+
+# %% [markdown]
+# ## Grading 2: invariants under random operations
+#
+# 400 random admissions, decodes, commits and frees over prompts built from a few recurring 4-token "words" (so
+# blocks repeat both as shared prefixes and at different positions). After every operation: each refcount equals
+# the number of tables holding the block, a block is in the free queue exactly when its refcount is 0, every block a
+# lookup returns holds K/V computed for exactly those tokens, and a prompt freed a moment ago is found again.
+
+# %%
+capstone.check_random_ops(MyKVCacheManager)
+
+# %% [markdown]
+# ## Grading 3: in the real engine
+#
+# `InferenceEngine(..., kv_cache_manager_factory=...)` is the seam: the engine calls
+# `factory(num_blocks, block_size, enable_prefix_caching)` instead of building its own manager, and
+# `capstone.plug(MyKVCacheManager)` is such a factory. Eight greedy requests (half share a 16-token prefix) run
+# with your manager; their outputs must equal minienv's manager with the cache on, with it off, and each request
+# generated alone by `minienv.generate` — and again at a 48-token budget, where requests are preempted and resume.
+
+# %%
+capstone.check_in_engine(MyKVCacheManager)
+
+# %% [markdown]
+# ## The proof the grading rests on
+#
+# The same runs with minienv's own manager, through the same seam (a factory that builds a `KVCacheManager`), so
+# you can see what "equal" is compared against and that the seam itself changes nothing:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from minienv.engine import InferenceEngine
+
+
+def minienv_factory(num_blocks, block_size, enable_prefix_caching):
+    return KVCacheManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+
+
+dense = capstone.dense_outputs()
+built_in, _, hits_on = capstone.run_engine(None)
+via_seam, _, _ = capstone.run_engine(minienv_factory)
+cache_off, _, hits_off = capstone.run_engine(None, enable_prefix_caching=False)
+tight, preemptions, _ = capstone.run_engine(minienv_factory, kv_budget_tokens=capstone.TIGHT_BUDGET)
+assert built_in == via_seam == cache_off == tight == dense
+assert hits_on > 0 == hits_off and preemptions > 0
+print(f"8 requests, {sum(map(len, dense))} tokens: cache on ({hits_on} prompt tokens hit) == via the seam == "
+      f"cache off == dense == at a {capstone.TIGHT_BUDGET}-token budget ({preemptions} preemptions)")
+print("first request's output:", dense[0])
+
+# %% [markdown]
+# One rule the engine cannot check for you. Index a block at allocation and run grading 3 alone: it passes. A
+# request that hits a block reserved *in the same step* reads K/V that the same forward pass writes — each layer
+# stores the step's K/V before it attends — so the early hit is harmless here. vLLM relies on exactly that:
+# `allocate_slots` indexes the full blocks of the tokens the step is *about to* compute. What early indexing
+# risks is everything between reservation and compute: a step that fails and is rolled back (minienv's steps are
+# transactions, notebook 08) would leave findable blocks whose K/V were never written, and a block filled by a KV
+# transfer that lands in a later step must wait (vLLM's `delay_cache_blocks`). Indexing at commit holds without
+# those conditions; grading 1 checks the rule directly.
+#
+# A seam that takes anything must refuse what it cannot use, clearly:
+
+# %%
+try:
+    InferenceEngine(kv_budget_tokens=64, block_size=4, kv_cache_manager_factory="KVCacheManager")
+except ValueError as err:
+    print(err)
+    assert "kv_cache_manager_factory must be a callable" in str(err)
+
+# %% [markdown]
+# ## Where this lives in vLLM / SGLang
+#
+# > **vLLM v0.11.0**
+# > * `vllm/v1/core/kv_cache_manager.py` — `KVCacheManager`: `get_computed_blocks` (your `lookup`, capped so the
+# >   last token is computed), `allocate_slots` (your `allocate` / `append_slots`: `None` when the blocks do not
+# >   fit; it also indexes the full blocks of the tokens the step will compute, unless `delay_cache_blocks`), `free`.
+# > * `vllm/v1/core/block_pool.py` — `BlockPool`: `get_new_blocks` (head of the free queue, and
+# >   `_maybe_evict_cached_block` drops the hash in the same call), `touch` (a hit: out of the queue, `ref_cnt += 1`),
+# >   `cache_full_blocks` (the indexing your `commit` does), `free_blocks` (refcount −1, to the tail).
+# > * `vllm/v1/core/kv_cache_utils.py` — `FreeKVCacheBlockQueue` (your `OrderedDict`, as a doubly linked list) and
+# >   `hash_block_tokens` (the chain hash).
+# > * `vllm/v1/core/single_type_kv_cache_manager.py` — `free` walks `reversed(req_blocks)`: last block first.
+# >
+# > **SGLang**
+# > * `python/sglang/srt/mem_cache/radix_cache.py` — `RadixCache`: the same contract as a radix tree over token
+# >   ids (`match_prefix` = lookup, `inc_lock_ref` / `dec_lock_ref` = refcounts, `insert` = commit, `evict` drops
+# >   unlocked leaves — the tree form of "tail before parent").
+
+# %% [markdown]
+# ## Summary
+#
+# * A KV cache manager is a block allocator (refcounts, an LRU free queue) plus a prefix index (chain hash → block).
+#   Each classic bug breaks one rule: refcount on sharing, a hit leaves the queue, evict by dropping the hash in
+#   the call that reuses the block, free last-first, index at commit, hash the whole prefix, allocate all or
+#   nothing.
+# * The grading is the series' proofs: the engine's outputs with your manager equal minienv's (cache on), cache
+#   off and dense generation, under a tight budget too; random operations keep the invariants.
+# * The seam `InferenceEngine(kv_cache_manager_factory=...)` is how any other manager — yours, a lab's, a buggy
+#   one on purpose — runs in the real engine.

@@ -1,0 +1,273 @@
+"""Notebook 14's capstone: the reference manager passes all three checks, every planted classic bug fails with the
+rule it breaks, the notebook's skeleton says "not implemented yet", and the engine seam refuses a non-callable.
+
+Each planted bug is the reference solution with one method changed, so a failure can only come from that change.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from minienv.engine import InferenceEngine
+from minienv.exercises import NOT_IMPLEMENTED, PASSED, ExerciseFailed
+from minienv.exercises import capstone as cap
+from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
+
+REPO = Path(__file__).resolve().parents[2]
+CHECKS = (cap.check_rules, cap.check_random_ops, cap.check_in_engine)
+
+
+def _solution():
+    spec = importlib.util.spec_from_file_location("solutions_14_capstone", REPO / "solutions" / "14_capstone.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.MyKVCacheManager
+
+
+Good = _solution()
+
+
+# ---------------------------------------------------------------------------------------- planted bugs
+class IndexAtAllocation(Good):
+    """Indexes the full blocks of the prompt when they are reserved, before the step has computed their K/V."""
+
+    def allocate(self, request_id, token_ids, num_new_tokens):
+        got = super().allocate(request_id, token_ids, num_new_tokens)
+        if got is not None:
+            computed = self.computed[request_id]
+            Good.commit(self, request_id)
+            self.computed[request_id] = computed
+        return got
+
+
+class FreeHeadFirst(Good):
+    def free(self, request_id):
+        for b in self.tables.pop(request_id):  # first block first
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                self.free_q[b] = None
+        del self.tokens[request_id], self.computed[request_id], self.hashes[request_id]
+
+
+class NoRefcountOnShared(Good):
+    """A prefix hit sets the refcount to 1 instead of adding a holder."""
+
+    def allocate(self, request_id, token_ids, num_new_tokens):
+        hit = self.lookup(token_ids)
+        held = {b: self.refs[b] for b in hit}
+        got = super().allocate(request_id, token_ids, num_new_tokens)
+        if got is not None:
+            for b in hit:
+                self.refs[b] = 1 if held[b] else self.refs[b]
+        return got
+
+
+class EvictInUse(Good):
+    """A prefix hit on a cached-free block leaves it in the free queue, so a later allocation can take it."""
+
+    def allocate(self, request_id, token_ids, num_new_tokens):
+        hit_free = [b for b in self.lookup(token_ids) if self.refs[b] == 0]
+        got = super().allocate(request_id, token_ids, num_new_tokens)
+        if got is not None:
+            for b in hit_free:
+                self.free_q[b] = None
+                self.free_q.move_to_end(b, last=False)
+        return got
+
+
+def _own_tokens_lookup(self, token_ids):
+    if not self.caching:
+        return []
+    hit = []
+    for j in range((len(token_ids) - 1) // self.block_size):
+        h = hash_block_tokens(ROOT_HASH, token_ids[j * self.block_size:(j + 1) * self.block_size])
+        if h not in self.by_hash:
+            break
+        hit.append(self.by_hash[h])
+    return hit
+
+
+class HashOwnTokens(Good):
+    """Each block hashed from its own tokens only, not chained to its prefix."""
+
+    lookup = _own_tokens_lookup
+
+    def commit(self, request_id):
+        toks, table, hashes = self.tokens[request_id], self.tables[request_id], self.hashes[request_id]
+        self.computed[request_id] = len(toks)
+        B = self.block_size
+        for j in range(len(hashes), len(toks) // B):
+            h = hash_block_tokens(ROOT_HASH, toks[j * B:(j + 1) * B])
+            hashes.append(h)
+            if h not in self.by_hash and table[j] not in self.hash_of:
+                self.by_hash[h], self.hash_of[table[j]] = table[j], h
+
+
+class TakeFromTail(Good):
+    """Allocation takes the most recently freed block (MRU) instead of the least recently freed one."""
+
+    def _take(self, n):
+        out = []
+        for _ in range(n):
+            bid, _ = self.free_q.popitem(last=True)
+            h = self.hash_of.pop(bid, None)
+            if h is not None:
+                del self.by_hash[h]
+            self.refs[bid] = 1
+            out.append(bid)
+        return out
+
+
+class StaleHashOnReuse(Good):
+    """Reusing a cached-free block forgets to drop its hash: the index still points at overwritten K/V."""
+
+    def _take(self, n):
+        out = []
+        for _ in range(n):
+            bid, _ = self.free_q.popitem(last=False)
+            self.refs[bid] = 1
+            out.append(bid)
+        return out
+
+
+class LookupWholePrompt(Good):
+    """Returns every cached full block, even when that leaves no token to compute for the logits."""
+
+    def lookup(self, token_ids):
+        if not self.caching:
+            return []
+        parent, hit = ROOT_HASH, []
+        for j in range(len(token_ids) // self.block_size):
+            parent = hash_block_tokens(parent, token_ids[j * self.block_size:(j + 1) * self.block_size])
+            if parent not in self.by_hash:
+                break
+            hit.append(self.by_hash[parent])
+        return hit
+
+
+class AllocatePartly(Good):
+    """Takes the prefix hit before checking that the new blocks fit, and keeps it when they do not."""
+
+    def allocate(self, request_id, token_ids, num_new_tokens):
+        got = super().allocate(request_id, token_ids, num_new_tokens)
+        if got is None:
+            for b in self.lookup(token_ids):
+                if self.refs[b] == 0:
+                    del self.free_q[b]
+                self.refs[b] += 1
+        return got
+
+
+class NoCacheAfterFree(Good):
+    """free drops the hashes of the blocks it releases: nothing survives its request."""
+
+    def free(self, request_id):
+        table = list(self.tables[request_id])
+        super().free(request_id)
+        for b in table:
+            if self.refs[b] == 0 and b in self.hash_of:
+                del self.by_hash[self.hash_of.pop(b)]
+
+
+BUGS = [
+    (IndexAtAllocation, "indexed at commit, never at allocation"),
+    (FreeHeadFirst, "free releases the LAST block first"),
+    (NoRefcountOnShared, "refcount equals the number of block tables"),
+    (EvictInUse, "takes it out of the free queue"),
+    (HashOwnTokens, "chains block j-1's hash"),
+    (TakeFromTail, "HEAD of the free queue"),
+    (StaleHashOnReuse, "an evicted block leaves the index"),
+    (LookupWholePrompt, "at most (len - 1) // block_size"),
+    (AllocatePartly, "changes nothing"),
+    (NoCacheAfterFree, "stay cached"),
+]
+
+
+# ---------------------------------------------------------------------------------------- the checks
+def test_reference_solution_is_written_from_scratch():
+    """It implements the contract itself: no base class, and nothing imported from minienv but the chain hash."""
+    assert Good.__bases__ == (object,)
+    source = (REPO / "solutions" / "14_capstone.py").read_text()
+    imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+    assert [i for i in imports if "minienv" in i] == ["from minienv.kv.hashing import ROOT_HASH, hash_block_tokens"]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_reference_solution_passes(check, capsys):
+    assert check(Good) == PASSED
+    assert capsys.readouterr().out.startswith("✓ ")
+
+
+@pytest.mark.parametrize("bug, words", BUGS, ids=[b.__name__ for b, _ in BUGS])
+def test_planted_bug_fails_naming_its_rule(bug, words):
+    """The first check that fails names the rule the bug breaks (the student runs them in order)."""
+    with pytest.raises(ExerciseFailed) as info:
+        for check in CHECKS:
+            check(bug)
+    first_line = str(info.value).splitlines()[0]
+    assert first_line.startswith("✗ ") and words in first_line, f"{bug.__name__}: got {info.value}"
+
+
+@pytest.mark.parametrize("bug", [EvictInUse, StaleHashOnReuse, NoRefcountOnShared],
+                         ids=lambda b: b.__name__)
+def test_the_engine_proof_alone_catches_the_unsafe_bugs(bug):
+    """The engine check is not a formality: bugs that hand out wrong or live K/V change outputs (or break the
+    engine's invariants) even when the rule scenarios are skipped."""
+    with pytest.raises(ExerciseFailed):
+        cap.check_in_engine(bug)
+
+
+def test_random_ops_alone_catches_a_wrong_hash():
+    """Hashing a block's own tokens gives hits whose K/V were computed after another prefix: caught by content."""
+    with pytest.raises(ExerciseFailed, match="only blocks whose computed K/V are exactly"):
+        cap.check_random_ops(HashOwnTokens, seed=1)
+
+
+def test_index_at_allocation_passes_the_engine_proof():
+    """Why the rules scenario, not the engine, catches this bug: in minienv's engine a same-step hit reads K/V the
+    same forward pass writes before attending, so outputs cannot show it. The notebook says so; this pins it."""
+    assert cap.check_in_engine(IndexAtAllocation) == PASSED
+
+
+# ---------------------------------------------------------------------------------------- the notebook
+def _skeleton():
+    source = (REPO / "notebooks" / "14_capstone.py").read_text()
+    defs = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "MyKVCacheManager"]
+    assert len(defs) == 1, "notebooks/14_capstone.py must define MyKVCacheManager once"
+    namespace: dict = {}
+    imports = [n for n in ast.parse(source).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    exec(compile(ast.Module(body=imports + defs, type_ignores=[]), "14_capstone.py", "exec"), namespace)
+    return namespace["MyKVCacheManager"], source
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_committed_skeleton_is_not_implemented(check, capsys):
+    skeleton, source = _skeleton()
+    assert check(skeleton) == NOT_IMPLEMENTED
+    assert capsys.readouterr().out.startswith("not implemented yet — ")
+    assert f"{check.__name__}(MyKVCacheManager)" in source
+
+
+# ---------------------------------------------------------------------------------------- the engine seam
+def test_engine_seam_refuses_a_non_callable():
+    model, tok = cap._tiny_setup()
+    with pytest.raises(ValueError, match="kv_cache_manager_factory must be a callable"):
+        InferenceEngine(model, tok, kv_budget_tokens=64, block_size=4, kv_cache_manager_factory=42)
+
+
+def test_engine_seam_uses_the_factory_with_the_engine_geometry():
+    model, tok = cap._tiny_setup()
+    calls = []
+
+    def factory(num_blocks, block_size, enable_prefix_caching):
+        calls.append((num_blocks, block_size, enable_prefix_caching))
+        return cap.plug(Good)(num_blocks, block_size, enable_prefix_caching)
+
+    eng = InferenceEngine(model, tok, kv_budget_tokens=66, block_size=4, enable_prefix_caching=False,
+                          kv_cache_manager_factory=factory)
+    assert calls == [(16, 4, False)] and isinstance(eng.kv_cache_manager, cap.PluggedManager)
+    assert eng.kv_budget_tokens == 64
