@@ -320,11 +320,11 @@ class EngineServer:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
             self.port = self._grpc.add_insecure_port(address)
-        except RuntimeError as exc:  # grpcio >= 1.55 raises instead of returning 0
-            raise ServerBindError(f"cannot listen on {address}: {exc} (port in use, or not this machine's host)"
-                                  ) from None
+        except RuntimeError:  # grpcio >= 1.55 raises instead of returning 0
+            self.port = 0
         if self.port == 0:
-            raise ServerBindError(f"cannot listen on {address} (port in use, or not this machine's host)")
+            raise ServerBindError(f"cannot listen on {address}: the port is in use, or {host!r} is not an address "
+                                  "of this machine")
 
     @property
     def address(self) -> str:
