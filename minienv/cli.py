@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minienv",
         description="Continue a prompt (or every line of a file, batched) with minienv's numpy Llama.",
+        epilog="python -m minienv serve --help: serve the engine over gRPC instead.",
     )
     p.add_argument("prompt", nargs="?", default=None, help="text to continue (or use --prompts-file)")
     p.add_argument("--prompts-file", type=Path, default=None, metavar="FILE",
@@ -219,12 +220,26 @@ def port_number(text: str) -> int:
     return value
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def build_serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minienv serve",
         description="Serve the engine over gRPC (minienv.v1.MinienvEngine, with grpc.health.v1 and reflection) "
                     "until SIGTERM or Ctrl-C.")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, loopback only)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, loopback only; any other needs --insecure)")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --host: the API is plaintext and unauthenticated (no TLS yet)")
     p.add_argument("--port", type=port_number, default=50051, help="gRPC port; 0 picks a free one (default: 50051)")
     p.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                    help="also serve Prometheus /metrics on this port (needs the metrics extra)")
@@ -247,6 +262,9 @@ def serve_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     if not args.grace >= 0:
         parser.error(f"--grace must be a number of seconds >= 0, got {args.grace}")
+    if not args.insecure and not _is_loopback(args.host):
+        parser.error(f"--host {args.host} is not a loopback address: anyone who reaches it could use the engine over "
+                     "plaintext, unauthenticated gRPC; pass --insecure to do that anyway")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy (see main)
     import signal
     import threading

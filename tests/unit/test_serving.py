@@ -395,6 +395,8 @@ def test_cli_serve_streams_then_drains_on_sigterm():
     (["--port", "abc"], "invalid port"),
     (["--max-waiting", "0"], "must be a positive integer"),
     (["--kv-budget-tokens", "0"], "must be a positive integer"),
+    (["--host", "0.0.0.0"], "not a loopback address"),
+    (["--grace", "-1"], "--grace must be"),
 ])
 def test_cli_serve_bad_arguments_exit_2(args, message):
     proc = _cli(*args)
