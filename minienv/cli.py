@@ -8,6 +8,10 @@ Both go through :class:`minienv.engine.InferenceEngine` (``--kv-budget-tokens``,
 ``--max-num-seqs``, ``--max-num-batched-tokens``, ``--scheduling``, ``--no-prefix-caching``); ``--no-cache`` is the
 one exception: it bypasses the engine and recomputes the whole sequence every token (notebook 02's slow baseline).
 
+``python -m minienv serve --port 50051 [--metrics-port 9090] [engine options]`` serves the engine over gRPC
+(:mod:`minienv.serving`, the ``serve`` extra) on 127.0.0.1 until SIGTERM or Ctrl-C, then drains (``--grace``).
+A prompt that is literally ``serve`` is written after ``--``: ``python -m minienv -- serve``.
+
 Bad arguments exit with status 2 and a usage message on stderr (argparse's convention); a request the model
 cannot serve (missing files, prompt too long, a prompt that can never fit the KV budget) exits with status 1 and a
 one-line ``minienv: error:`` message.
@@ -34,10 +38,28 @@ def positive_int(text: str) -> int:
     return value
 
 
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """The engine's flags (shared by generation and ``serve``)."""
+    eng = p.add_argument_group("engine")
+    eng.add_argument("--kv-budget-tokens", type=positive_int, default=16384,
+                     help="KV cache size in tokens, for all requests together (default: 16384)")
+    eng.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default: 16)")
+    eng.add_argument("--max-num-seqs", type=positive_int, default=16, help="most requests running at once (default: 16)")
+    eng.add_argument("--max-num-batched-tokens", type=positive_int, default=512,
+                     help="most tokens computed per engine step (default: 512)")
+    eng.add_argument("--scheduling", choices=("continuous", "static"), default="continuous",
+                     help="continuous batching, or the static-batching baseline (default: continuous)")
+    eng.add_argument("--no-prefix-caching", action="store_true", help="do not reuse K/V of shared prefixes")
+    eng.add_argument("--kv-tier", default=None, metavar="DIR|redis://HOST:PORT/DB",
+                     help="a persistent KV tier: full blocks are kept there and loaded instead of recomputed, "
+                          "across runs (a directory: embedded SQLite store; a redis:// URL: a shared Redis)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minienv",
         description="Continue a prompt (or every line of a file, batched) with minienv's numpy Llama.",
+        epilog="python -m minienv serve --help: serve the engine over gRPC instead.",
     )
     p.add_argument("prompt", nargs="?", default=None, help="text to continue (or use --prompts-file)")
     p.add_argument("--prompts-file", type=Path, default=None, metavar="FILE",
@@ -54,19 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model directory with config.json + model.safetensors (default: bundled assets/target)")
     p.add_argument("--tokenizer", type=Path, default=None, metavar="FILE",
                    help="tokenizer.json (default: bundled assets/tokenizer.json)")
-    eng = p.add_argument_group("engine")
-    eng.add_argument("--kv-budget-tokens", type=positive_int, default=16384,
-                     help="KV cache size in tokens, for all requests together (default: 16384)")
-    eng.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default: 16)")
-    eng.add_argument("--max-num-seqs", type=positive_int, default=16, help="most requests running at once (default: 16)")
-    eng.add_argument("--max-num-batched-tokens", type=positive_int, default=512,
-                     help="most tokens computed per engine step (default: 512)")
-    eng.add_argument("--scheduling", choices=("continuous", "static"), default="continuous",
-                     help="continuous batching, or the static-batching baseline (default: continuous)")
-    eng.add_argument("--no-prefix-caching", action="store_true", help="do not reuse K/V of shared prefixes")
-    eng.add_argument("--kv-tier", default=None, metavar="DIR|redis://HOST:PORT/DB",
-                     help="a persistent KV tier: full blocks are kept there and loaded instead of recomputed, "
-                          "across runs (a directory: embedded SQLite store; a redis:// URL: a shared Redis)")
+    add_engine_options(p)
     p.add_argument("--no-cache", action="store_true",
                    help="no KV cache at all: recompute the whole sequence every token (slow; single prompt only)")
     return p
@@ -128,6 +138,9 @@ def format_batch_stats(engine, outputs, wall_s: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        return serve_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if (args.prompt is None) == (args.prompts_file is None):
@@ -193,6 +206,121 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    return 0
+
+
+def port_number(text: str) -> int:
+    """argparse type for a TCP port: an int in [0, 65535] (0 picks a free one and prints it)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port: {text!r} (an int in [0, 65535])") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in [0, 65535] (0 picks a free one), got {value}")
+    return value
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m minienv serve",
+        description="Serve the engine over gRPC (minienv.v1.MinienvEngine, with grpc.health.v1 and reflection) "
+                    "until SIGTERM or Ctrl-C.")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, loopback only; any other needs --insecure)")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --host: the API is plaintext and unauthenticated (no TLS yet)")
+    p.add_argument("--port", type=port_number, default=50051, help="gRPC port; 0 picks a free one (default: 50051)")
+    p.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
+                   help="also serve Prometheus /metrics on this port (needs the metrics extra)")
+    p.add_argument("--max-waiting", type=positive_int, default=64,
+                   help="most requests waiting for admission; one more gets RESOURCE_EXHAUSTED (default: 64)")
+    p.add_argument("--grace", type=float, default=5.0,
+                   help="seconds in-flight requests get to finish on shutdown before they are aborted (default: 5)")
+    p.add_argument("--model", type=Path, default=None, metavar="DIR",
+                   help="model directory with config.json + model.safetensors (default: bundled assets/target)")
+    p.add_argument("--tokenizer", type=Path, default=None, metavar="FILE",
+                   help="tokenizer.json (default: bundled assets/tokenizer.json)")
+    add_engine_options(p)
+    return p
+
+
+def serve_main(argv: Sequence[str]) -> int:
+    """``python -m minienv serve``: bind (a bad or busy port exits 2 before anything loads), load the model on the
+    engine thread (health NOT_SERVING until then), serve until SIGTERM / SIGINT, drain for ``--grace`` seconds."""
+    parser = build_serve_parser()
+    args = parser.parse_args(list(argv))
+    if not args.grace >= 0:
+        parser.error(f"--grace must be a number of seconds >= 0, got {args.grace}")
+    if not args.insecure and not _is_loopback(args.host):
+        parser.error(f"--host {args.host} is not a loopback address: anyone who reaches it could use the engine over "
+                     "plaintext, unauthenticated gRPC; pass --insecure to do that anyway")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy (see main)
+    import signal
+    import threading
+
+    try:
+        from minienv.serving import EngineServer, ServerBindError
+    except ImportError as exc:
+        print(f"minienv serve: error: serving needs the serve extra (pip install 'minienv[serve]'): {exc}",
+              file=sys.stderr)
+        return 1
+    metrics_servers: list = []
+
+    def build_engine():
+        from minienv.engine import InferenceEngine
+        from minienv.model import load_model
+        from minienv.tokenizer import load_tokenizer
+
+        engine = InferenceEngine(
+            load_model(args.model), load_tokenizer(args.tokenizer), kv_budget_tokens=args.kv_budget_tokens,
+            block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching,
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+            scheduling=args.scheduling, kv_tier=args.kv_tier)
+        if args.metrics_port is not None:
+            metrics_servers.append(engine.serve_metrics(args.metrics_port, args.host))
+        return engine
+
+    try:
+        server = EngineServer(build_engine, host=args.host, port=args.port, max_waiting=args.max_waiting,
+                              model_name=args.model.name if args.model else "minienv-bundled")
+    except (ServerBindError, ValueError) as exc:
+        parser.error(str(exc))  # exits 2
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    server.start()
+    try:
+        server.wait_until_serving(timeout=600)
+    except OSError as exc:  # MetricsServerError (port in use) is an OSError too: an argument problem
+        server.stop(grace=0)
+        from minienv.metrics import MetricsServerError
+
+        if isinstance(exc, MetricsServerError):
+            parser.error(str(exc))
+        print(f"minienv serve: error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # bad engine sizes, a bad --kv-tier
+        server.stop(grace=0)
+        parser.error(str(exc))
+    metrics = f", metrics at {metrics_servers[0].url}" if metrics_servers else ""
+    print(f"minienv serve: serving minienv.v1.MinienvEngine on {server.address} (health, reflection){metrics}",
+          flush=True)
+    stop.wait()
+    print(f"minienv serve: draining (grace {args.grace:g} s)", flush=True)
+    server.stop(grace=args.grace)
+    for m in metrics_servers:
+        m.close()
     return 0
 
 
