@@ -50,11 +50,11 @@ INPLACE_MIN_MEAN_KEYS = 1024
 #: computes over the whole range ``[min id, max id]``; blocks of other requests inside it are wasted work).
 INPLACE_MAX_SPAN_RATIO = 1.5
 KERNELS = ("auto", "gather", "inplace")
-#: Decode steps over at least this many keys compute scores as ``K [T, D] @ qᵀ [D, G]`` (K is the left operand,
-#: read row by row in place) instead of ``q [G, D] @ Kᵀ [D, T]``: with Kᵀ as the right operand OpenBLAS repacks
-#: all of K into panels first, which at long contexts falls out of cache and costs ~2x (measured on the
-#: benchmark's grid: equal at 512 keys, 1.2-2x faster at 2048). Same dot products: equal to 5e-7.
-KEYS_LEFT_MIN_KEYS = 1024
+#: Decode steps over at least this many keys use matrix-vector products (each query row against its head's K,
+#: each softmax row against V) instead of ``q [G, D] @ Kᵀ [D, T]``: with Kᵀ as the right operand of a matrix-matrix
+#: product OpenBLAS first repacks all of K into panels, which at long contexts falls out of cache (measured on the
+#: benchmark's grid, head dim 48: 1.7-2.3x faster at 2048 keys, 1.3-1.5x slower at 512). Same dot products.
+MATVEC_MIN_KEYS = 1024
 
 
 # ---------------------------------------------------------------------------------------------------- metadata
@@ -179,8 +179,8 @@ def batched_attention(
     # the softmax scale is folded into q, the smallest operand.
     if qn == 1:
         qg = q.reshape(s, hkv, group, d) * scale
-        if t >= KEYS_LEFT_MIN_KEYS:
-            return _decode_keys_left(qg, k, v, hidden, out)
+        if t >= MATVEC_MIN_KEYS:
+            return _decode_matvec(qg, k, v, hidden, out)
     else:
         qg = (q * scale).reshape(s, qn, hkv, group, d).transpose(0, 2, 3, 1, 4).reshape(s, hkv, group * qn, d)
     scores = np.matmul(qg, k.transpose(0, 2, 3, 1))  # [S, Hkv, G*Q, T]; matmul reads each head's K [T, D] in place
@@ -202,20 +202,19 @@ def batched_attention(
     return out
 
 
-def _decode_keys_left(
+def _decode_matvec(
     qg: np.ndarray, k: np.ndarray, v: np.ndarray, hidden: np.ndarray | None, out: np.ndarray | None
 ) -> np.ndarray:
-    """Decode attention with K as the *left* matmul operand: ``scores[T, G] = K [T, D] @ qgᵀ [D, G]``.
+    """Decode attention as matrix-vector products: ``scores[g] = K [T, D] @ q[g]``, ``out[g] = p[g] @ V [T, D]``.
 
-    ``qg [S, Hkv, G, D]`` (already scaled), ``k, v [S, T, Hkv, D]``, ``hidden [S, 1, T]`` or None. Same math as
-    :func:`batched_attention`'s decode branch, only the operand order of the score matmul differs, so the two
-    agree to float32 rounding (5e-7 in the tests). (Running the softmax on the ``[S, Hkv, T, G]`` layout directly
-    and handing BLAS ``pᵀ`` as a transposed view was measured 1.2-1.6x *slower* than this small copy.)
+    ``qg [S, Hkv, G, D]`` (already scaled), ``k, v [S, T, Hkv, D]``, ``hidden [S, 1, T]`` or None. BLAS reads
+    each head's K and V where they lie (row stride ``Hkv * D``), with no packing. Same math as
+    :func:`batched_attention`'s matrix-matrix decode branch, so the two agree to float32 rounding (5e-7 in the
+    tests). (``K @ qᵀ`` with K as the left operand of a matrix-matrix product was also tried: fast at head dim 64,
+    no faster than ``q @ Kᵀ`` at head dim 48.)
     """
     s, hkv, group, d = qg.shape
-    # [S, Hkv, T, G] computed, then laid out as [S, Hkv, G, T] (G/D of K's size) so the softmax reduces along
-    # contiguous memory
-    scores = np.ascontiguousarray(np.matmul(k.transpose(0, 2, 1, 3), qg.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2))
+    scores = np.matmul(k.transpose(0, 2, 1, 3)[:, :, None], qg[..., None])[..., 0]  # [S, Hkv, G, T]
     if hidden is not None:
         np.copyto(scores, np.float32(-np.inf), where=hidden[:, None])
     scores -= scores.max(axis=-1, keepdims=True)
@@ -223,7 +222,7 @@ def _decode_keys_left(
     scores /= scores.sum(axis=-1, keepdims=True)
     if out is None:
         out = np.empty((s, 1, hkv * group, d), dtype=np.float32)
-    np.matmul(scores, v.transpose(0, 2, 1, 3), out=out.reshape(s, hkv, group, d))
+    np.matmul(scores[..., None, :], v.transpose(0, 2, 1, 3)[:, :, None], out=out.reshape(s, hkv, group, 1, d))
     return out
 
 

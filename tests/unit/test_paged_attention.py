@@ -202,19 +202,19 @@ def test_decode_over_long_contexts(kernel):
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 @pytest.mark.parametrize("tile_bytes", [4096, 1 << 20])
-def test_long_decode_with_keys_as_left_operand_equals_the_matrix_matrix_form(block_size, tile_bytes, monkeypatch):
-    """The long-context decode form (``K @ qᵀ``) is the same maths as ``q @ Kᵀ``: equal within 5e-7 over ragged
+def test_long_decode_as_matrix_vector_products_equals_the_matrix_matrix_form(block_size, tile_bytes, monkeypatch):
+    """The long-context decode form (matrix-vector products) is the same maths as ``q @ Kᵀ``: equal within 5e-7 over ragged
     contexts on both sides of the switch-over, and equal to the dense reference."""
     pa = sys.modules["minienv.kv.paged_attention"]
-    assert pa.KEYS_LEFT_MIN_KEYS <= 2048  # the benchmark's longest context takes the new form
+    assert pa.MATVEC_MIN_KEYS <= 2048  # the benchmark's longest context takes the new form
     rng = np.random.default_rng(block_size)
-    lens = [pa.KEYS_LEFT_MIN_KEYS + 37, pa.KEYS_LEFT_MIN_KEYS - 1, pa.KEYS_LEFT_MIN_KEYS, 5, 0]
+    lens = [pa.MATVEC_MIN_KEYS + 37, pa.MATVEC_MIN_KEYS - 1, pa.MATVEC_MIN_KEYS, 5, 0]
     kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
         rng, block_size, lens, [1] * len(lens), hkv=2, group=2, head_dim=8, scramble=3)
     kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
     new = paged_attention(q, kv.kv_cache[0], meta, Workspace(), tile_bytes, "gather")
-    for min_keys in (1, 10**9):  # every tile through K @ qᵀ, then none
-        monkeypatch.setattr(pa, "KEYS_LEFT_MIN_KEYS", min_keys)
+    for min_keys in (1, 10**9):  # every tile as matrix-vector products, then none
+        monkeypatch.setattr(pa, "MATVEC_MIN_KEYS", min_keys)
         meta._plans.clear()
         other = paged_attention(q, kv.kv_cache[0], meta, Workspace(), tile_bytes, "gather")
         np.testing.assert_allclose(new, other, atol=5e-7, rtol=0)
