@@ -25,8 +25,9 @@ property tests hold both to the dense reference:
   probabilities times its V, block outputs summed per sequence and normalised. This is the shape of the paper's
   CUDA kernel (thread blocks walk the block table and read blocks in place), written with numpy's batched matmul.
 
-``kernel="auto"`` uses in place for decode steps over long sequences, views for steps made of contiguous runs,
-and gather otherwise. There is no loop over tokens, and decode needs no per-sequence
+``kernel="auto"`` uses views for steps made of contiguous runs and gather otherwise. The in-place kernel is kept
+(``kernel="inplace"``) as the teaching version of the paper's kernel; in numpy it loses to gather followed by
+matrix-vector products (measured by ``benchmarks/bench_paged.py``). There is no loop over tokens, and decode needs no per-sequence
 Python work.
 """
 
@@ -42,9 +43,8 @@ from minienv.kv.kv_pool import KVPool
 
 #: Gathered K+V bytes per tile: about a core's L2 on the machines this was tuned on (1 MiB L2 per core).
 DEFAULT_TILE_BYTES = 1 << 20
-#: ``kernel="auto"`` reads blocks in place when a decode step's sequences hold at least this many tokens on
-#: average: then block-sized matmuls beat one long matmul per sequence (measured on the benchmark's grid); for
-#: shorter sequences the in-place kernel's extra small steps cost as much as the copy they avoid ...
+#: ``plan_inplace(force=False)`` declines a decode step unless its sequences hold at least this many tokens on
+#: average (for shorter sequences the in-place kernel's extra small steps cost as much as the copy they avoid) ...
 INPLACE_MIN_MEAN_KEYS = 1024
 #: ... and the step's blocks span at most this many times as many pool blocks as they are (the in-place kernel
 #: computes over the whole range ``[min id, max id]``; blocks of other requests inside it are wasted work).
@@ -439,12 +439,12 @@ def paged_attention(
     planned = meta._plans.get(key)
     if planned is None:
         tiles = plan_tiles(meta, hkv, d, tile_bytes, workspace)
-        # views instead of copies when every tile is a physically contiguous run; for large steps the in-place
-        # kernel's block-sized matmuls still beat one long strided matmul (measured), so it keeps priority there
-        small = float(meta.seq_lens.mean()) < INPLACE_MIN_MEAN_KEYS
-        planned = meta._plans[key] = (tiles, small and all(t.run_start is not None for t in tiles))
+        # views instead of copies when every tile is a physically contiguous run
+        planned = meta._plans[key] = (tiles, all(t.run_start is not None for t in tiles))
     tiles, use_views = planned
-    if kernel == "inplace" or (kernel == "auto" and not use_views):
+    # "auto" never runs the in-place kernel: since long decodes use matrix-vector products, gather + attention
+    # measured faster at every point of the benchmark's grid, and not planning it saves a sort per step
+    if kernel == "inplace":
         ikey = ("inplace", kernel == "inplace", hkv, d)
         if ikey not in meta._plans:
             meta._plans[ikey] = plan_inplace(meta, kernel == "inplace")
