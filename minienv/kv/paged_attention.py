@@ -25,9 +25,8 @@ property tests hold both to the dense reference:
   probabilities times its V, block outputs summed per sequence and normalised. This is the shape of the paper's
   CUDA kernel (thread blocks walk the block table and read blocks in place), written with numpy's batched matmul.
 
-``kernel="auto"`` uses views for steps made of contiguous runs and gather otherwise. The in-place kernel is kept
-(``kernel="inplace"``) as the teaching version of the paper's kernel; in numpy it loses to gather followed by
-matrix-vector products (measured by ``benchmarks/bench_paged.py``). There is no loop over tokens, and decode needs no per-sequence
+``kernel="auto"`` uses views for steps made of contiguous runs, in place for other decode steps over long
+sequences, and gather otherwise. There is no loop over tokens, and decode needs no per-sequence
 Python work.
 """
 
@@ -43,8 +42,10 @@ from minienv.kv.kv_pool import KVPool
 
 #: Gathered K+V bytes per tile: about a core's L2 on the machines this was tuned on (1 MiB L2 per core).
 DEFAULT_TILE_BYTES = 1 << 20
-#: ``plan_inplace(force=False)`` declines a decode step unless its sequences hold at least this many tokens on
-#: average (for shorter sequences the in-place kernel's extra small steps cost as much as the copy they avoid) ...
+#: ``kernel="auto"`` reads blocks in place when a decode step's sequences hold at least this many tokens on
+#: average (and are not all contiguous runs, which are read through views): then it beats gather + attention at
+#: batch 8 and 32 (measured on the benchmark's grid); for shorter sequences the in-place kernel's extra small
+#: steps cost as much as the copy they avoid ...
 INPLACE_MIN_MEAN_KEYS = 1024
 #: ... and the step's blocks span at most this many times as many pool blocks as they are (the in-place kernel
 #: computes over the whole range ``[min id, max id]``; blocks of other requests inside it are wasted work).
@@ -357,7 +358,7 @@ def plan_inplace(meta: PagedAttentionMetadata, force: bool = False) -> _InplaceP
     ids = meta.block_tables[blk_seq, blk_j]
     lo, hi = int(ids.min()), int(ids.max()) + 1
     span = hi - lo
-    if len(np.unique(ids)) != len(ids):
+    if np.bincount(ids - lo, minlength=span).max() > 1:  # a shared block (O(blocks + span), no sort)
         return None
     if not force and (float(meta.seq_lens.mean()) < INPLACE_MIN_MEAN_KEYS
                       or span > INPLACE_MAX_SPAN_RATIO * len(ids)):
@@ -442,9 +443,9 @@ def paged_attention(
         # views instead of copies when every tile is a physically contiguous run
         planned = meta._plans[key] = (tiles, all(t.run_start is not None for t in tiles))
     tiles, use_views = planned
-    # "auto" never runs the in-place kernel: since long decodes use matrix-vector products, gather + attention
-    # measured faster at every point of the benchmark's grid, and not planning it saves a sort per step
-    if kernel == "inplace":
+    # "auto": a step of contiguous runs is read through views (no copy; faster than in place at every length);
+    # otherwise long decodes try the in-place kernel (plan_inplace declines short or scattered steps)
+    if kernel == "inplace" or (kernel == "auto" and not use_views):
         ikey = ("inplace", kernel == "inplace", hkv, d)
         if ikey not in meta._plans:
             meta._plans[ikey] = plan_inplace(meta, kernel == "inplace")
