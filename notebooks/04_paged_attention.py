@@ -287,8 +287,9 @@ assert table_a.slot_mapping().tolist() == [int(ids[t // DEMO_B] * DEMO_B + t % D
 #   scores, each block's probabilities times its V, summed per sequence. No K/V copy — the way the paper's CUDA
 #   kernel reads the cache.
 #
-# `kernel="auto"` picks in place for decode steps over long sequences, where it measured fastest (and when a
-# lone sequence's blocks happen to be one physical run, it simply views them: nothing to gather). Both are checked
+# `kernel="auto"` picks in place for decode steps over long sequences whose blocks are scattered, where it
+# measured fastest; when every sequence's blocks happen to be one physical run, it simply views them (nothing to
+# gather). Both are checked
 # against dense attention by the same property test (500 random batches, block sizes 1/2/16/64, GQA ratios).
 #
 # **Proof 1: one layer, a random batch.** Four sequences with different cached lengths; two prefill chunks that
