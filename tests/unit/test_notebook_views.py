@@ -1,0 +1,141 @@
+"""The views the notebooks draw show what the engine recorded.
+
+These asserts used to sit in the notebooks' proof cells; they test the viz library, not the lessons, so they live
+here. Each test rebuilds the same view the notebook builds (same seeded workload, same engine settings).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minienv.engine import InferenceEngine
+from minienv.lab.workload import LengthDistribution, WorkloadConfig, generate_workload
+from minienv.model import LlamaConfig, LlamaModel, random_weights
+from minienv.sampling import SamplingParams
+from minienv.viz.timeline import RequestTimeline
+
+
+class _TokenIds:
+    """Notebook 07's tokenizer stand-in: token ids in, ids out; no end-of-text."""
+
+    eos_token_id, vocab_size = None, 128
+
+    def encode(self, text):
+        return [ord(c) % 128 for c in text]
+
+    def decode(self, ids):
+        return "".join(f" {i}" for i in ids)
+
+
+_CFG = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=8, max_position_embeddings=512)
+_ENGINE = dict(kv_budget_tokens=4096, block_size=8, max_num_seqs=4, max_num_batched_tokens=256)
+
+
+@pytest.fixture(scope="module")
+def sched():
+    """Notebook 07's model and mixed workload."""
+    model = LlamaModel(_CFG, random_weights(_CFG, seed=0, scale=0.3))
+    mixed = WorkloadConfig("mixed", LengthDistribution(24.0, 0.5), LengthDistribution(16.0, 1.0))
+    specs = generate_workload(16, mixed, max_len=160, seed=0)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 128, s.prompt_len).tolist() for s in specs]
+    params = [SamplingParams(max_tokens=s.output_len, temperature=0) for s in specs]
+    return model, _TokenIds(), prompts, params, [s.output_len for s in specs]
+
+
+def _timeline(engine, **kw):
+    tl = RequestTimeline(live="html", **kw)
+    tl.update(engine.timeline(), num_steps=engine.stats.num_steps)
+    return tl
+
+
+def test_07_policy_timelines_match_the_engine(sched):
+    model, tok, prompts, params, lens = sched
+    tls, outs = {}, {}
+    for mode in ("static", "continuous"):
+        engine = InferenceEngine(model, tok, scheduling=mode, **_ENGINE)
+        outs[mode] = engine.generate(prompts, params)
+        tls[mode] = _timeline(engine, title=mode, step_px=10)
+    st, ct = tls["static"], tls["continuous"]
+    assert st.rows == ct.rows == [o.request_id for o in outs["static"]]
+    assert st.count("decode") == ct.count("decode")
+    assert st.count("waiting") > 1.5 * ct.count("waiting")
+    for mode, tl in tls.items():  # every finish mark sits where the engine says the request finished
+        assert all(tl.finish_step(o.request_id) + 1 == o.metrics.finished_step for o in outs[mode])
+    # static: a batch is admitted only when the whole previous batch has finished
+    first = {r: next(s for s in range(st.num_steps) if st.state_at(r, s) == "prefill") for r in st.rows}
+    batches = [st.rows[i:i + 4] for i in range(0, len(st.rows), 4)]
+    starts = [0] + [max(st.finish_step(r) + 1 for r in b) for b in batches[:-1]]
+    assert all(first[r] == starts[k] for k, b in enumerate(batches) for r in b)
+
+
+def test_07_live_stepper_draws_every_scheduled_token(sched):
+    from minienv.viz import Stepper
+
+    model, tok, prompts, params, _ = sched
+    live_tl, live = RequestTimeline(title="request timeline", step_px=10), {}
+    mode = {"value": "static"}
+
+    def reset():
+        live["engine"] = InferenceEngine(model, tok, scheduling=mode["value"], **_ENGINE)
+        for p, sp in zip(prompts, params):
+            live["engine"].add_request(p, sp)
+        live_tl.reset(caption=mode["value"])
+
+    def step(i):
+        engine = live["engine"]
+        if not engine.has_unfinished_requests():
+            return False
+        engine.step()
+        live_tl.update(engine.timeline(), num_steps=engine.stats.num_steps, caption=f"step {engine.stats.num_steps}")
+        return "stepped"
+
+    stepper = Stepper(step, reset, n_steps=None, interval_ms=300, description="engine step")
+    for mode["value"] in ("static", "continuous"):
+        stepper.reset()
+        stepper.run()
+        engine = live["engine"]
+        for rec in engine.history:
+            for s in rec.scheduler_output.scheduled:
+                state = live_tl.state_at(s.request_id, rec.step)
+                if s.kind == "padding":  # a finished static member's thrown-away token: nothing drawn
+                    assert state is None and mode["value"] == "static"
+                else:
+                    assert state in (s.kind, "decode" if s.num_new_tokens == 1 else "prefill")
+        assert stepper.done and live_tl.num_steps == engine.stats.num_steps
+    assert len(live_tl.fig.data) == 6 and sum(len(t.x or ()) for t in live_tl.fig.data[:5]) == len(live_tl.segments)
+
+
+def test_07_chunked_prefill_and_preemption_views(sched):
+    model, tok, *_ = sched
+    rng = np.random.default_rng(1)
+    engine = InferenceEngine(model, tok, kv_budget_tokens=1024, block_size=8, max_num_seqs=4, max_num_batched_tokens=32)
+    short_ids = [engine.add_request(rng.integers(0, 128, 6).tolist(), SamplingParams(max_tokens=14, temperature=0))
+                 for _ in range(3)]
+    engine.run(max_steps=2)
+    long_id = engine.add_request(rng.integers(0, 128, 120).tolist(), SamplingParams(max_tokens=3, temperature=0))
+    chunks = []
+    while not engine.output(long_id).token_ids:
+        engine.step()
+        chunks.append(engine.history[-1].scheduler_output.by_id()[long_id].num_new_tokens)
+    engine.run()
+    tl = _timeline(engine, title="chunked", step_px=18)
+    assert all(tl.state_at(r, s) == "decode" for r in short_ids for s in range(1, 2 + len(chunks)))
+    assert [s.num_tokens for s in tl.segments if s.request_id == long_id and s.state == "prefill"] == chunks
+
+    tight = InferenceEngine(model, tok, kv_budget_tokens=128, block_size=8, max_num_seqs=5, max_num_batched_tokens=64)
+    tight.generate([rng.integers(0, 128, 24).tolist() for _ in range(5)], SamplingParams(max_tokens=24, temperature=0))
+    pre_tl = _timeline(tight, title="tight", step_px=12)
+    preempted, resumes = {}, []
+    for rec in tight.history:
+        preempted |= {rid: rec.step for rid in rec.scheduler_output.preempted}
+        resumes += [(rec.step, s) for s in rec.scheduler_output.scheduled if s.is_resume]
+    assert resumes and pre_tl.count("preempted") == tight.stats.num_preemptions == len(resumes)
+    assert "preempted" in pre_tl.to_svg()
+    for step, s in resumes:
+        assert pre_tl.state_at(s.request_id, preempted[s.request_id]) == "preempted"
+        assert pre_tl.state_at(s.request_id, step) == "prefill"
+        assert [g.num_tokens for g in pre_tl.segments if g.request_id == s.request_id and g.state == "prefill"][-1] \
+            == s.num_new_tokens
