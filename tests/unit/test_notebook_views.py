@@ -139,3 +139,42 @@ def test_07_chunked_prefill_and_preemption_views(sched):
         assert pre_tl.state_at(s.request_id, step) == "prefill"
         assert [g.num_tokens for g in pre_tl.segments if g.request_id == s.request_id and g.state == "prefill"][-1] \
             == s.num_new_tokens
+
+
+@pytest.mark.parametrize("budget", [48, 64, 96, 128])
+def test_06_eviction_views_draw_exactly_the_lru_evictions(budget):
+    """Notebook 06's live pool: every eviction comes from the queue's head side and the views draw exactly those."""
+    from minienv.kv.kv_cache_manager import KVCacheManager
+    from minienv.lab.eviction_experiments import CacheStream, popular_prefix_workload
+    from minienv.viz.kv_views import ManagerView
+
+    requests = popular_prefix_workload(12, popular_share=0.3, prefix_len=8, num_tail_prefixes=3,
+                                       question_mean=4, output_mean=3, vocab=50, seed=3)
+    mgr = KVCacheManager.from_budget(budget, 4)
+    view = ManagerView(mgr, title="pool", columns=16, cell_px=56)
+    stream = CacheStream(requests, mgr, max_running=2)
+    busiest = None
+    try:
+        while True:
+            queue_before = [b for b, _ in mgr.free_queue()]
+            caption = stream.step()
+            if caption is None:
+                break
+            mgr.check_invariants()
+            view.update(caption=caption)
+            evicted, highlighted = view.last_evicted, view.queue.evicted
+            queue_after = [b for b, _ in mgr.free_queue()]
+            assert set(highlighted) <= set(evicted)
+            for b in evicted:  # LRU: every block ahead of an evicted one left the queue in the same step
+                ahead = queue_before[: queue_before.index(b)] if b in queue_before else queue_before
+                assert not set(ahead) & set(queue_after), (budget, b, queue_before, queue_after)
+            if queue_after:
+                assert view.queue.head == queue_after[0]  # the marked head is the queue's head
+            if evicted and (busiest is None or len(evicted) > busiest):
+                busiest = len(evicted)
+                assert "head" in view.queue.to_svg() or not queue_after
+    finally:
+        stream.close()
+    assert stream.done and stream.evicted_in_use == []
+    if budget <= 64:
+        assert busiest  # small budgets do evict
