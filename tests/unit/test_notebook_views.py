@@ -178,3 +178,62 @@ def test_06_eviction_views_draw_exactly_the_lru_evictions(budget):
     assert stream.done and stream.evicted_in_use == []
     if budget <= 64:
         assert busiest  # small budgets do evict
+
+
+def _prefix_prompts():
+    """Notebook 05's six prompts (the bundled demo model's tokenizer) and their common prefix length."""
+    from minienv.lab.serving import load_demo_model
+
+    demo = load_demo_model()
+    system = ("You are the prompter of the Globe Theatre. Answer each question in the voice of Shakespeare, "
+              "in plain words and in one short sentence, and never break character.\n\n")
+    questions = ["Who is the king?", "Where is Romeo?", "What is the hour?", "Why weep you so?",
+                 "Who knocks at the gate?", "What news from Rome?"]
+    prompts = {f"r{i}": demo.encode(system + f"HAMLET.\n{q}\n\nHORATIO.\n") for i, q in enumerate(questions)}
+    seqs = list(prompts.values())
+    shared = next(i for i in range(min(map(len, seqs))) if len({s[i] for s in seqs}) > 1)
+    return prompts, shared
+
+
+def test_05_hash_chain_picture_draws_each_shared_block_once():
+    from minienv.viz.kv_views import hash_chain_svg
+
+    prompts, shared = _prefix_prompts()
+    svg = hash_chain_svg(prompts, 4, title="chains", cell_w=66)
+    assert svg.count(f"×{len(prompts)}") == shared // 4
+
+
+def test_05_manager_views_draw_refcounts_and_cached_free_blocks():
+    from minienv.kv.kv_cache_manager import KVCacheManager
+    from minienv.viz.kv_views import ManagerView
+
+    prompts, shared = _prefix_prompts()
+    mgr = KVCacheManager(48, 4)
+    view = ManagerView(mgr, title="pool", columns=16, cell_px=56)
+    for rid in ("r0", "r1", "r2", "r3"):
+        mgr.allocate(rid, prompts[rid])
+        mgr.commit(rid)
+    mgr.free("r0")
+    view.update(caption="r1..r3 run")
+    sys_blocks = mgr.lookup(prompts["r1"]).block_ids[: shared // 4]
+    assert sys_blocks and all(view.grid.cells[b].text()[0] == f"{b} ·rc3" and view.grid.cells[b].shared
+                              for b in sys_blocks)
+    for rid in ("r1", "r2", "r3"):
+        mgr.free(rid)
+    view.update(caption="everyone left")
+    assert all(view.grid.cells[b].state == "cached" for b in sys_blocks)
+    mgr.allocate("r5", prompts["r5"])
+    mgr.commit("r5")
+    view.update(caption="r5")
+    assert "rc1" in view.to_html() and sum(c.state == "cached" for c in view.grid.cells) > 0
+
+    fork = KVCacheManager(16, 4)
+    fork_view = ManagerView(fork, title="fork", columns=16, cell_px=56)
+    fork.allocate("P", prompts["r0"][:10])
+    fork.commit("P")
+    fork.fork("P", ["S1", "S2"])
+    fork_view.update(caption="fork")
+    assert fork_view.grid.cells[0].text()[0] == "0 ·rc3" and fork_view.grid.cells[0].shared
+    fork.append_slots("S1", [500])
+    fork_view.update(caption="S1 writes")
+    assert fork_view.last_copies == ((2, 3),)
