@@ -6,13 +6,12 @@
 # depend on it; what a request generates must not.
 #
 # **Learning goals.** After this notebook you can
-# 1. explain why **static batching** (a fixed batch that waits for its longest member) wastes steps on a
-#    mixed-length workload, and how **continuous batching** refills a slot the step it frees;
-# 2. read a **request timeline** (waiting, prefill chunks, decode, preempted) and the latency metrics behind it:
-#    time to first token (**TTFT**), time per output token (**TPOT**), end-to-end latency;
+# 1. explain why **static batching** wastes steps on mixed lengths and how **continuous batching** refills a slot
+#    the step it frees;
+# 2. read a **request timeline** and its latency metrics: **TTFT** (time to first token), **TPOT** (time per output
+#    token), end-to-end;
 # 3. say how **chunked prefill** keeps every running request decoding while a long prompt arrives;
-# 4. follow a **preemption by recompute**: the victim's blocks are freed but its full blocks stay cached (notebook
-#    06's LRU), so its resume takes from the prefix cache whatever the LRU has not evicted by then;
+# 4. follow a **preemption by recompute**, whose resume takes from the prefix cache what notebook 06's LRU kept;
 # 5. prove that preemption **loses nothing**: under a tight budget every output equals the request run alone.
 #
 # Scheduling depends only on token *counts*, so a tiny seeded random model drives the engine (the nothing-lost
