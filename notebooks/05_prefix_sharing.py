@@ -278,8 +278,7 @@ def fork_step(i):
     elif i == 1:
         fork_mgr.fork("P", ["S1", "S2"])
     elif i in (2, 3, 4):
-        rid = {2: "S1", 3: "S2", 4: "P"}[i]
-        fork_mgr.append_slots(rid, [500 + i])
+        fork_mgr.append_slots({2: "S1", 3: "S2", 4: "P"}[i], [500 + i])
     else:
         for rid in ("P", "S1", "S2"):
             fork_mgr.append_slots(rid, [600 + i] * (2 if i == 6 else 1))
@@ -289,8 +288,8 @@ def fork_step(i):
     fork_view.update(caption=f"step {i + 1}: {FORK_SCRIPT[i]}")
     fork_log.append((fork_view.last_copies, {r: fork_mgr.block_ids(r) for r in fork_mgr.request_ids()},
                      [fork_mgr.ref_cnt(b) for b in range(16)]))
-    copies = fork_view.last_copies
-    return f"step {i + 1}: {FORK_SCRIPT[i]}" + (f" → copy-on-write {copies}" if copies else "")
+    cow = ", ".join(f"block {a} copied to {b}" for a, b in fork_view.last_copies)
+    return f"step {i + 1}: {FORK_SCRIPT[i]}" + (f" → copy-on-write: {cow}" if cow else "")
 
 fork_stepper = Stepper(fork_step, fork_reset, n_steps=len(FORK_SCRIPT), interval_ms=1200)
 fork_stepper.reset()
@@ -392,10 +391,8 @@ assert poisoned.outputs[:2] == off.outputs[:2]
 # %% [markdown]
 # ## Break it yourself
 #
-# `minienv.lab.break_it` is minienv's manager with one switch per classic bug. Set `BUG` to one of this chapter's
-# (`index_at_allocation`, `hash_own_tokens`, `no_copy_on_write`), predict which proof fails, and run the cell: it runs the series' proofs on
-# the **real engine** (the manager goes in through `InferenceEngine(kv_cache_manager_factory=...)`) and on the
-# manager, and prints which still hold.
+# `minienv.lab.break_it` is minienv's manager with one switch per classic bug. Set `BUG`, predict which proof
+# fails, and run the series' proofs on the **real engine** (`InferenceEngine(kv_cache_manager_factory=...)`).
 
 # %%
 from minienv.lab import break_it
@@ -484,11 +481,9 @@ assert all(checks.values()) and len(checks) == 8
 #
 # ### Exercise 1: the hash chain
 #
-# Write `chain_hashes(tokens, block_size)`: the key of every **full** block of `tokens`, in order, with
-# `hash_block_tokens(parent, block_tokens)` (imported above) starting from `ROOT_HASH`. Rules: (1) the first
-# block's parent is `ROOT_HASH`; (2) only full blocks get a hash; (3) each block's hash takes its parent's hash,
-# so the same tokens after a different prefix get a different key. The check compares you with minienv's own
-# `hash_block_chain`.
+# Write `chain_hashes(tokens, block_size)`: the key of every **full** block, in order, with `hash_block_tokens(parent,
+# block_tokens)` (imported above). Rules: (1) the first block's parent is `ROOT_HASH`; (2) only full blocks get a
+# hash; (3) each hash takes its parent's, so the same tokens after a different prefix get a different key.
 
 # %%
 from minienv.exercises.prefix_sharing import check_cached_tokens, check_chain_hashes
