@@ -362,12 +362,7 @@ def next_victim(records):
 print(check_next_victim(next_victim))
 
 # %% [markdown]
-# The solution is in `solutions/11_persistent_kv.py`; the checker grades it the same way:
-
-# %%
-from minienv.lab.kv_tier_lab import load_solution
-
-print(check_next_victim(load_solution()))
+# The reference solution is in `solutions/11_persistent_kv.py` — try it yourself first.
 
 # %% [markdown]
 # ## Where this lives in vLLM / LMCache / SGLang

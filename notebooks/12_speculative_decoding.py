@@ -277,7 +277,7 @@ assert any(r[5] > 0 for r in rows)  # the tight budget did preempt: rollback and
 # wrong position.)
 
 # %%
-from minienv.lab.speculation import chi_square_critical
+from minienv.lab.speculation import chi_square_critical, pearson_statistic
 from minienv.sampling import Sampler
 
 prompt = "ROMEO.\nO, she doth teach the torches to burn"
@@ -294,12 +294,8 @@ eng = InferenceEngine(target, tokenizer, kv_budget_tokens=8192, block_size=16, m
                       speculative_config={"method": "draft", "num_speculative_tokens": 1, "draft_model": draft})
 samples = [tuple(o.token_ids) for o in eng.generate([prompt] * n, [SamplingParams(max_tokens=3, temperature=1.0,
                                                                                    top_k=3, seed=s) for s in range(n)])]
-expected = {seq: p * n for seq, p in frontier.items()}
-big = [seq for seq in expected if expected[seq] >= 5]  # pool the rare outcomes, as Pearson's test needs
-stat = sum((samples.count(seq) - expected[seq]) ** 2 / expected[seq] for seq in big)
-rest_o, rest_e = sum(1 for s in samples if s not in big), sum(e for s, e in expected.items() if s not in big)
-stat += (rest_o - rest_e) ** 2 / rest_e if rest_e else 0.0
-dof = len(big) + (rest_e > 0) - 1
+counts = {seq: samples.count(seq) for seq in frontier}
+stat, dof = pearson_statistic(counts, frontier, n)  # rare outcomes pooled, as Pearson's test needs
 print(f"{eng.speculator.stats.num_drafts} verifications; chi-square {stat:.1f}, critical {chi_square_critical(dof, 0.001):.1f} "
       f"at alpha 0.001 (dof {dof}): consistent with the target = {stat <= chi_square_critical(dof, 0.001)}")
 

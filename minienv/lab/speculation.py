@@ -110,6 +110,25 @@ def chi_square_critical(dof: int, alpha: float) -> float:
     return dof * (1.0 - c + z * math.sqrt(c)) ** 3
 
 
+def pearson_statistic(counts: dict, probs: dict, num_samples: int) -> tuple[float, int]:
+    """Pearson's chi-square of observed ``counts`` against exact ``probs`` (same keys); returns (statistic, dof).
+
+    Cells expected to hold fewer than 5 samples are pooled into one, as the test's chi-square approximation needs.
+    """
+    stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
+    for key, prob in probs.items():
+        exp = prob * num_samples
+        if exp < 5:
+            pooled_obs, pooled_exp = pooled_obs + counts.get(key, 0), pooled_exp + exp
+        else:
+            stat += (counts.get(key, 0) - exp) ** 2 / exp
+            cells += 1
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        cells += 1
+    return stat, cells - 1
+
+
 def chi_square_check(verifier: Verifier = verify, *, world: BigramWorld | None = None, k: int = 2,
                      length: int = 3, num_samples: int = 20_000, seed: int = 0, proposer: str = "draft",
                      alpha: float = 0.001) -> ChiSquareResult:
@@ -123,18 +142,6 @@ def chi_square_check(verifier: Verifier = verify, *, world: BigramWorld | None =
         seq, c = speculative_sequence(world, verifier, k, length, rng, proposer)
         counts[seq] += 1
         calls += c
-    # pool cells expected to hold < 5 samples into one, as Pearson's test needs
-    stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
-    for seq, prob in joint.items():
-        exp = prob * num_samples
-        if exp < 5:
-            pooled_obs, pooled_exp = pooled_obs + counts[seq], pooled_exp + exp
-        else:
-            stat += (counts[seq] - exp) ** 2 / exp
-            cells += 1
-    if pooled_exp > 0:
-        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
-        cells += 1
-    dof = cells - 1
+    stat, dof = pearson_statistic(counts, joint, num_samples)
     return ChiSquareResult(stat, dof, chi_square_critical(dof, alpha), alpha, num_samples,
                            calls / (num_samples * length))

@@ -152,7 +152,7 @@ def engine_chi_square(model, tok, method: str, n: int = 1500) -> tuple[float, fl
     (k = 1 draft + the bonus or the resampled token). Pearson's chi-square of ``n`` seeded engine samples over the
     27 outcomes vs the exact joint; returns (statistic, critical value at alpha = 0.001, samples outside the
     target's support)."""
-    from minienv.lab.speculation import chi_square_critical
+    from minienv.lab.speculation import chi_square_critical, pearson_statistic
 
     prompt = "ROMEO:\nO, she doth teach the torches to burn"
     joint = _exact_joint(model, tok.encode(prompt), SamplingParams(max_tokens=3, temperature=1.0, top_k=3), 3)
@@ -166,16 +166,8 @@ def engine_chi_square(model, tok, method: str, n: int = 1500) -> tuple[float, fl
     for o in outs:
         if tuple(o.token_ids) in counts:
             counts[tuple(o.token_ids)] += 1
-    stat, cells, pooled_o, pooled_e = 0.0, 0, 0, 0.0
-    for seq, p in joint.items():
-        exp = p * n
-        if exp < 5:
-            pooled_o, pooled_e = pooled_o + counts[seq], pooled_e + exp
-        else:
-            stat, cells = stat + (counts[seq] - exp) ** 2 / exp, cells + 1
-    if pooled_e:
-        stat, cells = stat + (pooled_o - pooled_e) ** 2 / pooled_e, cells + 1
-    return stat, chi_square_critical(cells - 1, 0.001), outside
+    stat, dof = pearson_statistic(counts, joint, n)
+    return stat, chi_square_critical(dof, 0.001), outside
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram"])
