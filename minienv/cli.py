@@ -10,7 +10,8 @@ one exception: it bypasses the engine and recomputes the whole sequence every to
 
 ``python -m minienv serve --port 50051 [--metrics-port 9090] [engine options]`` serves the engine over gRPC
 (:mod:`minienv.serving`, the ``serve`` extra) on 127.0.0.1 until SIGTERM or Ctrl-C, then drains (``--grace``).
-A prompt that is literally ``serve`` is written after ``--``: ``python -m minienv -- serve``.
+``python -m minienv client "prompt" [--address HOST:PORT]`` streams a completion from such a server to stdout.
+A prompt that is literally ``serve`` or ``client`` is written after ``--``: ``python -m minienv -- serve``.
 
 Bad arguments exit with status 2 and a usage message on stderr (argparse's convention); a request the model
 cannot serve (missing files, prompt too long, a prompt that can never fit the KV budget) exits with status 1 and a
@@ -141,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         return serve_main(argv[1:])
+    if argv[:1] == ["client"]:
+        return client_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if (args.prompt is None) == (args.prompts_file is None):
@@ -321,6 +324,58 @@ def serve_main(argv: Sequence[str]) -> int:
     server.stop(grace=args.grace)
     for m in metrics_servers:
         m.close()
+    return 0
+
+
+def build_client_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m minienv client",
+                                description="Stream a completion from a running `python -m minienv serve` to stdout.")
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("--address", default="127.0.0.1:50051", metavar="HOST:PORT",
+                   help="the server (default: 127.0.0.1:50051, the local `serve`'s default)")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="most tokens to generate (default: 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (with --temperature > 0)")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS", help="give up after this long")
+    return p
+
+
+def client_main(argv: Sequence[str]) -> int:
+    """``python -m minienv client "prompt"``: stream the text to stdout. Exit 0 when the server finished the
+    request, 1 with ``minienv client: error: CODE: message`` on stderr when it failed (a server that is not there
+    is ``UNAVAILABLE``), 2 for bad arguments, 130 on Ctrl-C (the request is cancelled, so the server aborts it)."""
+    parser = build_client_parser()
+    args = parser.parse_args(list(argv))
+    if args.deadline is not None and not args.deadline > 0:
+        parser.error(f"--deadline must be a number of seconds > 0, got {args.deadline}")
+    try:
+        from minienv.serving.client import Client, ServingError
+    except ImportError as exc:
+        print(f"minienv client: error: the client needs the serve extra (pip install 'minienv[serve]'): {exc}",
+              file=sys.stderr)
+        return 1
+    try:
+        with Client(args.address) as client:
+            stream = client.stream(args.prompt, args.max_tokens, temperature=args.temperature, seed=args.seed,
+                                   deadline=args.deadline)
+            try:
+                for chunk in stream:
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+            except KeyboardInterrupt:
+                stream.cancel()
+                return 130
+    except ValueError as exc:  # a malformed --address
+        parser.error(str(exc))
+    except ServingError as exc:
+        sys.stdout.write("\n")
+        hint = f" (is `python -m minienv serve` running on {args.address}?)" if exc.code.name == "UNAVAILABLE" else ""
+        print(f"minienv client: error: {exc.code.name}: {exc.details}{hint}", file=sys.stderr)
+        return 1
+    sys.stdout.write("\n")
+    if stream.completion is not None and stream.completion.finish_reason == "error":
+        print(f"minienv client: error: the request failed in the engine: {stream.completion.error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -43,6 +43,8 @@ from minienv.serving import minienv_pb2_grpc as pb_grpc
 
 #: the full name of minienv's service (what reflection lists and health checks name)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MinienvEngine"].full_name
+#: trailing metadata key of every Generate call: the address of the instance that served it
+SERVED_BY_KEY = "minienv-served-by"
 _POLL_S = 0.05  # how often a waiting handler checks that its call is still alive
 
 
@@ -214,6 +216,7 @@ class _Servicer(pb_grpc.MinienvEngineServicer):
 
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
         srv = self.server
+        context.set_trailing_metadata(((SERVED_BY_KEY, srv.address),))  # which instance, for a balanced client
         srv.check_available(context)
         which = request.WhichOneof("prompt")
         if which is None:
