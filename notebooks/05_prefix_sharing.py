@@ -6,13 +6,10 @@
 # let every block table point at one set of blocks, counting holders with a **refcount**.
 #
 # **Learning goals.** After this notebook you can
-# 1. compute a block's **chain hash** from its parent's hash and its own tokens, and say why a hash of the block's
-#    tokens alone, or of the *whole prompt*, is wrong;
+# 1. compute a block's **chain hash** and say why hashing the block's own tokens, or the *whole prompt*, is wrong;
 # 2. find the longest cached prefix of a prompt — full blocks only, and **never the last prompt token**;
-# 3. keep refcounts exact while requests arrive, finish, and **fork** (parallel sampling, beam search), and say
-#    exactly when **copy-on-write** copies a block;
-# 4. reproduce, in our units, the vLLM paper's sharing results (Kwon et al., SOSP 2023, §6.3–6.4) and explain the
-#    differences;
+# 3. keep refcounts exact while requests arrive, finish and **fork**, and say when **copy-on-write** copies;
+# 4. reproduce the vLLM paper's sharing results (Kwon et al., SOSP 2023, §6.3–6.4) in our units;
 # 5. prove that the cache changes how much is computed and never what is generated, and name the bugs real engines
 #    shipped here.
 
@@ -28,6 +25,7 @@ import numpy as np
 
 from minienv.kv.block_table import cdiv
 from minienv.lab.serving import load_demo_model
+from minienv.lab.sharing_demos import common_prefix_len
 
 demo = load_demo_model()
 SYSTEM = ("You are the prompter of the Globe Theatre. Answer each question in the voice of Shakespeare, "
@@ -36,21 +34,13 @@ QUESTIONS = ["Who is the king?", "Where is Romeo?", "What is the hour?", "Why we
              "Who knocks at the gate?", "What news from Rome?"]
 prompts = {f"r{i}": demo.encode(SYSTEM + f"HAMLET.\n{q}\n\nHORATIO.\n") for i, q in enumerate(QUESTIONS)}
 B = 4  # a small block size, so the pictures stay readable (vLLM's default is 16)
-
-def common_prefix_len(seqs):
-    seqs = list(seqs)
-    return next((i for i in range(min(map(len, seqs))) if len({s[i] for s in seqs}) > 1), min(map(len, seqs)))
-
 shared = common_prefix_len(prompts.values())
-total = sum(len(p) for p in prompts.values())
-print(f"model: {demo.name}")
-print(f"{len(prompts)} prompts, {total} prompt tokens; the first {shared} tokens of every prompt are the same")
-print(f"without sharing: {total} tokens prefilled, {sum(cdiv(len(p), B) for p in prompts.values())} blocks of {B}")
-shared_blocks = shared // B
-saved = (len(prompts) - 1) * shared_blocks
-print(f"sharing the {shared_blocks} full blocks of the common prefix: {total - saved * B} tokens prefilled, "
-      f"{sum(cdiv(len(p), B) for p in prompts.values()) - saved} blocks "
-      f"({saved * B / total:.0%} of the prefill and of the prompt KV memory saved)")
+total, blocks = sum(len(p) for p in prompts.values()), sum(cdiv(len(p), B) for p in prompts.values())
+saved = (len(prompts) - 1) * (shared // B)  # every prompt after the first could reuse the common full blocks
+print(f"model: {demo.name}; {len(prompts)} prompts, {total} prompt tokens; the first {shared} are the same in all")
+print(f"without sharing: {total} tokens prefilled, {blocks} blocks of {B}")
+print(f"sharing the {shared // B} full blocks of the common prefix: {total - saved * B} tokens prefilled, "
+      f"{blocks - saved} blocks ({saved * B / total:.0%} of the prefill and of the prompt KV memory saved)")
 
 # %% [markdown]
 # Only **full** blocks can be shared (the block holding the end of the system prompt also holds the start of a
@@ -91,15 +81,13 @@ for name, p in prompts.items():
     print(f"{name}: {len(p)} tokens, {cached:>2} cached, {len(p) - cached:>2} to compute")
 
 # %% [markdown]
-# Later requests compute only what follows the common full blocks. Two details carry the correctness: a lookup
-# never covers the **whole** prompt (`[: (len - 1) // B]`: the last token must run to give logits — nano-vllm #144
-# crashed here), and it **stops at the first miss** (block `j + 1`'s K/V attended to block `j`).
+# Two details carry the correctness: a lookup never covers the **whole** prompt (`[: (len - 1) // B]`: the last
+# token must run to give logits — nano-vllm #144 crashed here), and it **stops at the first miss**.
 #
 # ## The chain, drawn
 #
-# One row per prompt, one column per block; a hash several prompts share is drawn once, spanning them. Once groups
-# split they never share a hash again, because each hash carries its parent's ("Who …" / "What …" questions share
-# one more block in pairs). The dashed box is the partial last block, with no hash yet.
+# One row per prompt, one column per block; a hash several prompts share is drawn once, spanning them. Split groups
+# never share again: each hash carries its parent's. The dashed box is the partial last block, with no hash yet.
 
 # %%
 from IPython.display import display
@@ -120,16 +108,16 @@ for x, y in [(x, y) for x in prompts for y in prompts if x < y]:  # equal hash <
 # %% [markdown]
 # ## The naive design: one hash for the whole prompt
 #
-# The naive design's `PrefixAwareRefcounter` keys its prefix block by `hash(tuple(prompt))` — the **whole** prompt —
-# so it shares nothing unless a prompt repeats exactly. `minienv.lab.naive_design` reproduces it beside ours:
+# The naive design (notebook 00) keys its prefix block by `hash(tuple(prompt))` — the **whole** prompt — so it
+# shares nothing unless a prompt repeats exactly. `minienv.lab.naive_design` reproduces it beside ours:
 
 # %%
 # NBVAL_CHECK_OUTPUT
 from minienv.lab.naive_design import demo_whole_prompt_hashing
 
 naive_demo = demo_whole_prompt_hashing(list(prompts.values()), system_prompt_tokens=shared, block_size=B)
-print(f"blocks the six prompts need without sharing: {naive_demo.blocks_without_sharing}")
-print(f"naive (whole-prompt hash): {naive_demo.naive_shared_blocks} blocks shared")
+print(f"blocks the six prompts need without sharing: {naive_demo.blocks_without_sharing}; naive (whole-prompt "
+      f"hash): {naive_demo.naive_shared_blocks} blocks shared")
 print(f"minienv (block-hash chain): {naive_demo.ours_shared_blocks} blocks shared, "
       f"{naive_demo.ours_blocks_in_use} in use, {naive_demo.ours_hit_tokens} prompt tokens served from cache")
 assert naive_demo.naive_shared_blocks == 0
@@ -140,15 +128,14 @@ assert naive_demo.ours_hit_tokens >= (len(prompts) - 1) * (shared // B) * B
 # ## minienv's version: `KVCacheManager`
 #
 # `minienv/kv/kv_cache_manager.py` is the toy made exact. **Hash**: `hash_block_tokens(parent, tokens, extra_key)`,
-# sha256 with a real root and an *extra key* (model, dtype, cache salt) so models or tenants never share K/V.
-# **Index**: hash → block; a hit also compares stored tokens and parent, so a collision costs a miss, never wrong
-# K/V. **Refcounts**: +1 per hit, −1 per free; at 0 a block keeps K/V and hash (**cached-free**, findable until
-# notebook 06 evicts it). A block is indexed at `commit`, after the step that wrote its K/V — never at allocation.
-# Stats count **tokens**, like vLLM's.
+# sha256 from a fixed root, with an *extra key* (model, dtype, cache salt) so models or tenants never share K/V.
+# **Index**: hash → block; a hit also compares stored tokens and parent (a collision costs a miss, never wrong K/V).
+# **Refcounts**: +1 per hit, −1 per free; at 0 a block keeps K/V and hash (**cached-free**, findable until notebook
+# 06 evicts it). A block is indexed at `commit`, after the step that wrote its K/V. Stats count **tokens**.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.kv.kv_cache_manager import KVCacheManager, UnknownRequestError
+from minienv.kv.kv_cache_manager import KVCacheManager
 
 mgr = KVCacheManager(num_blocks=64, block_size=B)
 a0 = mgr.allocate("r0", prompts["r0"])
@@ -178,74 +165,37 @@ assert all(mgr.ref_cnt(b) == 1 for b in common)  # r1 still holds them; r0 let g
 #
 # The six requests arrive, decode and finish at different times (bookkeeping only). Each cell reads `block ·rcN`;
 # dark cells are shared. The system prompt's refcount rises with every arrival and falls with every finish; when
-# the last holder leaves its blocks turn **cached-free** (pale blue) — so `r5`, arriving after everyone left, still
-# hits them. Below: the free queue, head first (`ManagerView`, reused by notebooks 06–08).
+# the last holder leaves its blocks turn **cached-free** (pale blue). Below: the free queue, head first.
 
 # %%
+from minienv.lab.sharing_demos import ArrivalScript
 from minienv.viz import Stepper, panel
 from minienv.viz.kv_views import ManagerView
 
-LIVE_BLOCKS = 48
-# (step caption, action): "+r" admits r (prefill), "d" = every running request decodes one token, "-r" finishes r
-SCRIPT = [("+r0",), ("+r1",), ("d", "+r2"), ("d",), ("-r0", "+r3"), ("d",), ("-r1", "-r2"), ("d", "+r4"),
-          ("-r3",), ("-r4",), ("+r5",), ("d",), ("-r5",)]
-live_mgr = KVCacheManager(LIVE_BLOCKS, B)
-view = ManagerView(live_mgr, title=f"KV pool: {LIVE_BLOCKS} blocks of {B} slots", columns=16, cell_px=56)
-live_log = []  # (step, {block: refcount} of the system prompt's blocks, hits of admitted requests)
-
-def live_reset():
-    global live_mgr
-    live_mgr = KVCacheManager(LIVE_BLOCKS, B)
-    view.attach(live_mgr, caption="empty pool")
-    live_log.clear()
-
-def live_step(i):
-    notes, hits = [], {}
-    for action in SCRIPT[i]:
-        if action == "d":
-            for rid in live_mgr.request_ids():
-                live_mgr.append_slots(rid, [1000 + i])
-                live_mgr.commit(rid)
-            notes.append("all decode 1 token")
-        elif action[0] == "+":
-            rid = action[1:]
-            alloc = live_mgr.allocate(rid, prompts[rid])
-            live_mgr.commit(rid)
-            hits[rid] = alloc.num_cached_tokens
-            notes.append(f"{rid} arrives ({alloc.num_cached_tokens} of {len(prompts[rid])} tokens cached)")
-        else:
-            live_mgr.free(action[1:])
-            notes.append(f"{action[1:]} finishes")
-    live_mgr.check_invariants()
-    system_blocks = live_mgr.lookup(prompts["r0"]).block_ids[: shared // B]
-    live_log.append((i, {b: live_mgr.ref_cnt(b) for b in system_blocks}, hits))
-    caption = f"step {i + 1}: " + "; ".join(notes)
-    view.update(caption=caption)
-    return caption
-
-live_stepper = Stepper(live_step, live_reset, n_steps=len(SCRIPT), interval_ms=900)
+arrivals = ArrivalScript(prompts, num_blocks=48, block_size=B, system_blocks=shared // B)  # see SHARING_SCRIPT
+view = ManagerView(arrivals.mgr, title=f"KV pool: 48 blocks of {B} slots", columns=16, cell_px=56)
+live_stepper = Stepper(*arrivals.driving(view), n_steps=len(arrivals.script), interval_ms=900)
 live_stepper.reset()
 panel(live_stepper, view)
 
 # %% [markdown]
-# Press **Step** or ▶. Then the code runs the script and checks that every system-prompt block's refcount equals the
-# number of running requests (`tests/unit/test_notebook_views.py` checks that the grid draws it):
+# Press **Step** or ▶. The code below runs the script: every system-prompt block's refcount equals the number of
+# running requests (`tests/unit/test_notebook_views.py` checks the grid draws it).
 
 # %%
 live_stepper.run()
-for step, refs, hits in live_log:
-    n_running = sum(1 for a in SCRIPT[: step + 1] for x in a if x.startswith("+")) - \
-        sum(1 for a in SCRIPT[: step + 1] for x in a if x.startswith("-"))
-    assert all(rc == n_running for rc in refs.values()), (step, refs, n_running)
-    assert all((h == 0) if r == "r0" else (h >= (shared // B) * B) for r, h in hits.items()), (step, hits)
-print("refcounts of the system-prompt blocks after each step:", [next(iter(r.values()), 0) for _, r, _ in live_log])
+for rec in arrivals.log:
+    assert all(rc == rec.num_running for rc in rec.system_refcounts.values()), rec
+    assert all((h == 0) if r == "r0" else (h >= (shared // B) * B) for r, h in rec.hits.items()), rec
+print("refcounts of the system-prompt blocks after each step:",
+      [next(iter(r.system_refcounts.values()), 0) for r in arrivals.log])
 
 # %% [markdown]
-# `r5` arrived after everyone had finished (step 11) and still hit the whole system prompt: cached-free, not gone.
-# Without a kernel, the pool just before `r5` leaves:
+# `r5` arrived after everyone had left (step 11) and still hit the system prompt: cached-free, not gone. The pool
+# just before `r5` leaves:
 
 # %%
-live_stepper.go_to(len(SCRIPT) - 1)
+live_stepper.go_to(len(arrivals.script) - 1)
 view.static()
 
 # %% [markdown]
@@ -258,61 +208,31 @@ view.static()
 # Step through a 10-token prompt (two full blocks + 2 of 4 slots) forked into three samples:
 
 # %%
-FORK_PROMPT = prompts["r0"][:10]
-fork_mgr = KVCacheManager(16, B)
-fork_view = ManagerView(fork_mgr, title="fork: P and two children S1, S2", columns=16, cell_px=56)
-FORK_SCRIPT = ["prefill P", "fork P -> S1, S2", "S1 writes its first token", "S2 writes its first token",
-               "P writes its first token", "each writes one more (fills its block)",
-               "each writes two more (a new block each)", "each writes one more"]
-fork_log = []
+from minienv.lab.sharing_demos import ForkScript
 
-def fork_reset():
-    global fork_mgr
-    fork_mgr = KVCacheManager(16, B)
-    fork_view.attach(fork_mgr, caption="empty pool")
-    fork_log.clear()
-
-def fork_step(i):
-    if i == 0:
-        fork_mgr.allocate("P", FORK_PROMPT)
-    elif i == 1:
-        fork_mgr.fork("P", ["S1", "S2"])
-    elif i in (2, 3, 4):
-        fork_mgr.append_slots({2: "S1", 3: "S2", 4: "P"}[i], [500 + i])
-    else:
-        for rid in ("P", "S1", "S2"):
-            fork_mgr.append_slots(rid, [600 + i] * (2 if i == 6 else 1))
-    for rid in fork_mgr.request_ids():
-        fork_mgr.commit(rid)
-    fork_mgr.check_invariants()
-    fork_view.update(caption=f"step {i + 1}: {FORK_SCRIPT[i]}")
-    fork_log.append((fork_view.last_copies, {r: fork_mgr.block_ids(r) for r in fork_mgr.request_ids()},
-                     [fork_mgr.ref_cnt(b) for b in range(16)]))
-    cow = ", ".join(f"block {a} copied to {b}" for a, b in fork_view.last_copies)
-    return f"step {i + 1}: {FORK_SCRIPT[i]}" + (f" → copy-on-write: {cow}" if cow else "")
-
-fork_stepper = Stepper(fork_step, fork_reset, n_steps=len(FORK_SCRIPT), interval_ms=1200)
+fork = ForkScript(prompts["r0"][:10], num_blocks=16, block_size=B)  # see FORK_SCRIPT
+fork_view = ManagerView(fork.mgr, title="fork: P and two children S1, S2", columns=16, cell_px=56)
+fork_stepper = Stepper(*fork.driving(fork_view), n_steps=len(fork.script), interval_ms=1200)
 fork_stepper.reset()
 panel(fork_stepper, fork_view)
 
 # %%
 # NBVAL_CHECK_OUTPUT
 fork_stepper.run()
-for i, (copies, tables, refs) in enumerate(fork_log):
-    print(f"step {i + 1} {FORK_SCRIPT[i]:<40} copies {str(list(copies)):<10} tables {tables}")
-(c0, t0, r0), (c1, t1, r1), (c2, t2, r2), (c3, t3, r3), (c4, t4, r4) = fork_log[:5]
-assert t1["S1"] == t1["S2"] == t1["P"] == [0, 1, 2] and r1[:3] == [3, 3, 3]  # fork: +2 per block, no copy
-assert c2 == ((2, 3),) and r2[:4] == [3, 3, 2, 1]  # S1's write: block 2 copied to 3, one reference moved
-assert c3 == ((2, 4),) and r3[:5] == [3, 3, 1, 1, 1]  # S2's write: copied again; P is now block 2's only holder
-assert c4 == () and t4["P"] == [0, 1, 2]  # P writes in place: refcount 1 means nobody else can see it
-assert all(c == () for c, _, _ in fork_log[5:])  # full shared blocks 0 and 1 are never copied (vLLM #417)
-assert fork_mgr.stats().cow_copies == 2 and fork_log[-1][2][:2] == [3, 3]
-print("copy-on-write copies:", fork_mgr.stats().cow_copies, "| memory saved by sharing now:",
-      f"{fork_mgr.sharing().saved_fraction:.0%}")
+for i, r in enumerate(fork.log):
+    print(f"step {i + 1} {fork.script[i]:<40} copies {str(list(r.copies)):<10} tables {r.tables}")
+f = fork.log
+assert f[1].tables == {"P": [0, 1, 2], "S1": [0, 1, 2], "S2": [0, 1, 2]} and f[1].refcounts[:3] == [3, 3, 3]  # fork
+assert f[2].copies == ((2, 3),) and f[2].refcounts[:4] == [3, 3, 2, 1]  # S1 writes: block 2 copied, a ref moved
+assert f[3].copies == ((2, 4),) and f[3].refcounts[:5] == [3, 3, 1, 1, 1]  # S2 too; P is now 2's only holder
+assert f[4].copies == () and f[4].tables["P"] == [0, 1, 2]  # P writes in place: refcount 1, nobody else sees it
+assert all(r.copies == () for r in fork.log[5:])  # full shared blocks 0 and 1 are never copied (vLLM #417)
+assert fork.mgr.stats().cow_copies == 2 and fork.log[-1].refcounts[:2] == [3, 3]
+print("copy-on-write copies:", fork.mgr.stats().cow_copies, "| memory saved by sharing now:",
+      f"{fork.mgr.sharing().saved_fraction:.0%}")
 
 # %% [markdown]
-# Exactly `n − 1` copies for `n` samples (the last holder writes in place); the full prompt blocks stay shared for
-# the samples' whole lives. `tests/unit/test_prefix_differential.py` checks each child against the dense model.
+# Exactly `n − 1` copies for `n` samples (the last holder writes in place); full prompt blocks stay shared.
 
 # %%
 fork_view.static()
@@ -334,32 +254,29 @@ from minienv.lab.sharing_experiments import format_paper_table, paper_sharing_re
 # the same numbers from a shell: .venv/bin/python -m minienv.lab.sharing_experiments
 par, beam, shots = paper_sharing_results(parallel_requests=100, beam_requests=40)
 print(format_paper_table(par, beam, shots))
-assert all(a.saved_fraction < b.saved_fraction for a, b in zip(par, par[1:]))  # more samples, more sharing
-assert all(a.saved_fraction < b.saved_fraction for a, b in zip(beam, beam[1:]))
-assert 0.03 < par[0].saved_fraction and par[-1].saved_fraction < 0.15  # same ballpark as 6.1–9.8 %
-assert 0.3 < beam[0].saved_fraction and beam[-1].saved_fraction < 0.7  # same ballpark as 37.6–55.2 %
+assert all(a.saved_fraction < b.saved_fraction for xs in (par, beam) for a, b in zip(xs, xs[1:]))  # more, more shared
+assert 0.03 < par[0].saved_fraction and par[-1].saved_fraction < 0.15  # ballparks of 6.1–9.8 % and 37.6–55.2 %
+assert 0.3 < beam[0].saved_fraction and beam[-1].saved_fraction < 0.7
 assert beam[0].saved_fraction > par[-1].saved_fraction  # beams share far more than samples
 assert 1 < shots[0].work_ratio < shots[0].prefill_ratio and shots[1].prefill_ratio > shots[0].prefill_ratio > 2
 assert all(r.memory_ratio > 1 for r in shots)
 
 # %% [markdown]
-# **Why ours differ.** *Parallel sampling* is close: only full prompt blocks are shared and Alpaca prompts
-# (~19 tokens) are short next to ~58 output tokens; our lengths are log-normal draws with Alpaca's means, counted
-# per request rather than over a served trace. *Beam search* shares more because beams share most of their
-# **generated** history too; how much depends on how peaked the scorer is (ours is random, not OPT-13B), so the
-# range agreement is partly luck; the ordering is not. *Shared prefix*: the paper's ratios are **serving throughput**
-# on an A100, mixing two effects we separate — prefill computed once (our prefill ratio) and KV stored once (our
-# KV-block ratio). Decode is not saved, hence the much smaller all-tokens ratio. `benchmarks/bench_prefix_cache.py`
-# measures wall time.
+# **Why ours differ.** *Parallel sampling* (5.1–10.9 % vs 6.1–9.8 %): only full prompt blocks are shared, and
+# Alpaca prompts (~19 tokens) are short next to ~58 output tokens; our lengths are log-normal draws with Alpaca's
+# means, counted per request. *Beam search* (38.6–62.9 % vs 37.6–55.2 %): beams also share their **generated**
+# history, and how much depends on the scorer (ours is random, not OPT-13B) — at widths 4 and 6 ours shares more;
+# the ordering holds. *Shared prefix*: the paper's ratios are A100 **throughput**, mixing prefill computed once and
+# KV stored once, which we count separately; decode is not saved. `benchmarks/bench_prefix_cache.py` times it.
 #
 # ## Proof: the cache changes how much is computed, never what is generated
 #
 # `serve_greedy` runs the six prompts through `InferenceEngine` with the prefix cache **on** and **off**; the text
 # must be identical (cache off equals the dense model: notebook 04; `tests/unit/test_prefix_differential.py` checks
-# on == off == dense more widely). A hit *skips* the hit tokens, so attention must read their **cached** K/V —
-# MinivLLM #98 shared blocks but never fed them to attention. So also poison the cached K/V before a request that
-# hits them: its output must change. (`r0` and `r1` prefill in the same step, so `r1` finds nothing yet: a block is
-# findable only after the step that writes it; at `commit` `r1` switches to `r0`'s blocks. From `r2` on, all hit.)
+# on == off == dense more widely). A hit *skips* its tokens, so attention must read their **cached** K/V (small
+# engines have shared the blocks and never fed them to attention): poison the cached K/V before a request that hits
+# them, and its output must change. (`r0` and `r1` prefill in the same step, so `r1` finds nothing yet: a block is
+# findable only after the step that writes it. From `r2` on, all hit.)
 
 # %%
 from minienv.lab.serving import serve_greedy
@@ -392,7 +309,7 @@ assert poisoned.outputs[:2] == off.outputs[:2]
 # ## Break it yourself
 #
 # `minienv.lab.break_it` is minienv's manager with one switch per classic bug. Set `BUG`, predict which proof
-# fails, and run the series' proofs on the **real engine** (`InferenceEngine(kv_cache_manager_factory=...)`).
+# fails, and run the series' proofs on the **real engine** (notebook 06 has the eviction bugs).
 
 # %%
 from minienv.lab import break_it
@@ -404,74 +321,50 @@ for result in break_it.run_proofs(BUG).values():
 # %% [markdown]
 # <details><summary>Which proof each bug breaks, and why (after you tried)</summary>
 #
-# * `index_at_allocation` — the outputs still match: a same-step hit reads K/V the same forward pass writes first.
-#   But interrupt a step (the stop button) and roll it back: the reserved blocks stay findable though their K/V
-#   were never written, and the resumed request "hits" its own empty blocks (`failed_step`).
-# * `hash_own_tokens` — equal tokens after a different prefix get the same key, so a request reuses K/V that
-#   attended to someone else's beginning (`outputs`).
-# * `no_copy_on_write` — after a fork, the child's first token lands in the half-full block it shares with the
-#   parent and overwrites the parent's K/V (`copy_on_write`). Full shared blocks are never written, so only the
-#   last one needs the copy.
+# * `index_at_allocation` — outputs still match (a same-step hit reads K/V the same pass writes first), but roll
+#   back an interrupted step and its blocks stay findable, K/V never written: the resume "hits" them (`failed_step`).
+# * `hash_own_tokens` — equal tokens after a different prefix share a key: K/V that attended elsewhere (`outputs`).
+# * `no_copy_on_write` — a child's first token overwrites the parent's K/V in their shared half-full block
+#   (`copy_on_write`).
 # </details>
 
 # %%
 # NBVAL_CHECK_OUTPUT
-broken = {bug: sorted(n for n, r in break_it.run_proofs(bug).items() if not r.holds) for bug in ("index_at_allocation", "hash_own_tokens", "no_copy_on_write",)}
+broken = {bug: sorted(n for n, r in break_it.run_proofs(bug).items() if not r.holds)
+          for bug in ("index_at_allocation", "hash_own_tokens", "no_copy_on_write")}
 for bug, names in broken.items():
     print(f"{bug:<20} breaks: {', '.join(names)}")
-assert broken == {'index_at_allocation': ['failed_step'], 'hash_own_tokens': ['outputs'], 'no_copy_on_write': ['copy_on_write']}
+assert broken == {"index_at_allocation": ["failed_step"], "hash_own_tokens": ["outputs"],
+                  "no_copy_on_write": ["copy_on_write"]}
 
 # %% [markdown]
 # ## The traps of this layer
 #
-# Each shipped in a real engine or the naive design; regression tests in `tests/unit/test_kv_cache_manager.py` and
-# `test_naive_design.py`; the cell below re-checks each.
+# Each shipped in a real engine or in the naive design (eviction's traps are notebook 06's). Regression tests:
+# `tests/unit/test_kv_cache_manager.py`, `test_naive_design.py`; the cell below re-checks each on a fresh manager.
 #
 # | trap | what went wrong | the lesson, in one sentence |
 # |---|---|---|
 # | naive design: whole-prompt hash | one key for the whole prompt | Hash **per block, chained**, so prompts share exactly their common full blocks. |
 # | naive design: refcount set to 1 | `acquire` set the refcount instead of incrementing it | A refcount is only ever **+1 / −1**, once per table that takes or drops the block. |
 # | vLLM #12621 | `hash(None)` became a constant in Python 3.12 → forced collisions across users | Use a **stable content hash** (sha256) with a real root, and check the stored key on every hit. |
-# | vLLM PR #3347 / #1556 | double free; fork over-incremented refcounts | Fork adds exactly **one reference per child**; freeing an unknown request is an error that changes nothing. |
+# | vLLM #1556, fixed by PR #3347 | sliding window + fork: a table named a block twice, fork added a reference per entry → "Double free!" | Fork adds exactly **one reference per child and block**; freeing twice is an error that changes nothing. |
 # | vLLM #417 | wrong copy-on-write condition → wrong text | Copy only when writing into a block that is **shared and not full**. |
 # | nano-vllm #144 | a fully cached prompt left zero tokens to run → crash | A lookup **always leaves the last prompt token** to compute. |
-# | MinivLLM #98 | hits shared blocks but attention never read them | Test the cache **through the model**: outputs equal with it on and off, and poisoned cached K/V must change them. |
+# | (small engines, no public issue) | a hit shared the blocks but attention never read them | Test the cache **through the model**: outputs equal with it on and off, and poisoned cached K/V must change them. |
 # | SGLang #35270 | shared pages counted once per holder → a false "leak" | Count **physical** blocks once, however many tables hold them. |
 
 # %%
 # NBVAL_CHECK_OUTPUT
-import subprocess
-import sys
-
-from minienv.kv.hashing import hash_block_tokens, ROOT_HASH
 from minienv.lab.naive_design import demo_refcount_set
+from minienv.lab.sharing_demos import sharing_trap_checks
 
-checks = {}
 rc = demo_refcount_set()
-checks["naive refcount set"] = (rc.naive_refcount_after_share, rc.ours_refcount_after_share) == (1, 2)
-code = "from minienv.kv.hashing import *; print(hash_block_tokens(ROOT_HASH, [1, 2, 3, 4]).hex())"
-other_process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-checks["#12621 stable hash"] = other_process.strip() == hash_block_tokens(ROOT_HASH, [1, 2, 3, 4]).hex()
-t = KVCacheManager(16, B)
-t.allocate("p", list(range(9)))
-t.commit("p")
-before = t.snapshot()
-t.fork("p", ["c1", "c2"])
-checks["#1556 fork +1 per child"] = [t.ref_cnt(b) for b in t.block_ids("p")] == [3, 3, 3]
-t.free("c2")
-try:
-    t.free("c2")
-except UnknownRequestError:
-    checks["#3347 double free refused"] = [t.ref_cnt(b) for b in t.block_ids("p")] == [2, 2, 2]
-t.append_slots("c1", [7, 7, 7])  # 9 -> 12 tokens: writes into the shared partial block 2 -> one copy
-t.append_slots("c1", [8])  # 12 -> 13: block 2 of c1 is now full and private; new token goes to a new block
-checks["#417 copy only shared partial"] = t.stats().cow_copies == 1
-checks["#144 never the whole prompt"] = t.lookup(list(range(8))).num_cached_tokens == 4
-checks["#35270 physical blocks once"] = t.stats().num_in_use == t.sharing().physical_blocks < t.sharing().logical_blocks
-t.check_invariants()
-checks["#98 hits read cached K/V"] = poisoned.outputs[2] != off.outputs[2]
+checks = {"naive refcount set": (rc.naive_refcount_after_share, rc.ours_refcount_after_share) == (1, 2)}
+checks |= sharing_trap_checks(B)
+checks["hits read cached K/V (poisoned above)"] = poisoned.outputs[2] != off.outputs[2]
 for name, ok in checks.items():
-    print(f"{name:<32} {'ok' if ok else 'FAILED'}")
+    print(f"{name:<40} {'ok' if ok else 'FAILED'}")
 assert all(checks.values()) and len(checks) == 8
 
 # %% [markdown]
@@ -482,11 +375,12 @@ assert all(checks.values()) and len(checks) == 8
 # ### Exercise 1: the hash chain
 #
 # Write `chain_hashes(tokens, block_size)`: the key of every **full** block, in order, with `hash_block_tokens(parent,
-# block_tokens)` (imported above). Rules: (1) the first block's parent is `ROOT_HASH`; (2) only full blocks get a
+# block_tokens)` (imported below). Rules: (1) the first block's parent is `ROOT_HASH`; (2) only full blocks get a
 # hash; (3) each hash takes its parent's, so the same tokens after a different prefix get a different key.
 
 # %%
 from minienv.exercises.prefix_sharing import check_cached_tokens, check_chain_hashes
+from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
 
 def chain_hashes(tokens, block_size):
     """Chain hashes of the full blocks of ``tokens``, in logical order."""
@@ -503,16 +397,14 @@ check_chain_hashes(chain_hashes)
 #
 # <details><summary>Hint 2</summary>
 #
-# Keep a `parent` variable: start it at `ROOT_HASH`, and after hashing a block, the block's hash becomes the
-# next block's parent.
+# Keep a `parent` variable: start it at `ROOT_HASH`; each block's hash becomes the next block's parent.
 # </details>
 #
 # ### Exercise 2: the longest cached prefix
 #
-# Write `my_cached_tokens(prompt, cached_hashes, block_size)`: given the set of block hashes currently in the
-# index, return how many prompt tokens a request can take from the cache. Rules: (1) walk the chain from
-# `ROOT_HASH`; (2) **stop at the first miss** — a block after a missing one cannot be used, its K/V depend on
-# the missing block; (3) **never cover the last prompt token**.
+# Write `my_cached_tokens(prompt, cached_hashes, block_size)`: given the set of block hashes in the index, how many
+# prompt tokens a request can take from the cache. Rules: (1) walk the chain from `ROOT_HASH`; (2) **stop at the
+# first miss** — the blocks after it depend on the missing one; (3) **never cover the last prompt token**.
 
 # %%
 def my_cached_tokens(prompt, cached_hashes, block_size):
@@ -536,13 +428,13 @@ check_cached_tokens(my_cached_tokens)
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang
 #
-# | engine | file (vLLM v0.11.0, SGLang v0.5.3) | what to look at |
+# | engine (release) | file | what to look at |
 # |---|---|---|
-# | vLLM v1 | `vllm/v1/core/kv_cache_utils.py` | `hash_block_tokens(hash_function, parent_block_hash, curr_block_token_ids, extra_keys)`: the chain hash (`--prefix-caching-hash-algo`); `NONE_HASH`, the root; `generate_block_hash_extra_keys` (LoRA, multimodal, `cache_salt`); `KVCacheBlock` with `ref_cnt`, `block_hash` |
-# | vLLM v1 | `vllm/v1/core/block_pool.py` | `cached_block_hash_to_block` (the index), `get_cached_block`, `cache_full_blocks` (index once K/V are computed), `touch` (a hit: `ref_cnt += 1`), `free_blocks` |
-# | vLLM v1 | `vllm/v1/core/kv_cache_manager.py` | `get_computed_blocks` (longest cached prefix, capped at `num_tokens - 1`), `allocate_slots`, `free`; `PrefixCacheStats` in tokens |
-# | vLLM v1 | — | no fork / copy-on-write: parallel sampling is separate requests sharing the prompt through the prefix cache (v0's `block_manager.py` had `fork`, `cow`) |
-# | SGLang | `python/sglang/srt/mem_cache/radix_cache.py` | `RadixCache`: a radix tree over token ids — the tree *is* the chain; `match_prefix`, `inc_lock_ref` / `dec_lock_ref` (refcounts), `insert`, `evict` |
+# | vLLM v0.11.0 | `vllm/v1/core/kv_cache_utils.py` | `hash_block_tokens(hash_function, parent_block_hash, curr_block_token_ids, extra_keys)`, the chain hash (sha256 by default since v0.10.2; `--prefix-caching-hash-algo`); `NONE_HASH`, the root, set by `init_none_hash` (from `PYTHONHASHSEED` when set, else random per process); `generate_block_hash_extra_keys` (LoRA, multimodal, `cache_salt`); `KVCacheBlock.ref_cnt` |
+# | vLLM v0.11.0 | `vllm/v1/core/block_pool.py` | `BlockPool.cached_block_hash_to_block` (the index), `get_cached_block`, `cache_full_blocks` (index once K/V are computed), `touch` (a hit: `ref_cnt += 1`), `free_blocks` |
+# | vLLM v0.11.0 | `vllm/v1/core/kv_cache_manager.py` | `KVCacheManager.get_computed_blocks` (longest cached prefix, at most `num_tokens - 1`), `allocate_slots`, `free`; hits counted in tokens (`PrefixCacheStats`) |
+# | vLLM v0.11.0 | — | no fork or copy-on-write in v1: the `n` samples are separate requests sharing the prompt through the prefix cache |
+# | SGLang v0.5.3 | `python/sglang/srt/mem_cache/radix_cache.py` | `RadixCache`: a radix tree over token ids (the tree *is* the chain): `match_prefix`, `insert`, `inc_lock_ref` / `dec_lock_ref` (refcounts) |
 
 # %% [markdown]
 # ## Summary
@@ -552,7 +444,7 @@ check_cached_tokens(my_cached_tokens)
 # * A lookup walks the chain from the root, **stops at the first miss**, and **never covers the last prompt token**.
 # * **Refcounts** count the tables holding a block (+1 per hit or forked child, −1 per free); at 0 it is
 #   **cached-free**. **Fork** shares every block; the first write into a **shared, not-full** block copies it.
-# * In our units parallel sampling saves 5–11 % of KV memory (paper 6.1–9.8 %), beam search 39–63 % (paper
-#   37.6–55.2 %); a shared few-shot prefix cuts prefill work ~3× (1-shot) to ~9× (5-shot), though not decode.
+# * In our units parallel sampling saves 5.1–10.9 % of KV memory (paper 6.1–9.8 %) and beam search 38.6–62.9 %
+#   (paper 37.6–55.2 %); a shared few-shot prefix cuts prefill ~3× (1-shot) to ~9× (5-shot), though not decode.
 # * The cache changes how much is computed, never what is generated — and poisoning cached K/V proves attention
 #   reads them. Next, notebook 06: which cached-free block goes first when the budget is full.

@@ -8,6 +8,8 @@ What lives here (the notebooks import it; nothing here is needed to *serve*):
 * :mod:`minienv.lab.memory_accounting` — where KV memory goes under contiguous vs paged allocation (vLLM Fig. 2);
 * :mod:`minienv.lab.serving` — the demo model and a greedy serving helper that drives the real engine;
 * :mod:`minienv.lab.sharing_experiments` — the vLLM paper's sharing results recomputed with the real manager;
+* :mod:`minienv.lab.sharing_demos` — notebook 05's scripted scenes (arrivals around a shared prefix, a fork with
+  copy-on-write) and its trap re-checks, on the real manager;
 * :mod:`minienv.lab.eviction_experiments` — prefix-cache hit rate vs KV budget, and a step-by-step cache stream;
 * :mod:`minienv.lab.block_size` — the block-size sweep (1 … 256) on three traces through the real scheduler and
   manager, the dynamic scheme against the best fixed size, and ``recommend_block_size``.

@@ -5,7 +5,8 @@
 * :func:`serve_greedy` — submits token-id prompts to :class:`~minienv.engine.InferenceEngine` (greedy, exactly
   ``max_new_tokens`` each) and reports what the prefix cache did. It is a *client* of the engine, not a copy of
   its loop: it only decides when each request arrives (``arrival_steps``, at most ``max_running`` in flight) and
-  offers a hook just before each arrival (the MinivLLM #98 check poisons cached K/V there).
+  offers a hook just before each arrival (notebook 05 poisons cached K/V there, to prove that attention reads
+  a hit's cached K/V).
 """
 
 from __future__ import annotations

@@ -287,7 +287,8 @@ def test_vllm_12621_forced_hash_collision_cannot_serve_wrong_blocks(monkeypatch)
     assert c.num_cached_tokens == 4  # the first block really matches; the colliding second is not indexed
 
 
-def test_vllm_pr4761_block_popped_for_reuse_leaves_index():
+def test_vllm_pr4764_block_popped_for_reuse_leaves_index():
+    """vLLM #4764 (the merged fix; #4761 was closed unmerged): a block popped for reuse stayed findable."""
     mgr = KVCacheManager(2, B)
     run(mgr, "a", list(range(8)))
     mgr.free("a")
@@ -300,7 +301,7 @@ def test_vllm_pr4761_block_popped_for_reuse_leaves_index():
         assert entry is None or entry.key.token_ids == tuple(range(20, 24))
 
 
-def test_vllm_pr3347_double_free_never_touches_others_refcounts():
+def test_freeing_a_request_twice_is_refused_and_changes_no_refcount():
     mgr = KVCacheManager(8, B)
     run(mgr, "a", list(range(8)))
     run(mgr, "b", list(range(8)) + [1])  # shares a's two blocks
@@ -312,6 +313,8 @@ def test_vllm_pr3347_double_free_never_touches_others_refcounts():
 
 
 def test_vllm_1556_fork_increments_refcount_exactly_n():
+    """vLLM #1556, fixed by PR #3347: with a sliding window a table named a block twice and fork incremented it once
+    per entry, so the block was later freed twice ("Double free!"). One reference per child per block."""
     mgr = KVCacheManager(16, B)
     run(mgr, "p", list(range(10)))
     before = {x: mgr.ref_cnt(x) for x in mgr.block_ids("p")}

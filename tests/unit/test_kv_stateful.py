@@ -212,7 +212,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         for entry in mgr.index:
             block = mgr.pool.blocks[entry.block_id]
             assert block.block_hash == entry.block_hash == entry.key.block_hash()
-            # the indexed block really holds the tokens its key names (no stale entry: vLLM PR #4761)
+            # the indexed block really holds the tokens its key names (no stale entry: vLLM #4764)
             depth, parent = 0, entry.key.parent_hash
             while parent != ROOT_HASH:  # the block's place in its chain gives its tokens' positions
                 depth += 1

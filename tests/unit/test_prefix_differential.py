@@ -5,7 +5,8 @@ Many requests sharing system prompts are served greedily by the engine (``minien
 manager) with the prefix cache on and off, with an ample budget and with budgets small enough that cached blocks are
 evicted between requests. Every output must equal the dense reference (the whole sequence recomputed each token, no cache at all).
 
-This is also the MinivLLM #98 guard: a prefix hit must feed the *cached* K/V to attention. With the cache on,
+It also guards against a bug seen in small engines: a prefix hit that shares the blocks while attention never
+reads them. A hit must feed the *cached* K/V to attention. With the cache on,
 the hit tokens are never run through the model again, so if attention did not read their cached K/V the outputs
 would differ; and poisoning a cached block's K/V must change the output of a request that hits it.
 
@@ -95,7 +96,7 @@ def test_prefix_cache_on_off_equal_dense(model, prompts, reference, block_size, 
     assert s.num_in_use == 0
 
 
-def test_minivllm_98_prefix_hit_reads_the_cached_kv(model, prompts, reference):
+def test_prefix_hit_reads_the_cached_kv(model, prompts, reference):
     """Poison the K/V of every cached-free block before a request is admitted: a hit must change the output."""
 
     def poison(mgr, kv, rid):
