@@ -11,6 +11,7 @@ Every view uses the same vocabulary, so a reader learns it once:
 from __future__ import annotations
 
 import html
+import math
 from typing import Any, Hashable
 
 # Tableau 10 without its grey (grey means "free" here). Text on each colour is picked by luminance.
@@ -35,6 +36,9 @@ EDGE = "#ffffff"  # outline of everything else
 REMOVED = "#c0392b"  # items that just left a queue (dashed)
 ADDED = "#1e8449"  # items that just joined a queue
 FONT = "Menlo, Consolas, 'DejaVu Sans Mono', monospace"
+# Advance width of one glyph of FONT, in ems: DejaVu Sans Mono and Menlo 0.602, Consolas 0.55; rounded up, so a
+# label measured with it is never wider on screen than measured.
+CHAR_EM = 0.62
 
 STATES = ("used", "free", "cached")
 
@@ -78,6 +82,30 @@ class OwnerColors:
         return list(self._map.items())
 
 
+def text_width(text: object, size: float) -> float:
+    """Width in pixels of ``text`` drawn in FONT at ``size`` px (an upper bound: see ``CHAR_EM``)."""
+    return len(str(text)) * CHAR_EM * size
+
+
+def fit_text(text: object, room: float, *, size: float = 10, min_size: float = 7) -> tuple[str, float]:
+    """``(text, font size)`` such that the text fits in ``room`` pixels: the font shrinks (to ``min_size`` at the
+    least, in half-pixel steps), and only then is the text shortened with "…" (hover texts keep it whole)."""
+    text = str(text)
+    if text_width(text, size) <= room:
+        return text, size
+    fitted = math.floor(2 * room / (len(text) * CHAR_EM)) / 2
+    if fitted >= min_size:
+        return text, fitted
+    keep = max(1, int(room / (CHAR_EM * min_size)))
+    return text[: keep - 1] + "…", min_size
+
+
+def inner_width(box: float, stroke: float, pad: float = 2.0) -> float:
+    """What a label may span inside a box ``box`` px wide whose outline (centred on the edge) is ``stroke`` px
+    wide at its thickest: the outline covers ``stroke / 2`` on each side, plus ``pad`` px of air."""
+    return box - stroke - 2 * pad
+
+
 def esc(text: object) -> str:
     """HTML/SVG-escape any value's ``str``."""
     return html.escape(str(text), quote=True)
@@ -94,11 +122,11 @@ def svg_rect(x: float, y: float, w: float, h: float, fill: str, *, stroke: str =
     return head + (f"><title>{esc(tip)}</title></rect>" if tip else "/>")
 
 
-def svg_text(x: float, y: float, text: object, *, size: int = 11, color: str = "#1a1a1a", anchor: str = "middle",
+def svg_text(x: float, y: float, text: object, *, size: float = 11, color: str = "#1a1a1a", anchor: str = "middle",
              bold: bool = False) -> str:
     weight = ' font-weight="bold"' if bold else ""
     return (
-        f'<text x="{x:.1f}" y="{y:.1f}" font-family="{esc(FONT)}" font-size="{size}" fill="{color}" '
+        f'<text x="{x:.1f}" y="{y:.1f}" font-family="{esc(FONT)}" font-size="{size:g}" fill="{color}" '
         f'text-anchor="{anchor}" dominant-baseline="middle"{weight}>{esc(text)}</text>'
     )
 

@@ -355,21 +355,29 @@ class BlockGrid(SvgView):
         )
         return keys + "   <span style='font-size:16px'>□</span> changed last step"
 
-    def _fit(self, text: str) -> str:
-        """Shorten a label to what fits in one cell (the hover text keeps it whole)."""
-        room = max(3, int((self.cell_px - 8) / 6.2))
-        return text if len(text) <= room else text[: room - 1] + "…"
+    #: outline width of a changed cell; labels are sized so that even this outline never covers them
+    CHANGED_WIDTH = 4
+
+    def cell_label(self, cell: BlockCell) -> tuple[str, str, float]:
+        """The two lines drawn in a cell and their font size: the font shrinks (then the text is shortened with
+        "…") until both lines fit inside the cell's thickest outline, so a "changed" outline never covers a
+        character (the hover text keeps the label whole)."""
+        room = S.inner_width(self.cell_px - 6, self.CHANGED_WIDTH)
+        top, bottom = cell.text()
+        (top, s1), (bottom, s2) = S.fit_text(top, room), S.fit_text(bottom, room)
+        size = min(s1, s2)
+        return S.fit_text(top, room, size=size)[0], S.fit_text(bottom, room, size=size)[0], size
 
     def cell_text(self, cell: BlockCell) -> tuple[str, str]:
-        """The two lines drawn in a cell, shortened to fit."""
-        top, bottom = cell.text()
-        return self._fit(top), self._fit(bottom)
+        """The two lines drawn in a cell, shortened to fit (see ``cell_label``)."""
+        return self.cell_label(cell)[:2]
 
     def _style_arrays(self) -> dict[str, list]:
-        fills, texts, text_colors, hovers, line_colors, line_widths = [], [], [], [], [], []
+        fills, texts, text_colors, hovers, line_colors, line_widths, sizes = [], [], [], [], [], [], []
         for c in self._cells:
             fill = self.color_of(c)
-            top, bottom = self.cell_text(c)
+            top, bottom, size = self.cell_label(c)
+            sizes.append(size)
             fills.append(fill)
             texts.append(f"<b>{S.esc(top)}</b><br>{S.esc(bottom)}")
             text_colors.append(S.text_color(fill))
@@ -380,10 +388,10 @@ class BlockGrid(SvgView):
             )
             changed = c.block_id in self._changed
             line_colors.append(S.CHANGED if changed else S.EDGE)
-            line_widths.append(4 if changed else 1)
+            line_widths.append(self.CHANGED_WIDTH if changed else 1)
         return dict(
             fills=fills, texts=texts, text_colors=text_colors, hovers=hovers, line_colors=line_colors,
-            line_widths=line_widths,
+            line_widths=line_widths, sizes=sizes,
         )
 
     def _make_figure(self):
@@ -405,7 +413,7 @@ class BlockGrid(SvgView):
                     ),
                     text=st["texts"],
                     textposition="middle center",
-                    textfont=dict(family=S.FONT, size=10, color=st["text_colors"]),
+                    textfont=dict(family=S.FONT, size=st["sizes"], color=st["text_colors"]),
                     hovertext=st["hovers"],
                     hoverinfo="text",
                     showlegend=False,
@@ -438,6 +446,7 @@ class BlockGrid(SvgView):
             trace.marker.line.width = st["line_widths"]
             trace.text = st["texts"]
             trace.textfont.color = st["text_colors"]
+            trace.textfont.size = st["sizes"]
             trace.hovertext = st["hovers"]
             fig.layout.title.text = self._title_text()
             fig.layout.annotations[0].text = self._legend_html()
@@ -456,12 +465,13 @@ class BlockGrid(SvgView):
             x0, y0 = pad + x * cell + 3, top + y * cell + 3
             body.append(
                 S.svg_rect(x0, y0, cell - 6, cell - 6, fill, stroke=S.CHANGED if changed else "#d0d0d0",
-                           width=3.5 if changed else 1)
+                           width=self.CHANGED_WIDTH if changed else 1)
             )
-            line1, line2 = self.cell_text(c)
+            line1, line2, size = self.cell_label(c)
             color = S.text_color(fill)
-            body.append(S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.33, line1, size=10, color=color, bold=True))
-            body.append(S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.70, line2, size=10, color=color))
+            body.append(S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.33, line1, size=size, color=color,
+                                   bold=True))
+            body.append(S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.70, line2, size=size, color=color))
         lx, ly = pad, top + self.rows * cell + 16
         for color, text in self._legend_items() + [("#ffffff", "changed last step")]:
             stroke = S.CHANGED if text == "changed last step" else "#d0d0d0"

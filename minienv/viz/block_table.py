@@ -189,6 +189,16 @@ class BlockTableView(SvgView):
     def _redraw(self) -> None:
         self.widget.value = self.to_svg()
 
+    #: outline width of a changed cell; labels are sized so that even this outline never covers them
+    CHANGED_WIDTH = 3.5
+
+    def _label(self, c: dict) -> tuple[str, str, float]:
+        """A cell's two lines and one font size at which both fit inside its outline ("p10 ·rc1" in a 50 px cell
+        gets a smaller font rather than running over the edge; the hover text keeps everything)."""
+        room = S.inner_width(self.cell_px - 6, self.CHANGED_WIDTH)
+        size = min(S.fit_text(c["top"], room)[1], S.fit_text(c["bottom"], room)[1])
+        return S.fit_text(c["top"], room, size=size)[0], S.fit_text(c["bottom"], room, size=size)[0], size
+
     # ------------------------------------------------------------------ static rendering
     def to_svg(self) -> str:
         cell, left, top = self.cell_px, 60, 44
@@ -208,12 +218,13 @@ class BlockTableView(SvgView):
                 f"; refcount {c['rc']}" if c["rc"] is not None else "") + (
                 f"; {c['fill']}/{self.block_size} slots used" if c["fill"] is not None else "")
             tc = S.text_color(c["color"])
+            top_text, bottom_text, size = self._label(c)
             body.append(  # one group per cell, so hovering the text shows the tooltip too
                 f"<g><title>{S.esc(tip)}</title>"
                 + S.svg_rect(x0, y0, cell - 6, cell - 6, c["color"], stroke=S.CHANGED if c["changed"] else "#d0d0d0",
-                             width=3.5 if c["changed"] else 1)
-                + S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.33, c["top"], size=10, color=tc, bold=True)
-                + S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.70, c["bottom"], size=10, color=tc)
+                             width=self.CHANGED_WIDTH if c["changed"] else 1)
+                + S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.33, top_text, size=size, color=tc, bold=True)
+                + S.svg_text(x0 + (cell - 6) / 2, y0 + (cell - 6) * 0.70, bottom_text, size=size, color=tc)
                 + "</g>"
             )
         return S.svg_doc(width, top + rows * cell + 8, body, title=self._title_text() or "block tables")

@@ -46,13 +46,17 @@ from .timeline import RequestTimeline
 
 
 def step_caption(record: Any) -> str:
-    """One line describing an engine step from its ``StepRecord`` (plan + finished)."""
+    """One line describing an engine step from its ``StepRecord`` (plan + finished).
+
+    Steps are counted from 1, like the stepper's counter and the "steps run" stat: the caption after the first
+    step says "step 1" (``plan.step`` is the 0-based index of the step).
+    """
     plan = record.scheduler_output
     decodes = [s.request_id for s in plan.scheduled if s.kind == "decode"]
     prefills = [f"{s.request_id} ({s.num_new_tokens} tok" + (f", {s.num_cached_tokens} cached" if s.num_cached_tokens
                                                                else "") + ")"
                 for s in plan.scheduled if s.kind == "prefill"]
-    parts = [f"step {plan.step}: {plan.num_scheduled_tokens}/{plan.max_num_batched_tokens} tokens"]
+    parts = [f"step {plan.step + 1}: {plan.num_scheduled_tokens}/{plan.max_num_batched_tokens} tokens"]
     if decodes:
         parts.append("decode " + " ".join(decodes))
     if prefills:
@@ -149,6 +153,12 @@ class EngineDashboard(View):
         if self.snapshot is not None:  # not the first time: a fresh engine
             self.engine = self.make_engine()
             self.kv.attach(self.engine.kv_cache_manager)
+        # Every view starts over, so nothing of the previous run ("left the queue this step: r0 ...", changed
+        # stats, old tables) survives: the picture after Reset is the picture of a new dashboard.
+        for view in (self.running_view, self.waiting_view, self.tables, self.timeline):
+            if view is not None:
+                view.reset()
+        self.stats_view.reset()
         for rid, (prompt, params) in zip(self.request_ids, self.requests):
             self.engine.add_request(prompt, params, request_id=rid)
         self.texts = {rid: "" for rid in self.request_ids}
@@ -172,11 +182,12 @@ class EngineDashboard(View):
         short = caption.split(":")[0]
         self.kv.update(caption=short)
         running = [v.request_id for v in snap.running]
+        running_notes, waiting_notes = self._queue_notes(snap)
         self.running_view.update(running, labels={v.request_id: f"{v.num_tokens} tok" for v in snap.running},
-                                 caption=short)
+                                 notes=running_notes, caption=short)
         self.waiting_view.update([v.request_id for v in snap.waiting],
                                  labels={v.request_id: ("resume" if v.num_preemptions else "new")
-                                         for v in snap.waiting}, caption=short)
+                                         for v in snap.waiting}, notes=waiting_notes, caption=short)
         self.tables.update({v.request_id: list(v.block_ids) for v in snap.running},
                            refcounts=list(snap.block_refcounts),
                            tokens={v.request_id: v.num_computed_tokens for v in snap.running}, caption=short)
@@ -212,6 +223,29 @@ class EngineDashboard(View):
         self.text_view.value = self._text_html(views)
         if self.timeline is not None:
             self.timeline.update(self.engine.timeline(), num_steps=s.num_steps, caption=short)
+
+    def _queue_notes(self, snap: Any) -> tuple[dict[str, str], dict[str, str]]:
+        """Why each request joined or left the running list and the waiting queue in the last step."""
+        step = snap.last_step
+        if step is None:
+            return {}, {}
+        plan = step.scheduler_output
+        before_run = set(self.running_view.items)
+        before_wait = set(self.waiting_view.items)
+        now_run = {v.request_id: v for v in snap.running}
+        now_wait = {v.request_id for v in snap.waiting}
+        running, waiting = {}, {}
+        for rid in before_run - set(now_run):
+            running[rid] = ("preempted" if rid in plan.preempted else
+                            "finished" if rid in step.finished else "left")
+        for rid, v in now_run.items():
+            if rid not in before_run:
+                running[rid] = "resumed" if v.num_preemptions else "admitted"
+        for rid in before_wait - now_wait:
+            waiting[rid] = "admitted" if rid in now_run else "finished" if rid in step.finished else "left"
+        for rid in now_wait - before_wait:
+            waiting[rid] = "preempted" if rid in plan.preempted else "queued"
+        return running, waiting
 
     def _text_html(self, views: dict) -> str:
         rows = []

@@ -112,7 +112,7 @@ class ManagerView(View):
         self.queue = (QueueView(title=queue_title, head_label="head → evicted / allocated next",
                                 tail_label="tail (most recently freed)", max_items=max_queue_items)
                       if queue else None)
-        self.widget = w.VBox([self.grid.widget] + ([self.queue.widget] if self.queue else []))
+        self.widget = w.VBox([self.grid.widget] + ([self.queue.widget] if self.queue is not None else []))
         self.mgr = None
         self._events: list = []
         self.last_events: tuple = ()

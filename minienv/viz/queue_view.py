@@ -79,6 +79,7 @@ class QueueView(SvgView):
         self._labels: dict = {}
         self._change = QueueChange()
         self._gone_labels: dict = {}
+        self._notes: dict = {}
         self._caption = ""
         self.updates = 0
         widgets = S.require("ipywidgets")
@@ -126,6 +127,7 @@ class QueueView(SvgView):
         kinds: Mapping[Hashable, str] | None = None,
         labels: Mapping[Hashable, str] | None = None,
         evicted: Iterable[Hashable] = (),
+        notes: Mapping[Hashable, str] | None = None,
         caption: str | None = None,
     ) -> QueueChange:
         """Show a new queue state (head first) in place; return what changed.
@@ -133,6 +135,8 @@ class QueueView(SvgView):
         kinds:   per-item colour kind ("free", "cached", "used", "owner"); others use ``default_kind``.
         labels:  per-item second line (e.g. a hash prefix or "A[1]").
         evicted: items that left the queue *as evictions* (drawn as such); they must be gone from ``items``.
+        notes:   why an item joined or left in this update, written under it instead of the default "new" /
+                 "taken" / "evicted" (e.g. "preempted", "resumed"); only for items that joined or left.
         Bad input (duplicates, labels for items not in the queue, evicting an item still queued) raises
         ValueError and leaves the view unchanged.
         """
@@ -167,6 +171,10 @@ class QueueView(SvgView):
 
         added = tuple(it for it in new if it not in old_set)
         removed = tuple(it for it in old if it not in seen)
+        notes = {k: str(v) for k, v in (notes or {}).items()}
+        stray = [k for k in notes if k not in added and k not in removed]
+        if stray:
+            raise ValueError(f"notes are for items that joined or left in this update, not for {stray!r}")
         kept_old = [it for it in old if it in seen]
         kept_new = [it for it in new if it in old_set]
         moved = _moved(kept_old, kept_new)
@@ -175,6 +183,7 @@ class QueueView(SvgView):
         self._kinds = kinds
         self._labels = labels
         self._change = QueueChange(added=added, removed=removed, evicted=evicted_t, moved=moved)
+        self._notes = notes
         if caption is not None:
             self._caption = str(caption)
         self.updates += 1
@@ -192,6 +201,7 @@ class QueueView(SvgView):
             raise
         self._change = QueueChange()
         self._gone_labels = {}
+        self._notes = {}
         self.updates = 0
         self._redraw()
 
@@ -214,13 +224,17 @@ class QueueView(SvgView):
         h = 40
         out = [S.svg_rect(x, y, w, h, fill, stroke=stroke, width=width, dash=dash)]
         color = S.text_color(fill)
+        room = S.inner_width(w, 3.5)  # fits inside the thickest outline (an item that just joined or moved)
+        name, name_size = S.fit_text(item, room, size=11)
         if label:
-            out.append(S.svg_text(x + w / 2, y + 13, item, size=11, color=color, bold=True))
-            out.append(S.svg_text(x + w / 2, y + 29, label, size=9, color=color))
+            text, size = S.fit_text(label, room, size=9)
+            out.append(S.svg_text(x + w / 2, y + 13, name, size=name_size, color=color, bold=True))
+            out.append(S.svg_text(x + w / 2, y + 29, text, size=size, color=color))
         else:
-            out.append(S.svg_text(x + w / 2, y + h / 2, item, size=11, color=color, bold=True))
+            out.append(S.svg_text(x + w / 2, y + h / 2, name, size=name_size, color=color, bold=True))
         if note:
-            out.append(S.svg_text(x + w / 2, y + h + 9, note, size=9, color=stroke))
+            text, size = S.fit_text(note, self.item_px - 2, size=9)  # below the box: the whole slot is free
+            out.append(S.svg_text(x + w / 2, y + h + 9, text, size=size, color=stroke))
         return out
 
     def to_svg(self) -> str:
@@ -241,7 +255,7 @@ class QueueView(SvgView):
             x, y = pad + c * cell, y0 + r * row_h
             fill = self._fill(it, self._kinds.get(it, self.default_kind))
             if it in added:
-                stroke, width, note = S.ADDED, 3.5, "new"
+                stroke, width, note = S.ADDED, 3.5, self._notes.get(it, "new")
             elif it in moved:
                 stroke, width, note = S.CHANGED, 3.5, "moved"
             else:
@@ -266,7 +280,7 @@ class QueueView(SvgView):
             body.append(S.svg_text(pad, y + 4, "left the queue this step:", size=11, anchor="start", color=S.REMOVED))
             y += 16
             for i, it in enumerate(gone[: self.per_row]):
-                note = "evicted" if it in evicted else "taken"
+                note = self._notes.get(it, "evicted" if it in evicted else "taken")
                 body += self._box(pad + i * cell, y, it, self._gone_labels.get(it), "#ffffff", stroke=S.REMOVED,
                                   width=2, dash=True, note=note)
             y += row_h

@@ -49,6 +49,10 @@ class StatsView(View):
     def changed(self) -> frozenset[str]:
         return self._changed
 
+    @property
+    def caption(self) -> str:
+        return self._caption
+
     def update(self, values: Mapping[str, Any], *, bars: Mapping[str, tuple[float, float]] | None = None,
                caption: str | None = None) -> frozenset[str]:
         """Show new values (all of them: names not given disappear); return the names whose value changed.

@@ -145,6 +145,7 @@ class RequestTimeline(SvgView):
     """
 
     css_class = "minienv-timeline"
+    _FIGURE_PLOT_PX = 780  # width of the live figure's plot area (860 px wide, margins 60 + 20)
 
     def __init__(self, *, title: str = "request timeline", step_px: int = 16, row_px: int = 22,
                  live: str = "figure", max_width: int = 900) -> None:
@@ -252,14 +253,26 @@ class RequestTimeline(SvgView):
             d["hovertext"].append(self._hover(s))
         return data
 
+    def step_ticks(self, step_px: float) -> list[int]:
+        """The x-axis ticks: a tick every 1, 2, 5, 10, 20 ... steps, whatever keeps ``step_px``-wide steps' labels
+        apart (the live figure and the SVG use the same ticks)."""
+        n = max(self._num_steps, 1)
+        every = next(k for k in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9) if k * step_px >= 26)
+        return list(range(0, n + 1, every))
+
     def _layout_update(self) -> dict:
+        # Ticks and ranges are set explicitly from the current rows and steps: left to plotly, an emptied figure
+        # (after a reset) keeps the categories and ticks of the last data it drew.
         rows = [str(r) for r in self._rows]
+        n = max(self._num_steps, 1)
         return dict(
             title=dict(text=self._title_text(), x=0.01, xanchor="left", font=dict(size=13)),
             height=max(160, len(rows) * self.row_px + 110),
-            yaxis=dict(categoryorder="array", categoryarray=rows, autorange="reversed", title="request",
-                       type="category"),
-            xaxis=dict(range=[0, max(self._num_steps, 1)], title="engine step"),
+            yaxis=dict(categoryorder="array", categoryarray=rows, autorange=False,
+                       range=[max(len(rows), 1) - 0.5, -0.5], tickmode="array", tickvals=rows, ticktext=rows,
+                       title="request", type="category"),
+            xaxis=dict(range=[0, n], autorange=False, tickmode="array",
+                       tickvals=self.step_ticks(self._FIGURE_PLOT_PX / n), title="engine step"),
         )
 
     def _make_figure(self):
@@ -331,8 +344,7 @@ class RequestTimeline(SvgView):
                             'stroke="#111111" stroke-width="2.5"/>')
         # x axis: a tick every 1, 5, 10, 20 ... steps, whatever keeps labels apart
         body.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + n * step_px:.1f}" y2="{axis_y}" stroke="#999"/>')
-        every = next(k for k in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9) if k * step_px >= 26)
-        for t in range(0, n + 1, every):
+        for t in self.step_ticks(step_px):
             x = left + t * step_px
             body.append(f'<line x1="{x:.1f}" y1="{axis_y}" x2="{x:.1f}" y2="{axis_y + 4}" stroke="#999"/>')
             body.append(S.svg_text(x, axis_y + 12, t, size=9, color="#555555"))

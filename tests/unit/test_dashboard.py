@@ -116,7 +116,7 @@ def test_static_rendering_and_captions(parts):
     html = dash.to_html()
     assert "test dash" in html and html.count("<svg") >= 5 and "engine stats" in html
     assert dash.static().data == html
-    assert dash.captions[0].startswith("step 0:") and "admitted r0" in dash.captions[0]
+    assert dash.captions[0].startswith("step 1:") and "admitted r0" in dash.captions[0]
     rec = dash.engine.history[1]
     assert step_caption(rec) == dash.captions[1]
     assert "FigureWidget" in repr(dash)

@@ -162,7 +162,7 @@ def test_grid_static_rendering_has_labels_and_highlight():
     assert svg.startswith("<svg") and svg.endswith("</svg>")
     for text in ("KV pool — step 2", "7 ·rc2", "A+B", "h:3f", "cached-free", "changed last step"):
         assert text in svg
-    assert svg.count(f'stroke="{S.CHANGED}" stroke-width="3.5"') == 2
+    assert svg.count(f'stroke="{S.CHANGED}" stroke-width="{BlockGrid.CHANGED_WIDTH}"') == 2
     assert "KV pool" in grid.to_html()
     static = grid.static()
     assert "7 ·rc2" in static.data
