@@ -8,8 +8,10 @@ Both go through :class:`minienv.engine.InferenceEngine` (``--kv-budget-tokens``,
 ``--max-num-seqs``, ``--max-num-batched-tokens``, ``--scheduling``, ``--no-prefix-caching``); ``--no-cache`` is the
 one exception: it bypasses the engine and recomputes the whole sequence every token (notebook 02's slow baseline).
 
-``python -m minienv serve --port 50051 [--metrics-port 9090] [engine options]`` serves the engine over gRPC
-(:mod:`minienv.serving`, the ``serve`` extra) on 127.0.0.1 until SIGTERM or Ctrl-C, then drains (``--grace``).
+``python -m minienv serve --port 50051 [--http-port 8000] [--metrics-port 9090] [engine options]`` serves the
+engine over gRPC and, with ``--http-port``, the OpenAI-compatible HTTP API (:mod:`minienv.serving`, the ``serve``
+extra) on 127.0.0.1 until SIGTERM or Ctrl-C, then drains (``--grace``). Another host needs ``--tls-cert`` and
+``--tls-key``, or ``--insecure``.
 ``python -m minienv client "prompt" [--address HOST:PORT]`` streams a completion from such a server to stdout.
 A prompt that is literally ``serve`` or ``client`` is written after ``--``: ``python -m minienv -- serve``.
 
@@ -60,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minienv",
         description="Continue a prompt (or every line of a file, batched) with minienv's numpy Llama.",
-        epilog="python -m minienv serve --help: serve the engine over gRPC instead.",
+        epilog="python -m minienv serve --help: serve the engine over gRPC and HTTP instead.",
     )
     p.add_argument("prompt", nargs="?", default=None, help="text to continue (or use --prompts-file)")
     p.add_argument("--prompts-file", type=Path, default=None, metavar="FILE",
@@ -238,12 +240,21 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minienv serve",
         description="Serve the engine over gRPC (minienv.v1.MinienvEngine, with grpc.health.v1 and reflection) "
-                    "until SIGTERM or Ctrl-C.")
+                    "and, with --http-port, the OpenAI-compatible HTTP API, until SIGTERM or Ctrl-C.")
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default: 127.0.0.1, loopback only; any other needs --insecure)")
+                   help="address to listen on (default: 127.0.0.1, loopback only; any other needs TLS or --insecure)")
+    p.add_argument("--tls-cert", type=Path, default=None, metavar="PEM",
+                   help="serve gRPC and HTTP over TLS with this certificate chain (with --tls-key)")
+    p.add_argument("--tls-key", type=Path, default=None, metavar="PEM", help="the private key of --tls-cert")
     p.add_argument("--insecure", action="store_true",
-                   help="allow a non-loopback --host: the API is plaintext and unauthenticated (no TLS yet)")
+                   help="allow a non-loopback --host without TLS: the APIs are then plaintext and unauthenticated")
     p.add_argument("--port", type=port_number, default=50051, help="gRPC port; 0 picks a free one (default: 50051)")
+    p.add_argument("--http-port", type=port_number, default=None, metavar="PORT",
+                   help="also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+                        "/v1/models, /health, /metrics) on this port; 0 picks a free one")
+    p.add_argument("--max-message-bytes", type=positive_int, default=4 * 1024 * 1024, metavar="N",
+                   help="largest request accepted, in bytes: gRPC's receive limit, and HTTP bodies (413) "
+                        "(default: 4 MiB)")
     p.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                    help="also serve Prometheus /metrics on this port (needs the metrics extra)")
     p.add_argument("--max-waiting", type=positive_int, default=64,
@@ -265,15 +276,20 @@ def serve_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     if not args.grace >= 0:
         parser.error(f"--grace must be a number of seconds >= 0, got {args.grace}")
-    if not args.insecure and not _is_loopback(args.host):
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together: give both, or neither")
+    if not args.insecure and args.tls_cert is None and not _is_loopback(args.host):
         parser.error(f"--host {args.host} is not a loopback address: anyone who reaches it could use the engine over "
-                     "plaintext, unauthenticated gRPC; pass --insecure to do that anyway")
+                     "plaintext, unauthenticated gRPC and HTTP; give --tls-cert and --tls-key, or pass --insecure to "
+                     "do that anyway")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy (see main)
     import signal
     import threading
 
     try:
-        from minienv.serving import EngineServer, ServerBindError
+        from minienv.serving import EngineServer, ServerBindError, TLSConfig
+        if args.http_port is not None:
+            import minienv.serving.openai_api  # noqa: F401 - Starlette and uvicorn, checked before anything binds
     except ImportError as exc:
         print(f"minienv serve: error: serving needs the serve extra (pip install 'minienv[serve]'): {exc}",
               file=sys.stderr)
@@ -295,8 +311,10 @@ def serve_main(argv: Sequence[str]) -> int:
         return engine
 
     try:
+        tls = None if args.tls_cert is None else TLSConfig(args.tls_cert, args.tls_key)
         server = EngineServer(build_engine, host=args.host, port=args.port, max_waiting=args.max_waiting,
-                              model_name=args.model.name if args.model else "minienv-bundled")
+                              model_name=args.model.name if args.model else "minienv-bundled",
+                              http_port=args.http_port, max_message_bytes=args.max_message_bytes, tls=tls)
     except (ServerBindError, ValueError) as exc:
         parser.error(str(exc))  # exits 2
     stop = threading.Event()
@@ -317,8 +335,12 @@ def serve_main(argv: Sequence[str]) -> int:
         server.stop(grace=0)
         parser.error(str(exc))
     metrics = f", metrics at {metrics_servers[0].url}" if metrics_servers else ""
-    print(f"minienv serve: serving minienv.v1.MinienvEngine on {server.address} (health, reflection){metrics}",
+    secure = ", TLS" if tls is not None else ""
+    print(f"minienv serve: serving minienv.v1.MinienvEngine on {server.address} (health, reflection{secure}){metrics}",
           flush=True)
+    if server.http_port is not None:
+        scheme = "https" if tls is not None else "http"
+        print(f"minienv serve: OpenAI-compatible HTTP API at {scheme}://{args.host}:{server.http_port}/v1", flush=True)
     stop.wait()
     print(f"minienv serve: draining (grace {args.grace:g} s)", flush=True)
     server.stop(grace=args.grace)

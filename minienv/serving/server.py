@@ -1,11 +1,15 @@
-"""minienv's gRPC server: one :class:`~minienv.engine.InferenceEngine` behind ``minienv.v1.MinienvEngine``.
+"""minienv's server: one :class:`~minienv.engine.InferenceEngine` behind ``minienv.v1.MinienvEngine`` (gRPC) and,
+optionally, the OpenAI-compatible HTTP API (:mod:`minienv.serving.openai_api`) — both on the same engine thread.
 
 The engine is not thread-safe, and gRPC runs each call on a thread of its pool. So exactly one thread — the
 *engine thread* — ever touches the engine (vLLM's ``EngineCore`` loop, SGLang's scheduler process, in one
 process): handlers hand it *commands* through a queue (add this request, abort that one, read the stats), and it
 steps the engine whenever a request is unfinished. Every request has its own output queue, registered with the
 engine thread when the request is added; after each ``engine.step()`` the engine thread puts each output on its
-request's queue, so a handler receives only its own outputs and never waits on another request's client.
+request's queue, so a handler receives only its own outputs and never waits on another request's client. Both
+front ends go through the same two doors: :meth:`EngineServer.add_request` (admission: availability, the prompt's
+length, then the engine's own checks, answered by an accepted id or a :class:`Refusal`) and
+:meth:`EngineServer.release` (the call ended: abort what is still running).
 
 Status codes (what a client can act on): ``INVALID_ARGUMENT`` with the engine's message for a bad request;
 ``RESOURCE_EXHAUSTED`` when ``max_waiting`` requests already wait for admission (back-pressure: the queue is
@@ -14,6 +18,11 @@ expired deadline aborts the request in the engine at the next command drain (its
 step); ``NOT_FOUND`` for an ``Abort`` of an id the engine has no unfinished request for. The standard
 ``grpc.health.v1`` service says ``NOT_SERVING`` until the model is loaded and while draining, and server reflection
 lists the services.
+
+Limits a client cannot talk the server out of: a message larger than ``max_message_bytes`` is refused before it is
+parsed (gRPC's receive limit; HTTP 413); a prompt longer than :class:`PromptLimits` allows is refused on its length
+*before* it is tokenized, so a huge prompt costs no tokenizer time; a host other than loopback is served over TLS
+(``tls``) unless the caller says otherwise (the CLI's ``--insecure``).
 
 Invariants:
 
@@ -27,12 +36,14 @@ Invariants:
 from __future__ import annotations
 
 import queue
+import ssl
 import threading
 import time
 import uuid
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -46,6 +57,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MinienvEngine"].full_name
 #: trailing metadata key of every Generate call: the address of the instance that served it
 SERVED_BY_KEY = "minienv-served-by"
 _POLL_S = 0.05  # how often a waiting handler checks that its call is still alive
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default receive limit; the HTTP body limit too
 
 
 class ServerBindError(OSError):
@@ -53,11 +65,80 @@ class ServerBindError(OSError):
 
 
 @dataclass(frozen=True)
-class _Refusal:
-    """The engine thread's answer to an add it did not queue: the status code and the message for the client."""
+class Refusal:
+    """The answer to a request the server did not queue (or ended without output): a gRPC status code — the HTTP
+    front end maps it to an HTTP status — and the message for the client."""
 
     code: grpc.StatusCode
     message: str
+
+
+class OutputSink(Protocol):
+    """Where the engine thread puts one request's items: first its id (accepted) or a :class:`Refusal`, then its
+    :class:`~minienv.engine.outputs.RequestOutput` s until a finished one (or a :class:`Refusal` if the server
+    stops). ``put`` must not block: it is called on the engine thread. A :class:`queue.Queue` is one."""
+
+    def put(self, item: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class PromptLimits:
+    """How long a prompt may be, checked on its length alone — before the tokenizer runs.
+
+    A request that cannot fit the model is refused by the engine anyway, but only after tokenizing it, and a
+    client could send megabytes of text for the server to tokenize just to hear "too long". These bounds refuse
+    such a prompt for the price of ``len()``:
+
+    * token ids: at most ``max_prompt_tokens`` (= the model's ``max_position_embeddings`` - 1: one position is left
+      to generate into);
+    * text: at most ``max_prompt_chars`` characters. A character is at least one UTF-8 byte and a token covers at
+      most ``max_token_bytes`` bytes, so a text with more characters needs more than ``max_prompt_tokens`` tokens
+      and can never fit: the bound refuses only prompts that are certainly too long (the engine still checks the
+      exact token count of the others). ``None`` when the tokenizer cannot say how long its longest token is.
+    """
+
+    max_prompt_tokens: int
+    max_prompt_chars: int | None
+
+    @classmethod
+    def for_engine(cls, engine: Any) -> "PromptLimits":
+        max_tokens = engine.model.config.max_position_embeddings - 1
+        tok = engine.tokenizer
+        if not hasattr(tok, "id_to_bytes"):
+            return cls(max_tokens, None)
+        longest = max(len(tok.id_to_bytes(i)) for i in range(tok.vocab_size))
+        return cls(max_tokens, max_tokens * longest)
+
+    def check(self, prompt: str | list[int]) -> str | None:
+        """None if ``prompt`` may fit; otherwise the message that refuses it (naming the limit)."""
+        if isinstance(prompt, str):
+            if self.max_prompt_chars is not None and len(prompt) > self.max_prompt_chars:
+                return (f"the prompt is {len(prompt)} characters long; at most {self.max_prompt_chars} can fit the "
+                        f"model's {self.max_prompt_tokens} prompt tokens (refused before tokenizing)")
+        elif len(prompt) > self.max_prompt_tokens:
+            return (f"the prompt has {len(prompt)} token ids; the model takes at most {self.max_prompt_tokens} "
+                    "(its max_position_embeddings minus one to generate)")
+        return None
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """A PEM certificate chain and its private key: both front ends serve TLS with them. Checked when built."""
+
+    cert_file: Path
+    key_file: Path
+
+    def __post_init__(self) -> None:
+        for name in ("cert_file", "key_file"):
+            path = Path(getattr(self, name))
+            if not path.is_file():
+                raise ValueError(f"TLS {name.replace('_file', '')} file {str(path)!r} does not exist")
+            object.__setattr__(self, name, path)
+        try:  # load them once here: a bad pair is a clear error now, not a failed handshake later
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(self.cert_file, self.key_file)
+        except ssl.SSLError as exc:
+            raise ValueError(f"TLS certificate {str(self.cert_file)!r} and key {str(self.key_file)!r} do not load "
+                             f"as a PEM pair: {exc}") from None
 
 
 class _EngineThread:
@@ -68,8 +149,9 @@ class _EngineThread:
         self.max_waiting = max_waiting
         self._on_loaded = on_loaded
         self._inbox: queue.Queue[Callable[[Any], None]] = queue.Queue()
-        self._streams: dict[str, queue.Queue] = {}  # engine thread only (invariant 1)
+        self._streams: dict[str, OutputSink] = {}  # engine thread only (invariant 1)
         self.engine: Any = None  # set once by the engine thread; read by no one else but tests through call()
+        self.prompt_limits: PromptLimits | None = None  # set with engine, before `loaded`; immutable
         self.load_error: BaseException | None = None
         self.loaded = threading.Event()
         self._stop = threading.Event()
@@ -102,7 +184,9 @@ class _EngineThread:
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
         try:
-            self.engine = self._factory()
+            engine = self._factory()
+            self.prompt_limits = PromptLimits.for_engine(engine)
+            self.engine = engine
         except BaseException as exc:  # noqa: BLE001 - reported by health (NOT_SERVING) and the server
             self.load_error = exc
             self.loaded.set()
@@ -146,28 +230,28 @@ class _EngineThread:
         for rid, q in list(self._streams.items()):
             if rid in engine.scheduler.requests:
                 engine.abort(rid)
-            q.put(_Refusal(grpc.StatusCode.UNAVAILABLE, message))
+            q.put(Refusal(grpc.StatusCode.UNAVAILABLE, message))
         self._streams.clear()
 
-    def add(self, engine: Any, request_id: str, prompt: Any, params: Any, q: queue.Queue, draining: bool) -> None:
+    def add(self, engine: Any, request_id: str, prompt: Any, params: Any, q: OutputSink, draining: bool) -> None:
         if draining:
-            q.put(_Refusal(grpc.StatusCode.UNAVAILABLE, "the server is draining: it accepts no new requests"))
+            q.put(Refusal(grpc.StatusCode.UNAVAILABLE, "the server is draining: it accepts no new requests"))
             return
         num_waiting = len(engine.scheduler.waiting)
         if num_waiting >= self.max_waiting:
-            q.put(_Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+            q.put(Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
                            f"the waiting queue is full ({num_waiting} requests wait for admission, "
                            f"max_waiting={self.max_waiting}); retry later"))
             return
         try:
             engine.add_request(prompt, params, request_id=request_id)
         except (ValueError, TypeError) as exc:  # InvalidRequestError is a ValueError; nothing was queued
-            q.put(_Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
+            q.put(Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
             return
         self._streams[request_id] = q
         q.put(request_id)  # accepted
 
-    def abort_if_live(self, engine: Any, request_id: str, q: queue.Queue) -> None:
+    def abort_if_live(self, engine: Any, request_id: str, q: OutputSink) -> None:
         """The call of ``q`` ended: if its request is still unfinished, abort it now (frees its blocks)."""
         if self._streams.get(request_id) is q:
             del self._streams[request_id]
@@ -226,13 +310,10 @@ class _Servicer(pb_grpc.MinienvEngineServicer):
             params = _sampling_params(request.sampling_params)
         except (ValueError, TypeError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad sampling_params: {exc}")
-        rid = request.request_id or uuid.uuid4().hex
         q: queue.Queue = queue.Queue()
-        loop = srv.engine_thread
-        draining = srv.draining
-        loop.submit(lambda engine: loop.add(engine, rid, prompt, params, q, draining))
+        rid = srv.add_request(prompt, params, q, request_id=request.request_id or None)
         # Fires when the call ends for any reason (done, cancelled, deadline): a request still running is aborted.
-        context.add_callback(lambda: loop.submit(lambda engine: loop.abort_if_live(engine, rid, q)))
+        context.add_callback(lambda: srv.release(rid, q))
         while True:
             try:
                 item = q.get(timeout=_POLL_S)
@@ -240,7 +321,7 @@ class _Servicer(pb_grpc.MinienvEngineServicer):
                 if not context.is_active():
                     return
                 continue
-            if isinstance(item, _Refusal):
+            if isinstance(item, Refusal):
                 context.abort(item.code, item.message)
             if isinstance(item, str):  # accepted
                 continue
@@ -291,29 +372,43 @@ class EngineServer:
         host, port: where to listen; loopback by default, port 0 picks a free port (see :attr:`port`).
         max_waiting: most requests waiting for admission; one more gets ``RESOURCE_EXHAUSTED``.
         max_workers: gRPC handler threads (each open ``Generate`` stream holds one).
-        model_name: what ``GetModelInfo`` reports.
+        model_name: what ``GetModelInfo`` and ``/v1/models`` report (and what an HTTP request's ``model`` must be).
+        http_port: also serve the OpenAI-compatible HTTP API on this port (0 picks a free one; see
+            :attr:`http_port`); None (the default) serves gRPC only. Needs Starlette and uvicorn (the serve extra).
+        max_message_bytes: the largest request message accepted (gRPC's receive limit -> ``RESOURCE_EXHAUSTED``;
+            an HTTP body -> 413).
+        tls: serve both APIs over TLS with this certificate and key (None: plaintext).
 
     Raises:
         ValueError: a bad argument. ServerBindError (from :meth:`start`): the port cannot be bound.
     """
 
     def __init__(self, engine_factory: Callable[[], Any], *, host: str = "127.0.0.1", port: int = 0,
-                 max_waiting: int = 64, max_workers: int = 32, model_name: str = "minienv"):
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ValueError(f"port must be an int in [0, 65535] (0 picks a free port), got {port!r}")
-        for name, value in (("max_waiting", max_waiting), ("max_workers", max_workers)):
+                 max_waiting: int = 64, max_workers: int = 32, model_name: str = "minienv",
+                 http_port: int | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 tls: TLSConfig | None = None):
+        for name, value in (("port", port), ("http_port", 0 if http_port is None else http_port)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+                raise ValueError(f"{name} must be an int in [0, 65535] (0 picks a free port), got {value!r}")
+        for name, value in (("max_waiting", max_waiting), ("max_workers", max_workers),
+                            ("max_message_bytes", max_message_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if not isinstance(host, str) or not host:
             raise ValueError(f"host must be a non-empty str such as '127.0.0.1', got {host!r}")
+        if tls is not None and not isinstance(tls, TLSConfig):
+            raise ValueError(f"tls must be a TLSConfig(cert_file, key_file) or None, got {tls!r}")
         self.host, self.model_name = host, model_name
+        self.max_message_bytes, self.tls = max_message_bytes, tls
         self.draining = False
         self.started_at = time.monotonic()
+        self.started_at_wall = time.time()  # what /v1/models reports as `created`
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.engine_thread = _EngineThread(engine_factory, max_waiting, self._set_serving)
         # NOTE: gRPC sets SO_REUSEPORT by default, so a second server would silently share a port in use.
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-                                 options=[("grpc.so_reuseport", 0)])
+                                 options=[("grpc.so_reuseport", 0),
+                                          ("grpc.max_receive_message_length", max_message_bytes)])
         pb_grpc.add_MinienvEngineServicer_to_server(_Servicer(self), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
         reflection.enable_server_reflection(
@@ -322,12 +417,26 @@ class EngineServer:
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            self.port = self._grpc.add_insecure_port(address)
+            if tls is None:
+                self.port = self._grpc.add_insecure_port(address)
+            else:
+                creds = grpc.ssl_server_credentials([(tls.key_file.read_bytes(), tls.cert_file.read_bytes())])
+                self.port = self._grpc.add_secure_port(address, creds)
         except RuntimeError:  # grpcio >= 1.55 raises instead of returning 0
             self.port = 0
         if self.port == 0:
             raise ServerBindError(f"cannot listen on {address}: the port is in use, or {host!r} is not an address "
                                   "of this machine")
+        self.http: Any = None
+        if http_port is not None:
+            from minienv.serving.openai_api import HttpServer  # Starlette + uvicorn: only when asked for
+
+            self.http = HttpServer(self, host, http_port)  # binds now: a busy port fails before anything starts
+
+    @property
+    def http_port(self) -> int | None:
+        """The HTTP API's port (the one picked when ``http_port=0`` was asked for), or None without HTTP."""
+        return None if self.http is None else self.http.port
 
     @property
     def address(self) -> str:
@@ -336,6 +445,8 @@ class EngineServer:
     def start(self) -> "EngineServer":
         """Start serving gRPC (health: NOT_SERVING), then build the engine on the engine thread (then SERVING)."""
         self._grpc.start()
+        if self.http is not None:
+            self.http.start()
         self.engine_thread.thread.start()
         return self
 
@@ -363,7 +474,47 @@ class EngineServer:
         loop.stop()
         if loop.thread.is_alive():
             loop.thread.join(timeout=10)
+        if self.http is not None:
+            self.http.stop()
         self._grpc.stop(grace=1.0).wait()
+
+    # ------------------------------------------------------------------ the shared path of both front ends
+    def refusal(self) -> Refusal | None:
+        """Why no request can be accepted now (model loading or failed, draining), or None."""
+        loop = self.engine_thread
+        if loop.load_error is not None:
+            return Refusal(grpc.StatusCode.UNAVAILABLE, f"the model failed to load: {loop.load_error}")
+        if loop.engine is None:
+            return Refusal(grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry when health says SERVING")
+        if self.draining:
+            return Refusal(grpc.StatusCode.UNAVAILABLE, "the server is draining: it accepts no new requests")
+        return None
+
+    def add_request(self, prompt: str | list[int], params: Any, sink: OutputSink, *,
+                    request_id: str | None = None) -> str:
+        """Hand one request to the engine thread; return its id. What comes on ``sink``: the id (accepted) or one
+        :class:`Refusal`, then the request's outputs (see :class:`OutputSink`). The prompt's length is checked here,
+        on the caller's thread, before anything tokenizes it; everything else by the engine."""
+        rid = request_id or uuid.uuid4().hex
+        refusal = self.refusal()
+        if refusal is None:
+            assert self.engine_thread.prompt_limits is not None  # set before `engine` (see _EngineThread._run)
+            message = self.engine_thread.prompt_limits.check(prompt)
+            if message is not None:
+                refusal = Refusal(grpc.StatusCode.INVALID_ARGUMENT, message)
+        if refusal is not None:
+            sink.put(refusal)
+            return rid
+        loop, draining = self.engine_thread, self.draining
+        loop.submit(lambda engine: loop.add(engine, rid, prompt, params, sink, draining))
+        return rid
+
+    def release(self, request_id: str, sink: OutputSink) -> None:
+        """The call that owns ``sink`` ended (finished, cancelled, deadline, client gone): if its request is still
+        in the engine, abort it at the engine thread's next command drain (its blocks are freed before the next
+        step). Safe to call more than once, and for a refused request."""
+        loop = self.engine_thread
+        loop.submit(lambda engine: loop.abort_if_live(engine, request_id, sink))
 
     def check_loaded(self, context: grpc.ServicerContext) -> None:
         loop = self.engine_thread
@@ -373,9 +524,9 @@ class EngineServer:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry when health says SERVING")
 
     def check_available(self, context: grpc.ServicerContext) -> None:
-        self.check_loaded(context)
-        if self.draining:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the server is draining: it accepts no new requests")
+        refusal = self.refusal()
+        if refusal is not None:
+            context.abort(refusal.code, refusal.message)
 
     def _set_serving(self) -> None:
         if not self.draining:
