@@ -1,9 +1,49 @@
-"""Shared set-up of the benchmark scripts (imported before numpy)."""
+"""The benchmark harness every script in ``benchmarks/`` shares: pinned BLAS, the machine's settings, interleaved
+timing, one JSON line at the end.
+
+A benchmark script uses it in this order::
+
+    from _common import pin_blas_threads
+    BLAS_THREADS = pin_blas_threads()            # before numpy is imported anywhere
+    import numpy as np
+    from _common import add_common_args, interleaved, print_settings, emit_json
+    ...
+    settings = print_settings()                  # numpy / BLAS build, thread variables, CPU count, load
+    t = interleaved({"a": run_a, "b": run_b}, rounds=args.rounds, seed=args.seed)
+    emit_json({"benchmark": "bench_x", "a_s": t["a"].as_dict(), ...})   # the last line printed
+
+Why each piece exists (the rules a skeptical reader would ask for):
+
+* **Pinned BLAS threads.** OpenBLAS reads its thread count once, when numpy loads it. minienv's matrices are
+  tiny: a second thread costs more in hand-off than it saves, and on a shared machine spinning BLAS threads made
+  small matmuls many times slower (one benchmark's ratio swung from 2.9x to 6.8x unpinned).
+* **Interleaved rounds, order rotated.** Every variant runs once per round, so drift of a shared machine (a
+  neighbour starting a job, thermal throttling) hits all variants alike instead of whichever ran last. The order
+  is a seeded shuffle rotated by one place each round: no variant always follows the same neighbour (whose cache
+  footprint or allocator state it would inherit). At least three rounds.
+* **Min and median.** The minimum is what the code costs when it gets the CPU (noise only ever adds time); the
+  median shows how typical that is. Both are reported; ratios say which they use.
+* **Settings printed and stored.** A ratio without the BLAS build and thread count it was measured with cannot
+  be reproduced.
+* **One JSON line, last.** Scripts and tests parse the last line; nothing after it.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
 import os
+import platform
+import random
+import statistics
 import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+MIN_ROUNDS = 3
 
 
 def pin_blas_threads(default: str = "1") -> str:
@@ -13,12 +53,210 @@ def pin_blas_threads(default: str = "1") -> str:
     because minienv's matrices are tiny — a second thread costs more in hand-off than it saves, and on a shared
     machine spinning BLAS threads made small matmuls many times slower.
     """
+    if "numpy" in sys.modules:
+        raise RuntimeError("pin_blas_threads() must run before numpy is imported (OpenBLAS reads it at load)")
     threads, argv = default, sys.argv[1:]
     for i, arg in enumerate(argv):
         if arg.startswith("--blas-threads="):
             threads = arg.split("=", 1)[1]
         elif arg == "--blas-threads" and i + 1 < len(argv):
             threads = argv[i + 1]
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    for var in THREAD_VARS:
         os.environ[var] = threads
     return threads
+
+
+def add_common_args(ap: argparse.ArgumentParser, rounds: int = 5, quick_rounds: int = MIN_ROUNDS) -> None:
+    """``--quick``, ``--rounds N`` (>= 3), ``--seed`` and ``--blas-threads`` (already read by
+    :func:`pin_blas_threads`; declared here so argparse accepts it and ``--help`` shows it)."""
+    ap.add_argument("--quick", action="store_true", help="a small, fast run (correctness, not figures)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help=f"interleaved timing rounds (default {rounds}; {quick_rounds} with --quick; >= {MIN_ROUNDS})")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the variants' order in the rounds")
+    ap.add_argument("--blas-threads", default="1", help="numpy OpenBLAS threads (default 1; read before numpy loads)")
+    ap.set_defaults(_rounds_default=rounds, _quick_rounds=quick_rounds)
+
+
+def rounds_of(args: argparse.Namespace) -> int:
+    """The number of rounds the parsed arguments ask for (``--rounds``, else the quick or full default)."""
+    n = args.rounds if args.rounds is not None else (args._quick_rounds if args.quick else args._rounds_default)
+    if n < MIN_ROUNDS:
+        raise SystemExit(f"--rounds must be >= {MIN_ROUNDS} (interleaved rounds), got {n}")
+    return n
+
+
+# ------------------------------------------------------------------------------------------------ settings
+def blas_settings() -> dict[str, Any]:
+    """What the timings depend on: numpy and its BLAS (threadpoolctl's view when installed, else numpy's build
+    configuration), the thread variables, the CPU count and the load when asked."""
+    import numpy as np
+
+    out: dict[str, Any] = {
+        "python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine(),
+        "cpu_count": os.cpu_count(), "threads_env": {v: os.environ.get(v) for v in THREAD_VARS},
+    }
+    try:
+        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not on every platform
+        out["load_average"] = None
+    try:
+        from threadpoolctl import threadpool_info
+
+        out["blas"] = [{k: info.get(k) for k in ("internal_api", "version", "num_threads", "threading_layer",
+                                                 "architecture")} for info in threadpool_info()
+                       if info.get("user_api") == "blas"]
+        out["blas_source"] = "threadpoolctl"
+    except ImportError:
+        try:
+            blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+            out["blas"] = [{"name": blas.get("name"), "version": blas.get("version"),
+                            "configuration": blas.get("openblas configuration")}]
+        except Exception:  # numpy < 1.25 has no mode="dicts"
+            out["blas"] = None
+        out["blas_source"] = "numpy.show_config (threadpoolctl not installed)"
+    return out
+
+
+def format_settings(s: dict[str, Any]) -> str:
+    blas = ", ".join(f"{b.get('name') or b.get('internal_api')} {b.get('version')}"
+                     + (f" ({b['num_threads']} threads)" if b.get("num_threads") else "") for b in (s["blas"] or []))
+    env = " ".join(f"{k}={v}" for k, v in s["threads_env"].items())
+    return (f"settings: python {s['python']}, numpy {s['numpy']}, BLAS {blas or 'unknown'}; {env}; "
+            f"{s['cpu_count']} CPUs ({s['machine']}), load average {s['load_average']}")
+
+
+def print_settings() -> dict[str, Any]:
+    """Print the settings in one line and return them (the same dict :func:`emit_json` stores)."""
+    s = blas_settings()
+    print(format_settings(s), flush=True)
+    return s
+
+
+# ------------------------------------------------------------------------------------------------ timing
+@dataclass
+class Timing:
+    """Seconds per call of one variant over the rounds (``samples`` on the chosen clock, ``wall`` always)."""
+
+    samples: list[float] = field(default_factory=list)
+    wall: list[float] = field(default_factory=list)
+    result: Any = None  # what the variant returned in the last round (outputs to check, counters to report)
+
+    @property
+    def min(self) -> float:
+        return min(self.samples)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def wall_min(self) -> float:
+        return min(self.wall)
+
+    @property
+    def wall_median(self) -> float:
+        return statistics.median(self.wall)
+
+    def as_dict(self, scale: float = 1.0, digits: int = 6) -> dict[str, float]:
+        """``{"min", "median"}`` times ``scale`` (1e6 for microseconds), rounded."""
+        return {"min": round(self.min * scale, digits), "median": round(self.median * scale, digits)}
+
+
+def interleaved(
+    variants: dict[str, Callable[[], Any]],
+    rounds: int = MIN_ROUNDS,
+    seed: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
+    warmup: bool = True,
+    min_seconds: float = 0.0,
+) -> dict[str, Timing]:
+    """Run every variant once per round, in a seeded order rotated by one each round; time each call.
+
+    Args:
+        variants: name -> a callable taking no arguments (its return value is kept in ``Timing.result``).
+        rounds: at least 3; more rounds run while ``min_seconds`` have not passed.
+        seed: seeds the shuffle of the first round's order (the same seed gives the same schedule).
+        clock: ``time.perf_counter`` (wall) or ``time.thread_time`` (this thread's CPU time: with one BLAS
+            thread, the work itself whatever the neighbours do). Wall time is recorded in ``Timing.wall`` too.
+        warmup: call each variant once, untimed, before the rounds (first-call allocations, caches).
+
+    Returns:
+        name -> :class:`Timing` (``.min`` and ``.median`` seconds per call).
+    """
+    if rounds < MIN_ROUNDS:
+        raise ValueError(f"interleaved timing needs >= {MIN_ROUNDS} rounds, got {rounds}")
+    if not variants:
+        raise ValueError("interleaved timing needs at least one variant")
+    names = list(variants)
+    random.Random(seed).shuffle(names)
+    out = {name: Timing() for name in variants}
+    if warmup:
+        for name in names:
+            out[name].result = variants[name]()
+    start = time.perf_counter()
+    r = 0
+    while r < rounds or time.perf_counter() - start < min_seconds:
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            w0, c0 = time.perf_counter(), clock()
+            res = variants[name]()
+            c1, w1 = clock(), time.perf_counter()
+            t = out[name]
+            t.samples.append(c1 - c0)
+            t.wall.append(w1 - w0)
+            t.result = res
+        r += 1
+    return out
+
+
+def schedule(names: list[str], rounds: int, seed: int = 0) -> list[list[str]]:
+    """The order :func:`interleaved` runs ``names`` in, round by round (for scripts that drive rounds
+    themselves, e.g. with a fresh engine per call, and for tests of the harness)."""
+    order = list(names)
+    random.Random(seed).shuffle(order)
+    return [order[r % len(order):] + order[:r % len(order)] for r in range(rounds)]
+
+
+# ------------------------------------------------------------------------------------------------ output
+def _jsonable(x: Any) -> Any:
+    try:
+        import numpy as np
+
+        if isinstance(x, np.generic):
+            return x.item()
+        if isinstance(x, np.ndarray):
+            return x.tolist()
+    except ImportError:
+        pass
+    if isinstance(x, (set, frozenset, tuple)):
+        return list(x)
+    if isinstance(x, Timing):
+        return x.as_dict()
+    if hasattr(x, "__dataclass_fields__"):
+        import dataclasses
+
+        return dataclasses.asdict(x)
+    return str(x)
+
+
+def _finite(x: Any) -> Any:
+    """NaN / inf are not JSON: they become None (json.dumps would write bare NaN, which strict parsers reject)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def emit_json(result: dict[str, Any], settings: dict[str, Any] | None = None) -> None:
+    """Print ``result`` as the benchmark's one JSON line (the last line it prints), with the settings added
+    under ``"settings"`` (measured now unless given)."""
+    if not isinstance(result, dict):
+        raise TypeError(f"emit_json takes a dict, got {type(result).__name__}")
+    full = dict(result)
+    full.setdefault("settings", settings if settings is not None else blas_settings())
+    line = json.dumps(_finite(json.loads(json.dumps(full, default=_jsonable))), allow_nan=False)
+    sys.stdout.flush()
+    print(line, flush=True)

@@ -1,7 +1,7 @@
 """Block size 1 … 256 on three traces, the dynamic scheme against the best fixed size, and the auto-tuner's pick.
 
     .venv/bin/python benchmarks/bench_block_size.py            # 3 interleaved rounds, ~1-2 minutes
-    .venv/bin/python benchmarks/bench_block_size.py --quick    # 1 round, half-size traces
+    .venv/bin/python benchmarks/bench_block_size.py --quick    # 3 rounds, one quarter-size trace (smoke run)
 
 Each trace (ShareGPT-like long tails, Alpaca-like short outputs, shared system prompts; seeded) is served at every
 block size, and with two configurations of the dynamic scheme, through minienv's real scheduler and KV cache
@@ -10,7 +10,7 @@ preemptions at a fixed budget of 4096 tokens, block-table entries at the peak (a
 and the scheduler + manager time per step. Attention: one decode step of the real paged-attention kernel
 (``kernel="auto"``, the engine's) over 16 of the trace's sequences, laid out by the same manager, per layer.
 
-Timings are taken in interleaved rounds (every configuration once per round) and reported as median (table) and
+Timings are taken in interleaved rounds (every configuration once per round, the order rotated) and reported as median (table) and
 min (JSON), in process CPU time (steadier than the wall clock on a shared machine). ``J`` = frag + miss +
 slowdown (``minienv.lab.block_size.objective``); "work" replaces the CPU
 clock by the key reads of the real layouts (deterministic). The last line printed is one JSON object.
@@ -19,8 +19,6 @@ clock by the key reads of the real layouts (deterministic). The last line printe
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -31,6 +29,7 @@ from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path 
 BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
+from _common import add_common_args, emit_json, print_settings, rounds_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -59,12 +58,11 @@ def fitted_entry_cost(rows) -> float | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--blas-threads", default=BLAS_THREADS)
+    add_common_args(ap, rounds=3)
     args = ap.parse_args()
-    rounds = args.rounds or (1 if args.quick else 3)
-    traces = bs.standard_traces(scale=0.5 if args.quick else 1.0)
+    rounds = rounds_of(args)
+    settings = print_settings()
+    traces = bs.standard_traces(scale=0.25 if args.quick else 1.0)[:1 if args.quick else None]
     t0 = time.perf_counter()
     res = bs.sweep(traces, BUDGET, bs.BLOCK_SIZES, dynamic=DYNAMIC, rounds=rounds)
     elapsed = time.perf_counter() - t0
@@ -132,11 +130,11 @@ def main() -> None:
               + (f"; paper's best range {paper[0]}-{paper[1]}" if paper else "")
               + (f"; fitted entry cost {o['fitted_entry_cost_keys']:.1f} keys" if o['fitted_entry_cost_keys'] else ""))
     result = dict(benchmark="bench_block_size", kv_budget_tokens=BUDGET, rounds=rounds, quick=args.quick,
-                  blas_threads=BLAS_THREADS, python=platform.python_version(), numpy=np.__version__,
+                  blas_threads=BLAS_THREADS,
                   block_sizes=list(bs.BLOCK_SIZES), entry_cost_keys_default=bs.ENTRY_COST_KEYS,
                   dynamic=[dict(block_size=d.block_size, threshold_tokens=d.threshold_tokens, run_blocks=d.run_blocks)
                            for d in DYNAMIC], tuner_margin=TUNER_MARGIN, seconds=round(elapsed, 1), traces=out_traces)
-    print(json.dumps(result))
+    emit_json(result, settings)
 
 
 if __name__ == "__main__":

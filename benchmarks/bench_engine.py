@@ -1,9 +1,11 @@
 """The engine, side by side: continuous vs static batching, prefix caching on vs off, minienv vs ``transformers``.
 
-    .venv/bin/python benchmarks/bench_engine.py [--model DIR] [--requests 48] [--blas-threads 1]
+    .venv/bin/python benchmarks/bench_engine.py [--model DIR] [--requests 48] [--rounds 3] [--blas-threads 1]
+    .venv/bin/python benchmarks/bench_engine.py --quick     # small workloads, no transformers: a smoke run
 
-1. **Continuous vs static batching**, same mixed-length workload (``minienv.lab.workload``: log-normal prompt and
-   output lengths, seeded), same budgets: generated tokens/s and engine steps. Static batching admits a batch of
+1. **Continuous vs static batching** on four seeded workloads (``WORKLOADS``: ShareGPT-like long tails,
+   Alpaca-like short outputs, uniform lengths, mixed), same budgets: generated tokens/s (the CPU figure) and model
+   calls = engine steps (the GPU proxy: on a GPU a decode step costs about the same at any batch size). Static batching admits a batch of
    ``max_num_seqs`` and waits for its longest member; continuous refills a slot the step it frees. Two static
    baselines: **static** (faithful, ``static_padding=True``: a finished member keeps its row and computes one
    discarded token per step until the batch ends, like ``transformers.generate`` on a padded batch — what the
@@ -16,8 +18,9 @@
 
 Every run generates exactly the requested lengths (the end-of-text token is ignored, as benchmarks do). On the
 bundled model when ``assets/target`` exists; otherwise a random stand-in of the same shape (speeds comparable,
-text is noise; the output says which). Each comparison is one run of each side on the same workload. Ends with
-exactly one JSON line.
+text is noise; the output says which). Each comparison runs every side once per round on a fresh engine, in
+interleaved rounds with the order rotated (``benchmarks/_common.py``); min and median are reported and the
+ratios use the minima. Ends with exactly one JSON line.
 
 numpy's OpenBLAS runs with one thread (``--blas-threads``): for matrices this small a second thread costs more in
 hand-off than it saves (and under load it spins), and one thread is the fair match for ``torch.set_num_threads(1)``.
@@ -26,20 +29,19 @@ hand-off than it saves (and under load it spins), and one thread is the fair mat
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
+from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -115,8 +117,30 @@ def mean(xs) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ 1
-def bench_batching(model, tok, n_requests: int, max_num_seqs: int) -> dict:
-    specs = generate_workload(n_requests, MIXED, max_len=min(384, model.config.max_position_embeddings), seed=0)
+#: The batching workloads. Output-length spread is what static batching pays for (a batch waits for its longest
+#: member), so the workloads span it: ShareGPT-like long tails and Alpaca-like short outputs (the vLLM paper's
+#: two traces, with the paper's length *shapes* — log-normal sigmas — and ShareGPT's means divided by 4 so a CPU
+#: run takes seconds), uniform lengths (the control: no spread, nothing for continuous batching to win) and the
+#: mixed workload of earlier versions of this benchmark.
+WORKLOADS = {
+    "sharegpt": WorkloadConfig("ShareGPT-like (means / 4)", LengthDistribution(161.31 / 4, 1.0),
+                               LengthDistribution(337.99 / 4, 0.9)),
+    "alpaca": WorkloadConfig("Alpaca-like", LengthDistribution(19.31, 0.6), LengthDistribution(58.45, 0.7)),
+    "uniform": WorkloadConfig("uniform", LengthDistribution(32.0, 0.0), LengthDistribution(48.0, 0.0)),
+    "mixed": MIXED,
+}
+#: the three ways of batching: faithful static (finished members keep computing padding), charitable static
+#: (finished members stop computing; only idle slots are lost), continuous
+MODES = {"static": dict(scheduling="static"),
+         "static_charitable": dict(scheduling="static", static_padding=False),
+         "continuous": dict(scheduling="continuous")}
+
+
+def run_batching(model, tok, workload: str, n_requests: int, max_num_seqs: int, rounds: int, seed: int,
+                 max_len: int = 384) -> dict:
+    """One workload, the three modes in interleaved rounds (fresh engine per run; only ``generate`` is timed)."""
+    specs = generate_workload(n_requests, WORKLOADS[workload], max_len=min(max_len, model.config.max_position_embeddings),
+                              seed=0)
     rng = np.random.default_rng(0)
     vocab = min(getattr(tok, "vocab_size", 256), model.config.vocab_size)
     prompts = [list(map(int, rng.integers(0, vocab - 1, s.prompt_len))) for s in specs]
@@ -124,101 +148,116 @@ def bench_batching(model, tok, n_requests: int, max_num_seqs: int) -> dict:
     ws = workload_stats(specs)
     budget = sum(s.total_len + 16 for s in specs)  # ample: this comparison is about batching, not memory
     kw = dict(kv_budget_tokens=budget, block_size=16, max_num_seqs=max_num_seqs, max_num_batched_tokens=512)
-    make_engine(model, tok, **kw).generate(prompts[:4], SamplingParams(max_tokens=4, temperature=0))  # warm-up
-    res = {}
-    outs = {}
-    modes = {"static": dict(scheduling="static"),
-             "static-charit.": dict(scheduling="static", static_padding=False),
-             "continuous": dict(scheduling="continuous")}
-    for mode, mkw in modes.items():
-        e = make_engine(model, tok, **mkw, **kw)
-        t, outs[mode] = timed(e, prompts, params)
-        st = e.stats
-        n = st.num_generated_tokens
-        res[mode] = dict(seconds=t, steps=st.num_steps, tokens=n, tok_s=n / t, computed=st.num_computed_tokens,
-                         padding=st.num_padding_tokens, step_ms=1e3 * t / st.num_steps,
-                         tokens_per_step=st.num_computed_tokens / st.num_steps,
-                         ttft_steps=mean(o.metrics.ttft_steps for o in outs[mode]),
-                         e2e_steps=mean(o.metrics.e2e_steps for o in outs[mode]))
-    same = all([o.token_ids for o in outs[m]] == [o.token_ids for o in outs["continuous"]] for m in modes)
-    s, ch, c = res["static"], res["static-charit."], res["continuous"]
-    ratio, ratio_ch = c["tok_s"] / s["tok_s"], c["tok_s"] / ch["tok_s"]
-    print(f"1. continuous vs static batching — {n_requests} requests, prompt len mean {ws['prompt_mean']:.0f} "
-          f"(max {ws['prompt_max']:.0f}), output len mean {ws['output_mean']:.0f} (max {ws['output_max']:.0f}); "
-          f"max_num_seqs={max_num_seqs}")
-    print(f"   {'':<15}{'seconds':>8}{'steps':>7}{'tokens/s':>10}{'computed':>10}{'padding':>9}{'mean TTFT':>11}"
-          f"{'mean e2e':>10}{'ms/step':>9}{'tok/step':>10}  (latencies in steps)")
-    for mode in modes:
-        r = res[mode]
-        print(f"   {mode:<15}{r['seconds']:>8.2f}{r['steps']:>7}{r['tok_s']:>10.1f}{r['computed']:>10}{r['padding']:>9}"
-              f"{r['ttft_steps']:>11.1f}{r['e2e_steps']:>10.1f}{r['step_ms']:>9.2f}{r['tokens_per_step']:>10.1f}")
-    print(f"   continuous / static (faithful): {ratio:.2f}x tokens/s, {s['steps'] / c['steps']:.2f}x fewer steps "
-          f"-> tokens/s >= 2x: {'yes' if ratio >= 2 else 'NO'}")
-    print(f"   continuous / static (charitable): {ratio_ch:.2f}x tokens/s, {ch['steps'] / c['steps']:.2f}x fewer "
-          f"steps; outputs identical in all three: {same}")
-    print(f"   (\"computed\" = tokens through the model; \"padding\" = of them, finished members' discarded tokens.\n"
-          f"    A CPU step's cost grows with the tokens in it: the charitable baseline's steps are nearly empty "
-          f"({ch['step_ms']:.2f} ms/step\n    vs {c['step_ms']:.2f} continuous), so it loses far less in tokens/s than "
-          f"in steps. Faithful static keeps every row of\n    the batch busy ({s['step_ms']:.2f} ms/step), so its "
-          f"extra steps cost nearly in full. Not modelled, in static's favour:\n    prompts padded to the batch's "
-          f"longest one.)")
-    if ratio < 2:
-        print(f"   Below 2x in this run: the faithful static's steps carry {s['tokens_per_step']:.1f} tokens against "
-              f"continuous's\n    {c['tokens_per_step']:.1f} (continuous steps also hold the prefills of newly "
-              f"admitted requests), and a CPU step costs per\n    token, so tokens/s gains less than the "
-              f"{s['steps'] / c['steps']:.2f}x in steps; timing noise on a shared machine moves this ratio by\n"
-              f"    several percent. The workload is not tuned to reach 2x.")
-    print()
-    return {"static_tok_s": round(s["tok_s"], 1), "continuous_tok_s": round(c["tok_s"], 1),
-            "static_charitable_tok_s": round(ch["tok_s"], 1),
-            "static_steps": s["steps"], "continuous_steps": c["steps"],
-            "throughput_ratio": round(ratio, 2), "steps_ratio": round(s["steps"] / c["steps"], 2),
-            "throughput_ratio_vs_charitable": round(ratio_ch, 2),
-            "static_padding_tokens": s["padding"],
-            "computed_tokens": {"static": s["computed"], "static_charitable": ch["computed"],
-                                "continuous": c["computed"]},
-            "ms_per_step": {"static": round(s["step_ms"], 2), "static_charitable": round(ch["step_ms"], 2),
-                            "continuous": round(c["step_ms"], 2)},
-            "outputs_identical": same}
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    res: dict[str, dict] = {}
+    outs: dict[str, list] = {}
+    for order in schedule(list(MODES), rounds, seed):
+        for mode in order:
+            e = make_engine(model, tok, **MODES[mode], **kw)
+            t, o = timed(e, prompts, params)
+            times[mode].append(t)
+            outs[mode] = [x.token_ids for x in o]
+            st = e.stats
+            res[mode] = dict(steps=st.num_steps, tokens=st.num_generated_tokens, computed=st.num_computed_tokens,
+                             padding=st.num_padding_tokens, ttft_steps=mean(x.metrics.ttft_steps for x in o),
+                             e2e_steps=mean(x.metrics.e2e_steps for x in o))
+    same = all(outs[m] == outs["continuous"] for m in MODES)
+    for mode, r in res.items():
+        t_min, t_med = min(times[mode]), statistics.median(times[mode])
+        r.update(seconds_min=t_min, seconds_median=t_med, tok_s=r["tokens"] / t_min, tok_s_median=r["tokens"] / t_med,
+                 step_ms=1e3 * t_min / r["steps"], tokens_per_step=r["computed"] / r["steps"])
+    c = res["continuous"]
+    out = {"name": WORKLOADS[workload].name, "requests": n_requests, "max_num_seqs": max_num_seqs,
+           "prompt_mean": round(ws["prompt_mean"], 1), "output_mean": round(ws["output_mean"], 1),
+           "output_max": int(ws["output_max"]), "outputs_identical": same, "rounds": rounds,
+           "modes": {m: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for m, r in res.items()}}
+    for base in ("static", "static_charitable"):
+        b = res[base]
+        sfx = "" if base == "static" else "_vs_charitable"
+        out["throughput_ratio" + sfx] = round(c["tok_s"] / b["tok_s"], 3)  # tokens/s, from the fastest rounds
+        out["throughput_ratio_median" + sfx] = round(c["tok_s_median"] / b["tok_s_median"], 3)
+        out["model_calls_ratio" + sfx] = round(b["steps"] / c["steps"], 3)  # the GPU proxy: fewer forward passes
+    return out
+
+
+def bench_batching(model, tok, workloads: list[str], n_requests: int, max_num_seqs: int, rounds: int,
+                   seed: int, max_len: int) -> dict:
+    print(f"1. continuous vs static batching — {n_requests} requests per workload, max_num_seqs={max_num_seqs}, "
+          f"{rounds} interleaved rounds (min / median)")
+    print("   tokens/s is the CPU figure; model calls (engine steps: one batched forward pass each) are the GPU "
+          "proxy,\n   where a decode step costs about the same whatever its batch size.")
+    results = {}
+    for w in workloads:
+        r = results[w] = run_batching(model, tok, w, n_requests, max_num_seqs, rounds, seed, max_len)
+        print(f"\n   {r['name']}: prompt mean {r['prompt_mean']:.0f}, output mean {r['output_mean']:.0f} "
+              f"(max {r['output_max']}); outputs identical in all three: {r['outputs_identical']}")
+        print(f"   {'':<18}{'s (min)':>8}{'s (med)':>8}{'tokens/s':>10}{'model calls':>12}{'computed':>10}"
+              f"{'padding':>9}{'TTFT':>7}{'e2e':>7}{'ms/call':>9}  (latencies in steps)")
+        for mode, m in r["modes"].items():
+            print(f"   {mode:<18}{m['seconds_min']:>8.2f}{m['seconds_median']:>8.2f}{m['tok_s']:>10.1f}{m['steps']:>12}"
+                  f"{m['computed']:>10}{m['padding']:>9}{m['ttft_steps']:>7.1f}{m['e2e_steps']:>7.1f}"
+                  f"{m['step_ms']:>9.2f}")
+        print(f"   continuous / static (faithful):   {r['throughput_ratio']:.2f}x tokens/s (median "
+              f"{r['throughput_ratio_median']:.2f}x), {r['model_calls_ratio']:.2f}x fewer model calls")
+        print(f"   continuous / static (charitable): {r['throughput_ratio_vs_charitable']:.2f}x tokens/s (median "
+              f"{r['throughput_ratio_median_vs_charitable']:.2f}x), {r['model_calls_ratio_vs_charitable']:.2f}x fewer "
+              f"model calls")
+    print("   (\"computed\" = tokens through the model; \"padding\" = of them, finished members' discarded tokens.\n"
+          "    On a CPU a step's cost grows with the tokens in it, so the charitable baseline's nearly empty steps\n"
+          "    are cheap and tokens/s understates what fewer model calls are worth on a GPU. Not modelled, in\n"
+          "    static's favour: prompts padded to the batch's longest one.)\n")
+    return results
 
 
 # ------------------------------------------------------------------------------------------------ 2
-def bench_prefix(model, tok, block_size: int = 16) -> dict:
+def bench_prefix(model, tok, rounds: int, seed: int, n_questions: int = 16, block_size: int = 16) -> dict:
     prefix = "".join(f"Q: {q}\nA: {a}\n\n" for q, a in FIVE_SHOT)
-    prompts = [prefix + f"Q: {q}\nA:" for q in QUESTIONS]
+    prompts = [prefix + f"Q: {q}\nA:" for q in QUESTIONS[:n_questions]]
     params = SamplingParams(max_tokens=16, temperature=0)
     n_prefix = len(tok.encode(prefix))
+    times: dict[bool, list[float]] = {False: [], True: []}
+    ttfts: dict[bool, list[float]] = {False: [], True: []}
     res = {}
     outs = {}
-    for caching in (False, True):
-        e = make_engine(model, tok, kv_budget_tokens=8192, block_size=block_size, enable_prefix_caching=caching,
-                        max_num_seqs=16, max_num_batched_tokens=512)
-        t, outs[caching] = timed(e, prompts, params)
-        st = e.stats
-        res[caching] = dict(seconds=t, tok_s=st.num_generated_tokens / t,
-                            prefill=st.num_computed_tokens - st.num_generated_tokens + len(prompts),
-                            hit_rate=st.prefix_cache_hit_rate, steps=st.num_steps,
-                            ttft=mean(o.metrics.ttft for o in outs[caching]),
-                            ttft_steps=mean(o.metrics.ttft_steps for o in outs[caching]))
+    for order in schedule([False, True], rounds, seed):
+        for caching in order:
+            e = make_engine(model, tok, kv_budget_tokens=8192, block_size=block_size, enable_prefix_caching=caching,
+                            max_num_seqs=16, max_num_batched_tokens=512)
+            t, outs[caching] = timed(e, prompts, params)
+            times[caching].append(t)
+            ttfts[caching].append(mean(o.metrics.ttft for o in outs[caching]))
+            st = e.stats
+            res[caching] = dict(tokens=st.num_generated_tokens,
+                                prefill=st.num_computed_tokens - st.num_generated_tokens + len(prompts),
+                                hit_rate=st.prefix_cache_hit_rate, steps=st.num_steps,
+                                ttft_steps=mean(o.metrics.ttft_steps for o in outs[caching]))
+    for caching, r in res.items():
+        r.update(seconds=min(times[caching]), seconds_median=statistics.median(times[caching]),
+                 ttft=min(ttfts[caching]))
+        r["tok_s"] = r["tokens"] / r["seconds"]
     same = [o.token_ids for o in outs[False]] == [o.token_ids for o in outs[True]]
     off, on = res[False], res[True]
-    print(f"2. prefix caching — 16 requests, a 5-shot prefix of {n_prefix} tokens + a question each, 16 new tokens")
-    print(f"   {'':<12}{'seconds':>9}{'tokens/s':>10}{'prompt tok computed':>21}{'hit rate':>10}{'mean TTFT ms':>14}"
-          f"{'TTFT steps':>12}")
+    print(f"2. prefix caching — {len(prompts)} requests, a 5-shot prefix of {n_prefix} tokens + a question each, "
+          f"16 new tokens, {rounds} interleaved rounds")
+    print(f"   {'':<12}{'s (min)':>9}{'s (med)':>9}{'tokens/s':>10}{'prompt tok computed':>21}{'hit rate':>10}"
+          f"{'mean TTFT ms':>14}{'TTFT steps':>12}")
     for name, r in (("cache off", off), ("cache on", on)):
-        print(f"   {name:<12}{r['seconds']:>9.2f}{r['tok_s']:>10.1f}{r['prefill']:>21}{r['hit_rate']:>10.1%}"
-              f"{1e3 * r['ttft']:>14.1f}{r['ttft_steps']:>12.1f}")
+        print(f"   {name:<12}{r['seconds']:>9.2f}{r['seconds_median']:>9.2f}{r['tok_s']:>10.1f}{r['prefill']:>21}"
+              f"{r['hit_rate']:>10.1%}{1e3 * r['ttft']:>14.1f}{r['ttft_steps']:>12.1f}")
     print(f"   on / off: {on['tok_s'] / off['tok_s']:.2f}x tokens/s, {off['prefill'] / on['prefill']:.2f}x fewer prompt "
-          f"tokens computed, {off['ttft'] / on['ttft']:.2f}x lower TTFT; outputs identical: {same}\n")
-    return {"prefix_tokens": n_prefix, "off_tok_s": round(off["tok_s"], 1), "on_tok_s": round(on["tok_s"], 1),
-            "throughput_ratio": round(on["tok_s"] / off["tok_s"], 2),
+          f"tokens computed, {off['ttft'] / on['ttft']:.2f}x lower TTFT (best round's mean); outputs identical: "
+          f"{same}\n")
+    return {"prefix_tokens": n_prefix, "requests": len(prompts), "off_tok_s": round(off["tok_s"], 1),
+            "on_tok_s": round(on["tok_s"], 1), "throughput_ratio": round(on["tok_s"] / off["tok_s"], 2),
+            "throughput_ratio_median": round(off["seconds_median"] / on["seconds_median"], 2),
             "prompt_tokens_computed": {"off": off["prefill"], "on": on["prefill"]},
             "hit_rate": round(on["hit_rate"], 3), "ttft_ratio": round(off["ttft"] / on["ttft"], 2),
             "outputs_identical": same}
 
 
 # ------------------------------------------------------------------------------------------------ 3
-def bench_transformers(model_dir: Path, model, tok, n_new: int = 64) -> dict | None:
+def bench_transformers(model_dir: Path, model, tok, rounds: int, seed: int, n_new: int = 64) -> dict | None:
+    """minienv's batched engine vs ``transformers`` batched ``generate`` (left padding), interleaved rounds."""
     try:
         import torch
         import transformers
@@ -228,10 +267,13 @@ def bench_transformers(model_dir: Path, model, tok, n_new: int = 64) -> dict | N
     prompts = [f"{q} " for q in QUESTIONS]
     ids = [tok.encode(p) for p in prompts]
     params = SamplingParams(max_tokens=n_new, temperature=0)
-    e = make_engine(model, tok, kv_budget_tokens=16 * (max(map(len, ids)) + n_new + 16), block_size=16,
-                    max_num_seqs=16, max_num_batched_tokens=1024)
-    make_engine(model, tok, kv_budget_tokens=1024).generate(ids[:2], SamplingParams(max_tokens=4, temperature=0))
-    t_mini, outs = timed(e, ids, params)
+    budget = 16 * (max(map(len, ids)) + n_new + 16)
+
+    def run_minienv():
+        e = make_engine(model, tok, kv_budget_tokens=budget, block_size=16, max_num_seqs=16,
+                        max_num_batched_tokens=1024)
+        t, outs = timed(e, ids, params)
+        return t, [list(o.token_ids) for o in outs]
 
     torch.set_num_threads(int(BLAS_THREADS))
     hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -243,47 +285,81 @@ def bench_transformers(model_dir: Path, model, tok, n_new: int = 64) -> dict | N
         mask[i, width - len(row):] = 1
     kw = dict(attention_mask=mask, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, pad_token_id=0,
               eos_token_id=None)
+
+    def run_hf():
+        with torch.no_grad():
+            start = time.perf_counter()
+            out = hf.generate(x, **kw)[:, width:].tolist()
+            return time.perf_counter() - start, out
+
+    make_engine(model, tok, kv_budget_tokens=1024).generate(ids[:2], SamplingParams(max_tokens=4, temperature=0))
     with torch.no_grad():
         hf.generate(x[:2], **dict(kw, attention_mask=mask[:2], max_new_tokens=4, min_new_tokens=4))  # warm-up
-        start = time.perf_counter()
-        hf_out = hf.generate(x, **kw)[:, width:].tolist()
-        t_hf = time.perf_counter() - start
-    agree = sum(list(o.token_ids) == h for o, h in zip(outs, hf_out))
+    times: dict[str, list[float]] = {"minienv": [], "transformers": []}
+    outs: dict[str, list] = {}
+    for order in schedule(list(times), rounds, seed):
+        for side in order:
+            t, outs[side] = (run_minienv if side == "minienv" else run_hf)()
+            times[side].append(t)
+    agree = sum(o == h for o, h in zip(outs["minienv"], outs["transformers"], strict=True))
     n = len(ids) * n_new
-    print(f"3. minienv engine vs transformers generate — 16 prompts x {n_new} new tokens, greedy, both batched, "
-          f"threads={BLAS_THREADS}")
-    print(f"   minienv InferenceEngine   {t_mini:7.2f} s  {n / t_mini:8.1f} tokens/s")
-    print(f"   transformers generate     {t_hf:7.2f} s  {n / t_hf:8.1f} tokens/s")
-    print(f"   minienv / transformers: {t_hf / t_mini:.2f}x tokens/s; identical greedy outputs: {agree}/16\n")
+    t_mini, t_hf = min(times["minienv"]), min(times["transformers"])
+    med_mini, med_hf = statistics.median(times["minienv"]), statistics.median(times["transformers"])
+    print(f"3. minienv engine vs transformers generate — {len(ids)} prompts x {n_new} new tokens, greedy, both "
+          f"batched, threads={BLAS_THREADS}, {rounds} interleaved rounds")
+    print(f"   minienv InferenceEngine   {t_mini:7.2f} s min  {med_mini:7.2f} s median  {n / t_mini:8.1f} tokens/s")
+    print(f"   transformers generate     {t_hf:7.2f} s min  {med_hf:7.2f} s median  {n / t_hf:8.1f} tokens/s")
+    print(f"   minienv / transformers: {t_hf / t_mini:.2f}x tokens/s (median {med_hf / med_mini:.2f}x); identical "
+          f"greedy outputs: {agree}/{len(ids)}\n")
     return {"minienv_tok_s": round(n / t_mini, 1), "transformers_tok_s": round(n / t_hf, 1),
-            "ratio": round(t_hf / t_mini, 2), "identical_outputs": agree, "torch_threads": int(BLAS_THREADS)}
+            "ratio": round(t_hf / t_mini, 2), "ratio_median": round(med_hf / med_mini, 2),
+            "identical_outputs": agree, "torch_threads": int(BLAS_THREADS), "rounds": rounds}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory (default: bundled assets/target)")
-    ap.add_argument("--requests", type=int, default=48, help="requests in the batching workload (default 48)")
+    ap.add_argument("--requests", type=int, default=None, help="requests per batching workload (default 48; 8 quick)")
     ap.add_argument("--max-num-seqs", type=int, default=8, help="batch size cap in part 1 (default 8)")
-    ap.add_argument("--blas-threads", default="1", help="numpy OpenBLAS (and torch) threads (default 1)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    ap.add_argument("--no-transformers", action="store_true", help="skip part 3 even if transformers is installed")
+    add_common_args(ap, rounds=3)
     args = ap.parse_args()
+    rounds = rounds_of(args)
+    workloads = [w for w in args.workloads.split(",") if w]
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        raise SystemExit(f"unknown workload(s) {unknown}; choose from {list(WORKLOADS)}")
+    n_requests = args.requests or (8 if args.quick else 48)
+    settings = print_settings()
 
     model_dir, model, tok, source = resolve(args.model)
-    print(f"model: {source}\n  {model}")
-    print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, numpy {np.__version__} "
-          f"(BLAS threads {BLAS_THREADS})\n")
-    batching = bench_batching(model, tok, args.requests, args.max_num_seqs)
-    prefix = bench_prefix(model, tok)
-    hf = bench_transformers(model_dir, model, tok)
+    print(f"model: {source}\n  {model}\n")
+    batching = bench_batching(model, tok, workloads, n_requests, args.max_num_seqs, rounds, args.seed,
+                              max_len=64 if args.quick else 384)
+    prefix = bench_prefix(model, tok, rounds=rounds, seed=args.seed, n_questions=8 if args.quick else 16)
+    hf = None if args.quick or args.no_transformers else bench_transformers(model_dir, model, tok, rounds, args.seed)
+    if args.quick or args.no_transformers:
+        print("3. minienv vs transformers: skipped (--quick / --no-transformers)")
+    main_w = "mixed" if "mixed" in batching else workloads[0]
     result = {
         "benchmark": "bench_engine",
         "model": "bundled" if source.startswith("bundled") else ("random_stand_in" if "RANDOM" in source else "custom"),
         "params": model.num_parameters,
+        "quick": args.quick,
+        "rounds": rounds,
         "numpy_blas_threads": int(BLAS_THREADS),
-        "continuous_vs_static": batching,
+        # the headline workload's figures at the top level (README), every workload under "workloads"
+        "continuous_vs_static": {"headline_workload": main_w,
+                                 **{k: batching[main_w][k] for k in (
+                                     "throughput_ratio", "throughput_ratio_median", "model_calls_ratio",
+                                     "throughput_ratio_vs_charitable", "throughput_ratio_median_vs_charitable",
+                                     "model_calls_ratio_vs_charitable", "outputs_identical")},
+                                 "workloads": batching},
         "prefix_caching": prefix,
-        "vs_transformers": hf if hf is not None else "skipped: torch/transformers not installed",
+        "vs_transformers": hf if hf is not None else "skipped",
     }
-    print(json.dumps(result))
+    emit_json(result, settings)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 
     .venv/bin/python benchmarks/bench_kv_tier.py              # ~30 s
     .venv/bin/python benchmarks/bench_kv_tier.py --rounds 5
+    .venv/bin/python benchmarks/bench_kv_tier.py --quick      # 3 rounds, 240-token prefix
 
 Each round serves one request on a **fresh engine** (an empty local prefix cache, as after a restart): a long
 prefix shared by every round (``--prefix-len`` tokens, default 960 of the model's 1024 positions) followed by a
 16-token suffix of its own, one greedy token out (so the time is the time to first token: prefill + one sample).
-Three ways, interleaved in every round (the order rotates, so drift on a shared machine hits all alike):
+Three ways, interleaved in every round (a seeded order rotated each round by ``benchmarks/_common.py``'s
+``schedule``, so drift on a shared machine hits all alike):
 
 * **recompute** — no tier: the whole prompt runs through the model;
 * **embedded** — the SQLite store (filled once before the rounds): the prefix's blocks are loaded and verified;
@@ -30,12 +32,12 @@ from _common import pin_blas_threads  # noqa: E402
 BLAS_THREADS = pin_blas_threads()
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
 
 from minienv.engine import InferenceEngine  # noqa: E402
 from minienv.kv_tier import RedisStore, SQLiteStore  # noqa: E402
@@ -49,15 +51,17 @@ BLOCK_SIZE = 16
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--prefix-len", type=int, default=960)
-    ap.add_argument("--blas-threads", default=BLAS_THREADS)
+    ap.add_argument("--prefix-len", type=int, default=None, help="shared prefix tokens (default 960; 240 quick)")
+    add_common_args(ap, rounds=7)
     args = ap.parse_args()
+    rounds = rounds_of(args)
+    args.prefix_len = args.prefix_len or (240 if args.quick else 960)
+    settings = print_settings()
 
     model, tok = load_model(), load_tokenizer()
     rng = np.random.default_rng(0)
     prefix = [int(t) for t in rng.integers(0, 2000, args.prefix_len)]
-    suffixes = [[int(t) for t in rng.integers(0, 2000, 16)] for _ in range(args.rounds + 1)]
+    suffixes = [[int(t) for t in rng.integers(0, 2000, 16)] for _ in range(rounds + 1)]
     sp = SamplingParams(max_tokens=1, temperature=0.0)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,9 +78,9 @@ def main() -> None:
             times: dict[str, list[float]] = {w: [] for w in ways}
             loaded: dict[str, int] = {w: 0 for w in ways}
             outputs: dict[str, set] = {w: set() for w in ways}
-            for r in range(args.rounds):
+            for r, order in enumerate(schedule(ways, rounds, args.seed)):
                 prompt = prefix + suffixes[r]
-                for w in ways[r % len(ways):] + ways[:r % len(ways)]:
+                for w in order:
                     engine = InferenceEngine(model, tok, block_size=BLOCK_SIZE,
                                              kv_tier=None if w == "recompute" else stores[w])
                     t0 = time.perf_counter()
@@ -96,7 +100,7 @@ def main() -> None:
 
     prompt_len = args.prefix_len + 16
     result = {
-        "bench": "kv_tier", "rounds": args.rounds, "prompt_tokens": prompt_len, "block_size": BLOCK_SIZE,
+        "benchmark": "bench_kv_tier", "rounds": rounds, "quick": args.quick, "prompt_tokens": prompt_len, "block_size": BLOCK_SIZE,
         "blas_threads": BLAS_THREADS, "redis": "redis" in times,
         "ttft_s": {w: {"min": min(t), "median": statistics.median(t)} for w, t in times.items()},
         "prefill_tokens_loaded": loaded,
@@ -110,7 +114,7 @@ def main() -> None:
         w: {"min": result["ttft_s"]["recompute"]["min"] / result["ttft_s"][w]["min"],
             "median": result["ttft_s"]["recompute"]["median"] / result["ttft_s"][w]["median"]}
         for w in times if w != "recompute"}
-    print(f"prompt {prompt_len} tokens ({args.prefix_len} shared), block {BLOCK_SIZE}, {args.rounds} rounds, "
+    print(f"prompt {prompt_len} tokens ({args.prefix_len} shared), block {BLOCK_SIZE}, {rounds} rounds, "
           f"BLAS threads {BLAS_THREADS}")
     for w, t in result["ttft_s"].items():
         ratio = result["ratio_recompute_over"].get(w)
@@ -122,7 +126,7 @@ def main() -> None:
     b = result["bytes_per_token"]
     print(f"  bytes per token: raw K/V {b['raw_kv']}, stored record {b['record']:.1f}, "
           f"SQLite db + WAL files {b['sqlite_files_incl_wal']:.1f}")
-    print(json.dumps(result))
+    emit_json(result, settings)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Memory over a long run: does the engine's resident set stay flat while it serves thousands of requests?
 
     .venv/bin/python benchmarks/bench_memory.py [--requests 5000] [--warmup 500] [--blas-threads 1]
+    .venv/bin/python benchmarks/bench_memory.py --quick     # 240 requests (warm-up 48): a smoke run
 
 One engine serves ``--requests`` short requests (a few words of prompt, ``max_tokens`` 1-8, greedy), in rounds of
 24 that rotate through the three ways in: ``add_request`` + a ``step()`` loop, ``generate``, and ``stream``
@@ -12,7 +13,8 @@ A finished request's state should be released once its final output has been del
 (``history_size``). Target: growth after the warm-up <= 5 MB. Engines that predate those two constructor arguments
 are run with their defaults (the script passes only the arguments the constructor accepts, via
 ``inspect.signature``), which gives the "before" number. The model and the KV pool are allocated before the
-warm-up, so they are not growth. Ends with exactly one JSON line.
+warm-up, so they are not growth. Nothing is timed against anything here (the figure is memory), so there are no
+interleaved rounds. Ends with exactly one JSON line.
 """
 
 from __future__ import annotations
@@ -20,18 +22,19 @@ from __future__ import annotations
 import argparse
 import gc
 import inspect
-import json
 import os
 import resource
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
+from _common import emit_json, print_settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -61,13 +64,18 @@ def engine_kwargs(history_size: int, retention: int) -> tuple[dict, dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=5000)
-    ap.add_argument("--warmup", type=int, default=500)
-    ap.add_argument("--every", type=int, default=1000, help="report RSS every N requests (default 1000)")
+    ap.add_argument("--requests", type=int, default=None, help="default 5000 (240 with --quick)")
+    ap.add_argument("--warmup", type=int, default=None, help="default 500 (48 with --quick)")
+    ap.add_argument("--every", type=int, default=None, help="report RSS every N requests (default 1000; 96 quick)")
+    ap.add_argument("--quick", action="store_true", help="a short run: checks the script, not the figure")
     ap.add_argument("--history-size", type=int, default=64, help="passed if the engine accepts it (default 64)")
     ap.add_argument("--finished-retention", type=int, default=16, help="passed if accepted (default 16)")
     ap.add_argument("--blas-threads", default="1", help="numpy OpenBLAS threads (default 1)")
     args = ap.parse_args()
+    args.requests = args.requests or (240 if args.quick else 5000)
+    args.warmup = args.warmup or (48 if args.quick else 500)
+    args.every = args.every or (96 if args.quick else 1000)
+    settings = print_settings()
 
     model, tok = load_model(), load_tokenizer()
     passed, missing = engine_kwargs(args.history_size, args.finished_retention)
@@ -118,8 +126,8 @@ def main() -> None:
     print(f"RSS before serving {rss0:.1f} MB; growth after the warm-up ({warm['requests']} -> {last['requests']} "
           f"requests): {growth:+.2f} MB ({per_1k:+.2f} MB per 1k requests); target <= 5 MB: "
           f"{'met' if growth <= 5 else 'NOT met'}")
-    print(json.dumps({
-        "benchmark": "bench_memory", "requests": last["requests"], "warmup": args.warmup,
+    emit_json({
+        "benchmark": "bench_memory", "quick": args.quick, "requests": last["requests"], "warmup": args.warmup,
         "numpy_blas_threads": int(BLAS_THREADS), "engine_args": passed, "engine_args_not_accepted": sorted(missing),
         "rss_before_mb": round(rss0, 2),
         "rss_mb": {str(r["requests"]): r["rss_mb"] for r in rows},
@@ -127,7 +135,7 @@ def main() -> None:
         "engine_requests": {str(r["requests"]): r["engine_requests"] for r in rows},
         "history_len": {str(r["requests"]): r["history"] for r in rows},
         "steps": last["steps"], "seconds": last["seconds"], "target_mb": 5, "within_target": growth <= 5,
-    }))
+    }, settings)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,6 @@ was. Ends with exactly one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import threading
@@ -36,11 +33,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
+from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -92,10 +91,11 @@ def run(variant: str, model, tok, prompts, params, engine_kw) -> tuple[float, fl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=48)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--blas-threads", default="1")
+    ap.add_argument("--requests", type=int, default=None, help="default 48 (8 with --quick)")
+    add_common_args(ap, rounds=5)
     args = ap.parse_args()
+    rounds = rounds_of(args)
+    args.requests = args.requests or (8 if args.quick else 48)
 
     model, tok = load_model(), load_tokenizer()
     specs = generate_workload(args.requests, MIXED, max_len=min(256, model.config.max_position_embeddings), seed=0)
@@ -104,8 +104,7 @@ def main() -> None:
     params = [SamplingParams(max_tokens=s.output_len, temperature=0) for s in specs]
     budget = sum(s.total_len for s in specs) // 2  # tight enough that some requests wait and get preempted
     engine_kw = dict(kv_budget_tokens=budget, block_size=16, max_num_seqs=16, max_num_batched_tokens=256)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-          f"numpy {np.__version__}, BLAS threads {BLAS_THREADS}; load average {os.getloadavg()}")
+    settings = print_settings()
     print(f"workload: {len(specs)} requests, {sum(s.prompt_len for s in specs)} prompt + "
           f"{sum(s.output_len for s in specs)} output tokens; engine {engine_kw}")
 
@@ -115,8 +114,7 @@ def main() -> None:
     tokens: dict[str, int] = {}
     outputs: dict[str, list] = {}
     scrapes = 0
-    for r in range(args.rounds):
-        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+    for r, order in enumerate(schedule(list(VARIANTS), rounds, args.seed)):  # order: seeded, rotated each round
         for v in order:
             sec, cpu, ntok, outs, n_scrapes = run(v, model, tok, prompts, params, engine_kw)
             times[v].append(sec)
@@ -128,7 +126,7 @@ def main() -> None:
     assert len(set(tokens.values())) == 1
 
     result: dict = {"benchmark": "metrics", "requests": len(specs), "generated_tokens": tokens["off"],
-                    "rounds": args.rounds, "blas_threads": BLAS_THREADS, "scrapes": scrapes}
+                    "rounds": rounds, "quick": args.quick, "blas_threads": BLAS_THREADS, "scrapes": scrapes}
     print(f"\n{'variant':<14} {'min s':>7} {'median s':>9} {'tok/s (median)':>15} {'ratio vs off':>13} "
           f"{'paired ratio':>13} {'CPU paired':>11}")
     med_off = statistics.median(times["off"])
@@ -147,7 +145,7 @@ def main() -> None:
                        "ratio_vs_off_paired_median": round(paired, 4),
                        "cpu_ratio_vs_off_paired_median": round(cpu_paired, 4),
                        "cpu_min_s": round(min(cpu_times[v]), 4)}
-    print(json.dumps(result))
+    emit_json(result, settings)
 
 
 if __name__ == "__main__":

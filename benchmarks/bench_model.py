@@ -1,11 +1,14 @@
 """Decode speed of minienv's numpy Llama: with vs without the KV cache, and vs ``transformers`` generate.
 
-    .venv/bin/python benchmarks/bench_model.py [--tokens 256] [--model DIR]
+    .venv/bin/python benchmarks/bench_model.py [--tokens 256] [--model DIR] [--rounds 3]
+    .venv/bin/python benchmarks/bench_model.py --quick      # 16 tokens, no transformers: a smoke run
 
 Greedy decoding of ``--tokens`` new tokens (end-of-text ignored, so every run generates exactly that many) from
 the same prompt, on the bundled target model (``assets/target``). If the bundled model is not there yet, a random
 checkpoint of the same shape is written to a temporary folder and used instead — the speed is the same, the text
-is noise; the output says which. Prints a table of ratios and ends with exactly one JSON line.
+is noise; the output says which. The decoders run in interleaved rounds (``benchmarks/_common.py``; order
+rotated each round), min and median reported; ratios use the minima. Prints a table of ratios and ends with
+exactly one JSON line (``cache_speedup``: the KV cache vs recompute figure).
 
 numpy's OpenBLAS runs with one thread by default here (``--blas-threads`` changes it): for matrices this small,
 a second BLAS thread costs more in hand-off than it saves, and one thread is the fair match for torch threads=1.
@@ -14,20 +17,16 @@ a second BLAS thread costs more in hand-off than it saves, and one thread is the
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 BLAS_THREADS = pin_blas_threads()
 
-import numpy as np  # noqa: E402
+from _common import add_common_args, emit_json, interleaved, print_settings, rounds_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -65,89 +64,96 @@ def prompt_ids(vocab_size: int) -> tuple[list[int], str]:
     return [int(b) for b in PROMPT.encode()], f"{PROMPT!r} as raw byte ids (no tokenizer)"
 
 
-def time_minienv(model, ids: list[int], n: int, use_cache: bool) -> tuple[float, list[int]]:
+def minienv_decoder(model, ids: list[int], n: int, use_cache: bool):
+    """A no-argument callable that decodes ``n`` greedy tokens and returns them."""
     params = SamplingParams(max_tokens=n, temperature=0)
-    start = time.perf_counter()
-    out = list(generate_ids(model, ids, params, use_cache=use_cache, eos_token_id=None))
-    return time.perf_counter() - start, out
+    return lambda: list(generate_ids(model, ids, params, use_cache=use_cache, eos_token_id=None))
 
 
-def time_transformers(model_dir: Path, ids: list[int], n: int, threads: int) -> tuple[float, list[int]] | None:
+def transformers_decoder(model_dir: Path, ids: list[int], n: int, threads: int):
+    """The same through ``transformers`` generate (torch with ``threads`` threads), or None if not installed."""
     try:
         import torch
         import transformers
     except ImportError:
         return None
-    torch.set_num_threads(threads)  # note: torch's own OpenMP pool, independent of OPENBLAS_NUM_THREADS
     hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     x = torch.tensor([ids])
     # An explicit all-ones mask: without one, generate() infers it from pad_token_id and would mask every prompt
     # token that happens to be id 0 (there is no padding here: one unpadded prompt).
     kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
               eos_token_id=None)
-    with torch.no_grad():
-        hf.generate(x, **dict(kw, max_new_tokens=8, min_new_tokens=8))  # warm-up
-        start = time.perf_counter()
-        out = hf.generate(x, **kw)[0].tolist()[len(ids):]
-    return time.perf_counter() - start, out
+
+    def run() -> list[int]:
+        torch.set_num_threads(threads)  # torch's own OpenMP pool, independent of OPENBLAS_NUM_THREADS
+        with torch.no_grad():
+            return hf.generate(x, **kw)[0].tolist()[len(ids):]
+
+    return run
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=None, help="new tokens per run (default 256; 16 with --quick)")
     ap.add_argument("--model", default=None)
-    ap.add_argument("--blas-threads", default="1", help="numpy OpenBLAS threads (default 1)")
+    ap.add_argument("--no-transformers", action="store_true", help="skip transformers even if installed")
+    add_common_args(ap, rounds=3)
     args = ap.parse_args()
+    rounds = rounds_of(args)
+    settings = print_settings()
 
     model_dir, source = resolve_model(args.model)
     model = load_model(model_dir)
     ids, prompt_note = prompt_ids(model.config.vocab_size)
-    n = args.tokens
-    print(f"model: {source}\n  {model}\nprompt: {prompt_note} ({len(ids)} tokens); greedy, {n} new tokens")
-    print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, numpy {np.__version__} (BLAS threads {BLAS_THREADS})\n")
+    n = args.tokens or (16 if args.quick else 256)
+    print(f"model: {source}\n  {model}\nprompt: {prompt_note} ({len(ids)} tokens); greedy, {n} new tokens, "
+          f"{rounds} interleaved rounds\n")
 
-    time_minienv(model, ids, 8, True)  # warm-up
-    t_cache, out_cache = time_minienv(model, ids, n, True)
-    t_nocache, out_nocache = time_minienv(model, ids, n, False)
-    assert out_cache == out_nocache, "cached and uncached greedy decoding disagree"
+    names = {"cache": "minienv, KV cache", "nocache": "minienv, no cache (recompute all)"}
+    variants = {"cache": minienv_decoder(model, ids, n, True), "nocache": minienv_decoder(model, ids, n, False)}
+    if not (args.quick or args.no_transformers):
+        for threads in (1, 2):
+            run = transformers_decoder(model_dir, ids, n, threads)
+            if run is None:
+                break
+            variants[f"hf{threads}"] = run
+            names[f"hf{threads}"] = f"transformers generate, torch threads={threads}"
+    t = interleaved(variants, rounds=rounds, seed=args.seed)
+    out_cache = t["cache"].result
+    assert t["nocache"].result == out_cache, "cached and uncached greedy decoding disagree"
+    hf = [k for k in t if k.startswith("hf")]
+    agree = {k: next((i for i, (a, b) in enumerate(zip(out_cache, t[k].result)) if a != b), n) for k in hf}
 
-    rows = [("minienv, KV cache", t_cache), ("minienv, no cache (recompute all)", t_nocache)]
-    hf_results: dict[int, float] = {}
-    agree: dict[int, int] = {}
-    for threads in (1, 2):
-        res = time_transformers(model_dir, ids, n, threads)
-        if res is None:
-            break
-        hf_results[threads] = res[0]
-        agree[threads] = next((i for i, (a, b) in enumerate(zip(out_cache, res[1])) if a != b), n)
-        rows.append((f"transformers generate, torch threads={threads}", res[0]))
+    print(f"{'decoder':<44}{'min s':>9}{'median s':>10}{'tokens/s':>10}")
+    for k, name in names.items():
+        print(f"{name:<44}{t[k].min:>9.3f}{t[k].median:>10.3f}{n / t[k].min:>10.1f}")
+    cache_speedup = t["nocache"].min / t["cache"].min
+    print(f"\nKV cache speed-up (no-cache time / cache time, minima) at {n} tokens: {cache_speedup:.2f}x "
+          f"(medians: {t['nocache'].median / t['cache'].median:.2f}x)")
+    for k in hf:
+        print(f"minienv (cached) / {names[k]} tokens/s: {t[k].min / t['cache'].min:.2f}x  "
+              f"(greedy tokens identical for the first {agree[k]} of {n})")
+    if not hf:
+        print("transformers: skipped (" + ("--quick / --no-transformers" if args.quick or args.no_transformers
+                                           else "torch/transformers not installed") + ")")
 
-    print(f"{'decoder':<44}{'seconds':>9}{'tokens/s':>10}")
-    for name, t in rows:
-        print(f"{name:<44}{t:>9.3f}{n / t:>10.1f}")
-    cache_speedup = t_nocache / t_cache
-    print(f"\nKV cache speed-up (no-cache time / cache time) at {n} tokens: {cache_speedup:.2f}x")
-    for threads, t in hf_results.items():
-        print(f"minienv (cached) / transformers (threads={threads}) tokens/s: {t / t_cache:.2f}x  "
-              f"(greedy tokens identical for the first {agree[threads]} of {n})")
-    if not hf_results:
-        print("transformers/torch not installed: comparison skipped")
-
-    result = {
+    emit_json({
         "benchmark": "bench_model",
         "model": "bundled" if source.startswith("bundled") else ("random_stand_in" if "RANDOM" in source else "custom"),
         "params": model.num_parameters,
         "new_tokens": n,
         "prompt_tokens": len(ids),
-        "numpy_blas_threads": int(BLAS_THREADS),
-        "minienv_cache_tok_s": round(n / t_cache, 1),
-        "minienv_nocache_tok_s": round(n / t_nocache, 1),
+        "rounds": rounds,
+        "quick": args.quick,
+        "seconds": {k: t[k].as_dict() for k in t},
+        "minienv_cache_tok_s": round(n / t["cache"].min, 1),
+        "minienv_nocache_tok_s": round(n / t["nocache"].min, 1),
         "cache_speedup": round(cache_speedup, 2),
-        "transformers_tok_s": {str(k): round(n / v, 1) for k, v in hf_results.items()},
-        "minienv_over_transformers": {str(k): round(v / t_cache, 2) for k, v in hf_results.items()},
-        "greedy_prefix_agreement": {str(k): v for k, v in agree.items()},
-    }
-    print(json.dumps(result))
+        "cache_speedup_median": round(t["nocache"].median / t["cache"].median, 2),
+        "transformers_tok_s": {k[2:]: round(n / t[k].min, 1) for k in hf},
+        "minienv_over_transformers": {k[2:]: round(t[k].min / t["cache"].min, 2) for k in hf},
+        "greedy_prefix_agreement": {k[2:]: v for k, v in agree.items()},
+    }, settings)
 
 
 if __name__ == "__main__":

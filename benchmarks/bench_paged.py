@@ -34,23 +34,23 @@ The last line printed is one JSON object with every figure.
 
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 
-# One BLAS thread unless told otherwise (before numpy loads OpenBLAS). On a shared 2-core machine OpenBLAS's
-# spinning worker threads turn every small matmul into a lottery (10x swings), and the CPU-time clock used for
-# the ratios below only measures the work when the process is single-threaded. --blas-threads N changes it.
-if "--blas-threads" in sys.argv:
-    os.environ["OPENBLAS_NUM_THREADS"] = sys.argv[sys.argv.index("--blas-threads") + 1]
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
+# One BLAS thread unless told otherwise (before numpy loads OpenBLAS): on a shared 2-core machine OpenBLAS's
+# spinning worker threads turn every small matmul into a lottery, and the CPU-time clock used for the ratios
+# below only measures the work when the process is single-threaded.
+BLAS_THREADS = pin_blas_threads()
 
 import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import add_common_args, emit_json, interleaved, print_settings, rounds_of  # noqa: E402
 
 from minienv.kv import (BlockPool, BlockTable, KVPool, PagedAttentionMetadata, Workspace, batched_attention,
                         causal_hidden_mask, paged_attention)
@@ -96,35 +96,20 @@ def build_case(batch: int, context: int, hq: int, hkv: int, d: int, seed: int = 
     return kv, meta, k_dense, v_dense, q
 
 
-def time_interleaved(fns: dict, min_seconds: float, min_rounds: int, clock=None) -> dict:
-    """Per function: (fastest, median) seconds per call on ``clock``, calling them in turn round after round.
+def time_interleaved(fns: dict, min_seconds: float, rounds: int, seed: int) -> dict:
+    """Per function: (fastest, median) seconds per call on the thread's CPU clock, and the same on the wall clock
+    under ``name@wall``, from the harness's interleaved rounds (order rotated each round).
 
     The ratio uses the fastest round: on a shared machine the median mostly measures the neighbours, while the
-    minimum is what the code costs when it gets the CPU (both paths get the same chances). ``clock`` defaults to
-    the thread's CPU time; pass ``time.perf_counter`` for wall time.
+    minimum is what the code costs when it gets the CPU (both paths get the same chances).
     """
-    clock = clock or time.thread_time
-    for f in fns.values():
-        f()
-    times = {name: [] for name in fns}
-    wall = {name: [] for name in fns}
-    start = time.perf_counter()
-    rounds = 0
-    items = list(fns.items())
-    while rounds < min_rounds or time.perf_counter() - start < min_seconds:
-        k = rounds % len(items)  # rotate who goes first: no path always runs right after the same neighbour
-        for name, f in items[k:] + items[:k]:
-            w0, t0 = time.perf_counter(), clock()
-            f()
-            times[name].append(clock() - t0)
-            wall[name].append(time.perf_counter() - w0)
-        rounds += 1
-    out = {name: (float(np.min(ts)), float(np.median(ts))) for name, ts in times.items()}
-    out.update({f"{name}@wall": (float(np.min(ts)), float(np.median(ts))) for name, ts in wall.items()})
+    t = interleaved(fns, rounds=rounds, seed=seed, clock=time.thread_time, min_seconds=min_seconds)
+    out = {name: (x.min, x.median) for name, x in t.items()}
+    out.update({f"{name}@wall": (x.wall_min, x.wall_median) for name, x in t.items()})
     return out
 
 
-def bench_decode(shape: dict, min_seconds: float, min_rounds: int, tile_bytes: int) -> list[dict]:
+def bench_decode(shape: dict, min_seconds: float, rounds: int, seed: int, tile_bytes: int) -> list[dict]:
     hq, hkv, d = shape["num_heads"], shape["num_kv_heads"], shape["head_dim"]
     rows = []
     for batch in BATCHES:
@@ -202,7 +187,7 @@ def bench_decode(shape: dict, min_seconds: float, min_rounds: int, tile_bytes: i
             fns = {"paged": paged, "gather": paged_gather, "inplace": paged_inplace, "dense_whole": dense_whole,
                    "dense_tiled": dense_tiled, "dense_blockwise": dense_blockwise, "dense_matmat": dense_matmat,
                    "dense_matvec": dense_matvec}
-            t = time_interleaved(fns, min_seconds, min_rounds)
+            t = time_interleaved(fns, min_seconds, rounds, seed)
             dense_names = ("dense_whole", "dense_tiled", "dense_blockwise", "dense_matmat", "dense_matvec")
             dense = min(t[k][0] for k in dense_names)
             dense_med = min(t[k][1] for k in dense_names)
@@ -246,14 +231,15 @@ def bench_block_pool(n_pairs: int, n_batched: int, batch_blocks: int = 64, num_b
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer timing rounds")
     ap.add_argument("--tile-bytes", type=int, default=DEFAULT_TILE_BYTES)
-    ap.add_argument("--blas-threads", type=int, default=1, help="OpenBLAS threads (read before numpy loads)")
+    add_common_args(ap, rounds=15, quick_rounds=3)
     args = ap.parse_args()
+    rounds = rounds_of(args)
+    settings = print_settings()
     shape, source = head_shape()
     print(f"paged vs dense decode attention — heads {shape['num_heads']}, kv heads {shape['num_kv_heads']}, "
           f"head dim {shape['head_dim']} ({source}), block size {BLOCK_SIZE}, float32, numpy {np.__version__}")
-    rows = bench_decode(shape, min_seconds=0.3 if args.quick else 1.5, min_rounds=5 if args.quick else 15,
+    rows = bench_decode(shape, min_seconds=0.1 if args.quick else 1.5, rounds=rounds, seed=args.seed,
                         tile_bytes=args.tile_bytes)
     print("\n  paged (auto kernel) / fastest dense (target <= 1.25)")
     print("  batch \\ context " + "".join(f"{c:>9d}" for c in CONTEXTS))
@@ -273,8 +259,8 @@ def main() -> None:
           f"allocate({pool['batch_blocks']})+free {pool['batched_ops_per_s'] / 1e6:.2f} M ops/s (target >= 1 M ops/s)")
     result = dict(
         benchmark="bench_paged", head_shape=shape, head_shape_source=source, block_size=BLOCK_SIZE,
-        tile_bytes=args.tile_bytes, python=platform.python_version(), numpy=np.__version__,
-        blas_threads=os.environ.get("OPENBLAS_NUM_THREADS"), clock="thread CPU time, fastest round",
+        tile_bytes=args.tile_bytes, quick=args.quick, rounds=rounds,
+        blas_threads=BLAS_THREADS, clock="thread CPU time, fastest round",
         worst_wall_ratio=round(max(r["wall_ratio"] for r in rows), 4),
         decode=[{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
         worst_ratio=round(worst, 4), ratio_target=1.25, ratio_target_met=bool(worst <= 1.25),
@@ -283,7 +269,7 @@ def main() -> None:
         block_pool_target_ops_per_s=1_000_000,
         block_pool_target_met=bool(min(pool["single_ops_per_s"], pool["batched_ops_per_s"]) >= 1e6),
     )
-    print(json.dumps(result))
+    emit_json(result, settings)
 
 
 if __name__ == "__main__":

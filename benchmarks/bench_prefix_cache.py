@@ -9,7 +9,8 @@ served by :class:`minienv.engine.InferenceEngine` (one arrival per step, up to 4
 at a time, paged attention, blocks from :class:`minienv.kv.kv_cache_manager.KVCacheManager`) with the prefix cache
 off and on.
 Reported: prompt tokens actually run through the model (prefill work), and wall time and process CPU time for
-the whole workload (best of the rounds; CPU time is the steadier figure on a shared machine); ratio = off / on.
+the whole workload (off and on in interleaved rounds, order rotated each round; min and median; CPU time is the
+steadier figure on a shared machine); ratio = off / on, of the minima.
 The outputs must be identical (checked). Model: the bundled target model if present, else a random Llama of a
 similar shape (timings are what matter here, not the text).
 
@@ -20,7 +21,8 @@ similar shape (timings are what matter here, not the text).
 * *hit cycle*: a request hits a cached-free block from the *middle* of the free queue (O(1) removal), then frees;
 * *pool cycle*: :class:`~minienv.kv.block_pool.BlockPool` ``allocate(1)`` + ``free``.
 
-Each is reported in operations per second; flat from 10 k to 100 k blocks is what O(1) means.
+Each is reported in operations per second; flat from 10 k to 100 k blocks is what O(1) means (2 k and 20 k with
+``--quick``).
 
 The last line printed is one JSON object with every figure.
 """
@@ -28,8 +30,6 @@ The last line printed is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -42,6 +42,7 @@ from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path 
 BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
+from _common import add_common_args, emit_json, interleaved, print_settings, rounds_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -88,27 +89,22 @@ def serve(model, prompts, max_new_tokens, *, caching, max_running=4):
     return res.outputs, res.prefill_tokens_computed, res.manager.stats()
 
 
-def bench_workload(model, num_requests: int, max_new_tokens: int, repeats: int) -> dict:
+def bench_workload(model, num_requests: int, max_new_tokens: int, rounds: int, seed: int) -> dict:
     prompts, prefix_len = five_shot_prompts(model.config.vocab_size, num_requests)
-    times = {False: [], True: []}
-    cpu = {False: [], True: []}
-    results = {}
-    for _ in range(repeats):  # interleaved rounds: the machine may be shared
-        for caching in (False, True):
-            t0, c0 = time.perf_counter(), time.process_time()
-            results[caching] = serve(model, prompts, max_new_tokens, caching=caching)
-            times[caching].append(time.perf_counter() - t0)
-            cpu[caching].append(time.process_time() - c0)
-    (out_off, comp_off, _), (out_on, comp_on, stats_on) = results[False], results[True]
+    t = interleaved({"off": lambda: serve(model, prompts, max_new_tokens, caching=False),
+                     "on": lambda: serve(model, prompts, max_new_tokens, caching=True)},
+                    rounds=rounds, seed=seed, clock=time.process_time)
+    (out_off, comp_off, _), (out_on, comp_on, stats_on) = t["off"].result, t["on"].result
     assert out_off == out_on, "prefix caching changed the generated tokens"
-    t_off, t_on = min(times[False]), min(times[True])
+    off, on = t["off"], t["on"]
     return dict(num_requests=num_requests, prefix_tokens=prefix_len,
                 mean_prompt_tokens=round(float(np.mean([len(p) for p in prompts])), 1), max_new_tokens=max_new_tokens,
                 prefill_tokens_off=comp_off, prefill_tokens_on=comp_on, prefill_ratio=comp_off / comp_on,
-                seconds_off=t_off, seconds_on=t_on, time_ratio=t_off / t_on,
-                cpu_seconds_off=min(cpu[False]), cpu_seconds_on=min(cpu[True]),
-                cpu_time_ratio=min(cpu[False]) / min(cpu[True]),
-                hit_rate_on=stats_on.prefix_hit_rate, outputs_identical=True)
+                seconds_off=off.wall_min, seconds_on=on.wall_min, time_ratio=off.wall_min / on.wall_min,
+                time_ratio_median=off.wall_median / on.wall_median,
+                cpu_seconds_off=off.min, cpu_seconds_on=on.min, cpu_time_ratio=off.min / on.min,
+                cpu_time_ratio_median=off.median / on.median,
+                hit_rate_on=stats_on.prefix_hit_rate, outputs_identical=True, rounds=rounds)
 
 
 def one_block_prompt(i: int) -> list[int]:
@@ -126,82 +122,92 @@ def fill_cached(num_blocks: int) -> KVCacheManager:
     return mgr
 
 
-def bench_ops(num_blocks: int, cycles: int, rounds: int = 3) -> dict:
-    """Best of ``rounds`` for each kind of cycle (the machine may be shared; the best round is the least disturbed)."""
+def bench_ops(num_blocks: int, cycles: int, rounds: int, seed: int) -> dict:
+    """Evict, hit and pool cycles, ``cycles`` of each per call, in interleaved rounds (min and median)."""
     mgr = fill_cached(num_blocks)
     allocate, commit, free = mgr.allocate, mgr.commit, mgr.free
     rng = np.random.default_rng(0)
-    evict_s = hit_s = pool_s = float("inf")
-    evictions = hit_blocks = 0
-    for r in range(rounds):
-        # evict cycles: brand-new prompts, each taking the LRU head and evicting it
-        fresh = [one_block_prompt(10**6 + r * cycles + i) for i in range(cycles)]
+    counts = {"evictions": 0, "hit_blocks": 0, "calls": 0}
+    recent: list[list[int]] = []
+
+    def evict_cycles() -> None:
+        # brand-new prompts, each taking the LRU head and evicting it
+        fresh = [one_block_prompt(10**6 + counts["calls"] * cycles + i) for i in range(cycles)]
+        counts["calls"] += 1
         before = mgr.stats().evicted_blocks
-        t0 = time.perf_counter()
         for p in fresh:
             allocate("e", p)
             commit("e")
             free("e")
-        evict_s = min(evict_s, time.perf_counter() - t0)
-        evictions = mgr.stats().evicted_blocks - before
-        # hit cycles: prompts cached recently, picked at random (their blocks sit anywhere in the free queue)
-        cached = fresh[-min(cycles, num_blocks // 4):]
-        picks = [cached[int(j)] for j in rng.integers(0, len(cached), cycles)]
+        counts["evictions"] = mgr.stats().evicted_blocks - before
+        recent[:] = fresh[-min(cycles, num_blocks // 4):]
+
+    def hit_cycles() -> None:
+        # prompts cached recently, picked at random (their blocks sit anywhere in the free queue)
+        picks = [recent[int(j)] for j in rng.integers(0, len(recent), cycles)]
         hits_before = mgr.stats().prefix_hits_tokens
-        t0 = time.perf_counter()
         for p in picks:
             allocate("h", p)
             commit("h")
             free("h")
-        hit_s = min(hit_s, time.perf_counter() - t0)
-        hit_blocks = (mgr.stats().prefix_hits_tokens - hits_before) // BLOCK_SIZE
-        pool = BlockPool(num_blocks)
-        pool.allocate(num_blocks // 2)
-        pa, pf = pool.allocate, pool.free
-        t0 = time.perf_counter()
+        counts["hit_blocks"] = (mgr.stats().prefix_hits_tokens - hits_before) // BLOCK_SIZE
+
+    pool = BlockPool(num_blocks)
+    pool.allocate(num_blocks // 2)
+    pa, pf = pool.allocate, pool.free
+
+    def pool_cycles() -> None:
         for _ in range(cycles):
             pf(pa(1))
-        pool_s = min(pool_s, time.perf_counter() - t0)
+
+    evict_cycles()  # hit cycles need recently cached prompts before the first (shuffled) round
+    t = interleaved({"evict": evict_cycles, "hit": hit_cycles, "pool": pool_cycles}, rounds=rounds, seed=seed)
     mgr.check_invariants()
-    return dict(num_blocks=num_blocks, cycles=cycles, evictions=evictions, hit_blocks=hit_blocks,
-                evict_cycles_per_s=cycles / evict_s, hit_cycles_per_s=cycles / hit_s,
-                pool_ops_per_s=2 * cycles / pool_s)
+    pool.check_invariants()
+    return dict(num_blocks=num_blocks, cycles=cycles, evictions=counts["evictions"], hit_blocks=counts["hit_blocks"],
+                evict_cycles_per_s=cycles / t["evict"].min, hit_cycles_per_s=cycles / t["hit"].min,
+                pool_ops_per_s=2 * cycles / t["pool"].min,
+                evict_cycles_per_s_median=cycles / t["evict"].median, hit_cycles_per_s_median=cycles / t["hit"].median,
+                pool_ops_per_s_median=2 * cycles / t["pool"].median)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--blas-threads", default="1", help="numpy OpenBLAS threads (default 1; read before numpy loads)")
+    add_common_args(ap, rounds=5)
     args = ap.parse_args()
+    rounds = rounds_of(args)
+    settings = print_settings()
     model, source = load_bench_model()
     print(f"prefix caching on a 5-shot shared-prefix workload — model: {source}, block size {BLOCK_SIZE}, "
-          f"numpy {np.__version__} (BLAS threads {BLAS_THREADS})")
-    w = bench_workload(model, num_requests=8 if args.quick else 12, max_new_tokens=4, repeats=1 if args.quick else 2)
+          f"{rounds} interleaved rounds")
+    w = bench_workload(model, num_requests=6 if args.quick else 12, max_new_tokens=4, rounds=rounds, seed=args.seed)
     print(f"  {w['num_requests']} requests, 5-shot prefix {w['prefix_tokens']} tokens, mean prompt "
           f"{w['mean_prompt_tokens']} tokens, {w['max_new_tokens']} new tokens each; outputs identical on/off")
     print(f"  prefill tokens computed: off {w['prefill_tokens_off']}, on {w['prefill_tokens_on']}  ->  "
           f"{w['prefill_ratio']:.2f}x less work (hit rate {w['hit_rate_on']:.1%})")
-    print(f"  wall time: off {w['seconds_off']:.3f} s, on {w['seconds_on']:.3f} s  ->  {w['time_ratio']:.2f}x "
-          f"(target >= 3; the paper: 3.58x throughput for 5-shot)")
-    print(f"  CPU time:  off {w['cpu_seconds_off']:.3f} s, on {w['cpu_seconds_on']:.3f} s  ->  "
-          f"{w['cpu_time_ratio']:.2f}x (process CPU time: steadier than wall time on a shared machine)")
+    print(f"  wall time (min): off {w['seconds_off']:.3f} s, on {w['seconds_on']:.3f} s  ->  {w['time_ratio']:.2f}x "
+          f"(median {w['time_ratio_median']:.2f}x; target >= 3; the paper: 3.58x throughput for 5-shot)")
+    print(f"  CPU time (min):  off {w['cpu_seconds_off']:.3f} s, on {w['cpu_seconds_on']:.3f} s  ->  "
+          f"{w['cpu_time_ratio']:.2f}x (median {w['cpu_time_ratio_median']:.2f}x; process CPU time: steadier than "
+          f"wall time on a shared machine)")
 
-    cycles = 5_000 if args.quick else 10_000
-    ops = [bench_ops(n, cycles) for n in (10_000, 100_000)]
+    cycles = 1_000 if args.quick else 10_000
+    sizes = (2_000, 20_000) if args.quick else (10_000, 100_000)
+    ops = [bench_ops(n, cycles, rounds, args.seed) for n in sizes]
     print("\nevictor / pool operations, pool full of cached-free blocks (flat = O(1))")
     print(f"  {'blocks':>8} {'evict cycles/s':>15} {'hit cycles/s':>14} {'pool ops/s':>12}")
     for o in ops:
         print(f"  {o['num_blocks']:>8} {o['evict_cycles_per_s']:>15,.0f} {o['hit_cycles_per_s']:>14,.0f} "
               f"{o['pool_ops_per_s']:>12,.0f}")
     flat = {k: ops[1][k] / ops[0][k] for k in ("evict_cycles_per_s", "hit_cycles_per_s", "pool_ops_per_s")}
-    print("  100k / 10k: " + ", ".join(f"{k.split('_')[0]} {v:.2f}" for k, v in flat.items()))
+    print(f"  {sizes[1] // 1000}k / {sizes[0] // 1000}k: " + ", ".join(f"{k.split('_')[0]} {v:.2f}" for k, v in flat.items()))
 
     rnd = lambda d: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}  # noqa: E731
-    result = dict(benchmark="bench_prefix_cache", model=source, block_size=BLOCK_SIZE, python=platform.python_version(),
-                  numpy=np.__version__, blas_threads=int(BLAS_THREADS), workload=rnd(w), time_ratio_target=3.0,
+    result = dict(benchmark="bench_prefix_cache", model=source, block_size=BLOCK_SIZE, quick=args.quick,
+                  blas_threads=int(BLAS_THREADS), workload=rnd(w), time_ratio_target=3.0,
                   time_ratio_target_met=bool(w["time_ratio"] >= 3.0), ops=[rnd(o) for o in ops],
-                  ops_ratio_100k_over_10k={k: round(v, 3) for k, v in flat.items()})
-    print(json.dumps(result))
+                  ops_ratio_large_over_small={k: round(v, 3) for k, v in flat.items()})
+    emit_json(result, settings)
 
 
 if __name__ == "__main__":

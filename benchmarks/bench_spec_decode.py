@@ -17,24 +17,24 @@ time (latency: where speculation is meant to pay) and all 8 together (throughput
 * tokens/s relative to plain decoding in the same round (min and median over interleaved rounds).
 
 Every speculative output is checked equal to the plain one (greedy speculation must not change a token).
-BLAS is pinned to one thread. Ends with exactly one JSON line.
+BLAS is pinned to one thread; each round runs plain and every configuration once, on a fresh engine, in the
+harness's seeded order rotated each round (``benchmarks/_common.py``). Ends with exactly one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 BLAS_THREADS = pin_blas_threads()
 
-import numpy as np  # noqa: E402
+from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -82,36 +82,43 @@ def run(model, tok, prompts, max_tokens, batch, spec):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--ks", default="1,2,3,4,5,6,7,8")
-    ap.add_argument("--blas-threads", default="1")
+    ap.add_argument("--max-tokens", type=int, default=None, help="default 64 (8 with --quick)")
+    ap.add_argument("--ks", default=None, help="draft lengths (default 1,...,8; 2 with --quick)")
+    add_common_args(ap, rounds=3)
     args = ap.parse_args()
-    ks = [int(k) for k in args.ks.split(",")]
+    rounds = rounds_of(args)
+    settings = print_settings()
+    ks = [int(k) for k in (args.ks or ("2" if args.quick else "1,2,3,4,5,6,7,8")).split(",")]
+    max_tokens = args.max_tokens or (8 if args.quick else 64)
+    free = FREE[:3] if args.quick else FREE
     model, tok = load_model(), load_tokenizer()
     run(model, tok, FREE[:2], 8, 2, None)  # warm-up
     rows = []
-    for task, prompts in (("free", FREE), ("grounded", grounded_prompts(model, tok, args.max_tokens))):
+    for task, prompts in (("free", free), ("grounded", grounded_prompts(model, tok, max_tokens)[:len(free)])):
         for batch in (1, len(prompts)):
             configs = [(m, k) for m in ("draft", "ngram") for k in ks]
             times = {c: [] for c in configs}
             plain_times = []
             measured = {}
-            for _ in range(args.rounds):  # interleaved: plain, then every config, each round
-                dt, ref, steps, _ = run(model, tok, prompts, args.max_tokens, batch, None)
-                plain_times.append(dt)
-                plain_steps = steps
-                for m, k in configs:
-                    dt, outs, steps, st = run(model, tok, prompts, args.max_tokens, batch,
+            for order in schedule(["plain", *configs], rounds, args.seed):  # interleaved, order rotated
+                for c in order:
+                    if c == "plain":
+                        dt, ref_r, plain_steps, _ = run(model, tok, prompts, max_tokens, batch, None)
+                        plain_times.append(dt)
+                        ref = ref_r
+                        continue
+                    m, k = c
+                    dt, outs, steps, st = run(model, tok, prompts, max_tokens, batch,
                                               {"method": m, "num_speculative_tokens": k})
-                    if outs != ref:
-                        raise SystemExit(f"greedy speculation changed the output ({task}, {m}, k={k})")
-                    times[(m, k)].append(dt)
-                    measured[(m, k)] = (steps, st)
-            n_tokens = len(prompts) * args.max_tokens
+                    times[c].append(dt)
+                    measured[c] = (steps, st, outs)
+            for c, (_, _, outs) in measured.items():  # plain is deterministic: every round's output is the same
+                if outs != ref:
+                    raise SystemExit(f"greedy speculation changed the output ({task}, {c[0]}, k={c[1]})")
+            n_tokens = len(prompts) * max_tokens
             streams = len(prompts) / batch  # plain: steps ~ streams * max_tokens (+ prefills)
             for (m, k), ts in times.items():
-                steps, st = measured[(m, k)]
+                steps, st, _ = measured[(m, k)]
                 a = st.conditional_acceptance_rate
                 predicted = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0
                 ratios = [p / t for p, t in zip(plain_times, ts, strict=True)]
@@ -138,8 +145,8 @@ def main() -> None:
                           f"{r['mean_acceptance_length']:>5.2f} {r['iid_prediction']:>5.2f} "
                           f"{r['target_calls_per_token']:>9.3f} {r['speed_vs_plain_min']:>9.3f} "
                           f"{r['speed_vs_plain_median']:>6.3f}  {r['acceptance_per_pos']}")
-    print(json.dumps({"benchmark": "spec_decode", "rounds": args.rounds, "max_tokens": args.max_tokens,
-                      "blas_threads": BLAS_THREADS, "machine": platform.machine(), "rows": rows}))
+    emit_json({"benchmark": "spec_decode", "rounds": rounds, "max_tokens": max_tokens, "quick": args.quick,
+               "blas_threads": BLAS_THREADS, "rows": rows}, settings)
 
 
 if __name__ == "__main__":

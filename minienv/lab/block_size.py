@@ -304,9 +304,10 @@ def sweep(traces: Sequence[Trace], kv_budget_tokens: int, block_sizes: Sequence[
           num_seqs: int = 16, rounds: int = 1, **simulate_kwargs) -> dict[str, list[RunResult]]:
     """Every trace at every block size, then each ``dynamic`` configuration: ``{trace name: [RunResult]}``.
 
-    Timings are taken in ``rounds`` interleaved rounds (each round runs every configuration once, so drift in
-    the machine's speed hits all alike); ``attn_us`` and ``manager_us`` are medians over rounds and
-    ``extra["attn_us_min"]`` / ``extra["manager_us_min"]`` the minima over every call. The other columns are deterministic.
+    Timings are taken in ``rounds`` interleaved rounds (each round runs every configuration once, starting one
+    configuration later than the round before, so drift in the machine's speed hits all alike); ``attn_us`` and
+    ``manager_us`` are medians over rounds and ``extra["attn_us_min"]`` / ``extra["manager_us_min"]`` the minima
+    over every call. The other columns are deterministic.
     """
     configs: list[tuple[int | None, DynamicBlockConfig | None]] = [(b, None) for b in block_sizes]
     dyn = [dynamic] if isinstance(dynamic, DynamicBlockConfig) else list(dynamic)
@@ -314,16 +315,18 @@ def sweep(traces: Sequence[Trace], kv_budget_tokens: int, block_sizes: Sequence[
     out: dict[str, list[RunResult]] = {}
     for trace in traces:
         batch = _decode_batch(trace, num_seqs)
-        first: list[RunResult] = []
         attn: list[list[float]] = [[] for _ in configs]
         mgr_t: list[list[float]] = [[] for _ in configs]
         layout: list[tuple[int, int]] = [(0, 0) for _ in configs]
         attn_min: list[list[float]] = [[] for _ in configs]
+        first_of: dict[int, RunResult] = {}
         for rnd in range(max(1, rounds)):
-            for k, (b, d) in enumerate(configs):
+            # each round starts one configuration later: none always runs right after the same neighbour
+            for k in [(rnd + i) % len(configs) for i in range(len(configs))]:
+                b, d = configs[k]
                 r = simulate(trace, kv_budget_tokens, b, dynamic=d, **simulate_kwargs)
                 if rnd == 0:
-                    first.append(r)
+                    first_of[k] = r
                 mgr_t[k].append(r.manager_us)
                 a = attention_time(batch, b, dynamic=d, repeats=9 if attention else 1)
                 attn[k].append(a["median_us"])
@@ -331,6 +334,7 @@ def sweep(traces: Sequence[Trace], kv_budget_tokens: int, block_sizes: Sequence[
                 if rnd == 0:
                     layout[k] = (a["padded_keys"], a["blocks"])
         rows = []
+        first = [first_of[k] for k in range(len(configs))]
         for k, r in enumerate(first):
             extra = {"manager_us_min": min(mgr_t[k]), "dynamic": dyn[k - len(block_sizes)] if r.scheme == "dynamic"
                      else None, "padded_keys": layout[k][0], "batch_blocks": layout[k][1]}
