@@ -186,8 +186,13 @@ class Stream:
                             return
                         self._call, self.address = self._start(attempt)
                     continue
-                raise ServingError.from_rpc(exc, request_id=self.request_id,
-                                            address=self.address or _served_by(self._call)) from None
+                err = ServingError.from_rpc(exc, request_id=self.request_id,
+                                            address=self.address or _served_by(self._call))
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and received:
+                    err.details += (" (the instance went away after this stream had delivered output; it is not "
+                                    "retried elsewhere, which would repeat that output)")
+                    err.args = (f"{err.code.name}: {err.details}",)
+                raise err from None
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -397,7 +402,14 @@ class Client:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(status)
 
     def wait_until_serving(self, timeout: float = 60.0) -> None:
-        """Block until every instance says SERVING (health's ``Watch`` would too; a poll is simpler to read)."""
+        """Block until every instance says SERVING and, for round robin, until the balanced channel has served a
+        call on each of them.
+
+        The second half matters: gRPC's ``round_robin`` picks only among *connected* instances, and a new channel
+        connects to all of them at once — so a burst sent the moment the first connection is up lands entirely on
+        that one instance. Tiny probe calls (one token) until each address has answered make the balancer start
+        even.
+        """
         import time
 
         end = time.monotonic() + timeout
@@ -406,6 +418,20 @@ class Client:
                 if time.monotonic() > end:
                     raise TimeoutError(f"{a} is not SERVING after {timeout} s")
                 time.sleep(0.05)
+        if self._balanced is None:
+            return
+        seen: set[str] = set()
+        probe = pb.GenerateRequest(text=".", sampling_params=pb.SamplingParams(max_tokens=1))
+        while seen != set(self.addresses):
+            if time.monotonic() > end:
+                raise TimeoutError(f"the balanced channel reached only {sorted(seen)} within {timeout} s")
+            call = self._balanced.Generate(probe, timeout=max(0.1, end - time.monotonic()))
+            try:
+                for _ in call:
+                    pass
+            except grpc.RpcError as exc:
+                raise ServingError.from_rpc(exc) from None
+            seen.add(_served_by(call))
 
 
 __all__ = ["Client", "Completion", "Chunk", "Stream", "ServingError", "DEFAULT_ADDRESS", "service_config",
