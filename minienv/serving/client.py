@@ -110,7 +110,8 @@ class Completion:
     def from_proto(cls, request_id: str, c: pb.GenerateComplete, address: str) -> "Completion":
         return cls(request_id=request_id, token_ids=tuple(c.output_ids), text=c.text, finish_reason=c.finish_reason,
                    stop_reason=c.stop_reason, error=c.error, prompt_tokens=c.prompt_tokens,
-                   cached_tokens=c.cached_tokens, ttft_s=c.ttft_s, e2e_s=c.e2e_s, num_preemptions=c.num_preemptions, address=address)
+                   cached_tokens=c.cached_tokens, ttft_s=c.ttft_s, e2e_s=c.e2e_s, num_preemptions=c.num_preemptions,
+                   address=address)
 
 
 def _served_by(call: Any) -> str:
