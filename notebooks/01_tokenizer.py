@@ -163,7 +163,8 @@ import plotly.graph_objects as go
 
 from minienv.viz.static import show  # the live figure, with a PNG of it for readers without a kernel
 
-fig = go.Figure(go.Scatter(x=KS, y=lengths, mode="lines+markers"))
+fig = go.Figure(go.Scatter(x=KS, y=lengths, mode="lines+markers",
+                           hovertemplate="first %{x} merges: %{y} tokens<extra></extra>"))
 fig.update_layout(title="The passage's length in tokens vs the number of BPE merges", xaxis_title="merges",
                   yaxis_title="tokens", height=320, width=640, margin=dict(l=50, r=20, t=50, b=40))
 show(fig)

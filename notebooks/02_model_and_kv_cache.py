@@ -222,6 +222,7 @@ for i in (0, SLOW):
     theta_i = cfg.rope_theta ** (-2 * i / Dh)
     rot_fig.add_trace(go.Scatter(x=turned[:, 0, i], y=turned[:, 0, i + Dh // 2], mode="markers+text",
                                  text=[str(p) for p in range(12)], textposition="top center",
+                                 hovertemplate="position %{text}: (%{x:.2f}, %{y:.2f})<extra>pair " + str(i) + "</extra>",
                                  name=f"pair {i}: θ = {theta_i:.2f} rad per position"))
 rot_fig.update_layout(title="RoPE turns each pair of dims by position × θ (labels: position)", height=440, width=640,
                       xaxis=dict(range=[-1.3, 1.3]), yaxis=dict(range=[-1.3, 1.3], scaleanchor="x"))
@@ -320,8 +321,10 @@ n_steps = 96
 t_cache = step_times(True, n_steps)
 t_naive = step_times(False, n_steps)
 fig = go.Figure([
-    go.Scatter(y=np.cumsum(t_naive) * 1e3, name="no cache: recompute the whole sequence"),
-    go.Scatter(y=np.cumsum(t_cache) * 1e3, name="KV cache: one token per step"),
+    go.Scatter(y=np.cumsum(t_naive) * 1e3, name="no cache: recompute the whole sequence",
+               hovertemplate="%{x} tokens: %{y:.0f} ms<extra>no cache</extra>"),
+    go.Scatter(y=np.cumsum(t_cache) * 1e3, name="KV cache: one token per step",
+               hovertemplate="%{x} tokens: %{y:.0f} ms<extra>KV cache</extra>"),
 ])
 fig.update_layout(title=f"Cumulative time to generate n tokens ({source})", xaxis_title="tokens generated",
                   yaxis_title="milliseconds", height=380, legend=dict(x=0.01, y=0.99))
@@ -401,7 +404,8 @@ import ipywidgets as widgets
 ctx_slider = widgets.IntSlider(value=4096, min=256, max=32768, step=256, description="context",
                                continuous_update=True, layout=widgets.Layout(width="520px"))
 kv_fig = go.FigureWidget(go.Bar(x=list(kv_per_token), y=[b * ctx_slider.value / 2**30 for b in kv_per_token.values()],
-                                texttemplate="%{y:.2f} GiB", textposition="outside"))
+                                texttemplate="%{y:.2f} GiB", textposition="outside",
+                                hovertemplate="%{x}: %{y:.2f} GiB of KV<extra></extra>"))
 kv_fig.update_layout(title="KV cache of one request", yaxis_title="GiB", height=360, yaxis_range=[0, 28])
 
 

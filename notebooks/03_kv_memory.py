@@ -75,8 +75,9 @@ from minienv.viz.static import show  # every figure: live, with a PNG of it for 
 prompt_lens = np.array([r.prompt_len for r in requests])
 output_lens = np.array([r.output_len for r in requests])
 hist = make_subplots(rows=1, cols=2, subplot_titles=("prompt length (tokens)", "output length (tokens)"))
-hist.add_trace(go.Histogram(x=prompt_lens, xbins=dict(start=0, end=MAX_LEN, size=32), name="prompt"), 1, 1)
-hist.add_trace(go.Histogram(x=output_lens, xbins=dict(start=0, end=MAX_LEN, size=32), name="output"), 1, 2)
+for col, (name, lens) in enumerate((("prompt", prompt_lens), ("output", output_lens)), start=1):
+    hist.add_trace(go.Histogram(x=lens, xbins=dict(start=0, end=MAX_LEN, size=32), name=name,
+                                hovertemplate=f"{name} of %{{x}} tokens: %{{y}} requests<extra></extra>"), 1, col)
 for col, lens in ((1, prompt_lens), (2, output_lens)):
     hist.add_vline(x=float(lens.mean()), line_dash="dash", line_color="black", row=1, col=col)
 hist.update_layout(height=300, showlegend=False, bargap=0.05,
@@ -206,10 +207,12 @@ for cat, (name, colour) in CAT_STYLE.items():
     ours = [pct[s][cat] for s in SCHEMES]
     paper = [PAPER_FIGURE2[s].get(cat) or 0.0 for s in SCHEMES]
     fig2.add_bar(x=x_ours + x_paper, y=ours + paper, name=name, marker_color=colour,
-                 text=[f"{v:.1f}" if v >= 3 else "" for v in ours + paper], textposition="inside")
+                 text=[f"{v:.1f}" if v >= 3 else "" for v in ours + paper], textposition="inside",
+                 hovertemplate="%{x}<br>" + name + ": %{y:.1f} % of KV memory<extra></extra>")
 # the paper's vLLM bar does not split reservation from internal fragmentation: 3.7 % together
 fig2.add_bar(x=[x_paper[-1]], y=[PAPER_FIGURE2["paged"]["reservation+internal"]], name="Reserv. + int. frag.",
-             marker_color="#ef6c00")
+             marker_color="#ef6c00",
+             hovertemplate="%{x}<br>reservation + internal frag.: %{y:.1f} % of KV memory<extra></extra>")
 fig2.update_layout(barmode="stack", height=430, yaxis_title="% of KV-cache memory",
                    xaxis=dict(categoryorder="array", categoryarray=order),
                    title="Figure 2, reproduced: where the KV memory goes (paper bars beside ours)")
@@ -338,11 +341,14 @@ live = go.FigureWidget(make_subplots(rows=1, cols=2, column_widths=[0.35, 0.65],
                                      subplot_titles=("memory at this block size", "last-block waste")))
 for cat in CATS4:
     name, colour = CAT_STYLE[cat]
-    live.add_bar(x=["paged"], y=[sweep[BLOCK_SIZE][cat]], name=name, marker_color=colour, row=1, col=1)
+    live.add_bar(x=["paged"], y=[sweep[BLOCK_SIZE][cat]], name=name, marker_color=colour, row=1, col=1,
+                 hovertemplate=name + ": %{y:.1f} % of KV memory<extra></extra>")
 live.add_scatter(x=BLOCK_SIZES, y=tail, mode="lines+markers", name="reserv. + int. frag. %", row=1, col=2,
-                 line_color="#ef6c00")
+                 line_color="#ef6c00",
+                 hovertemplate="block size %{x} slots: %{y:.1f} % of KV memory in last-block waste<extra></extra>")
 live.add_scatter(x=[BLOCK_SIZE], y=[tail[BLOCK_SIZES.index(BLOCK_SIZE)]], mode="markers", name="selected",
-                 marker=dict(size=14, color="black"), row=1, col=2)
+                 marker=dict(size=14, color="black"), row=1, col=2,
+                 hovertemplate="block size %{x} slots (selected): %{y:.1f} % of KV memory<extra></extra>")
 live.update_layout(barmode="stack", height=380, title=f"block size {BLOCK_SIZE}")
 live.update_xaxes(type="log", title="block size (slots)", row=1, col=2)
 live.update_yaxes(title="% of KV memory", row=1, col=1)
@@ -382,7 +388,8 @@ static = go.Figure()
 for cat in CATS4:
     name, colour = CAT_STYLE[cat]
     static.add_bar(x=[str(b) for b in BLOCK_SIZES], y=[sweep[b][cat] for b in BLOCK_SIZES], name=name,
-                   marker_color=colour)
+                   marker_color=colour,
+                   hovertemplate="block size %{x} slots<br>" + name + ": %{y:.1f} % of KV memory<extra></extra>")
 static.update_layout(barmode="stack", height=360, xaxis_title="block size (slots)",
                      yaxis_title="% of KV memory", yaxis_range=[70, 100],
                      title="Paged KV memory by block size (ShareGPT-like workload, 15.7 K slots)")
