@@ -1,7 +1,9 @@
 """The scheduler: which requests run in the next step, how many tokens each computes, and who is preempted.
 
 It owns the waiting queue (FIFO; a preempted request re-enters at the front) and the running list (admission
-order), and is the only caller of the KV cache manager's ``allocate`` / ``append_slots`` / ``free`` for requests.
+order), and is the only caller of the KV cache manager's ``allocate`` / ``append_slots`` / ``free`` for requests
+(through the manager's fast paths when it offers them: ``find_prefix`` + ``allocate_slots`` for an admission,
+``append_slot`` for a decode — the same state changes without re-validating the engine's own token ids).
 Each :meth:`Scheduler.schedule` returns one :class:`SchedulerOutput`, the plan of one batched model call.
 
 :class:`Scheduler` is continuous batching (vLLM v1's ``Scheduler.schedule``). One step:
@@ -204,6 +206,7 @@ class Scheduler:
         """Step 1 and 2 of the module docstring; returns the token budget left."""
         budget = self.max_num_batched_tokens
         decodes_after = sum(1 for r in self.running if not r.is_prefilling)  # budget reserved for later decodes
+        fast = getattr(self.kv, "fast_paths", False)  # read per step: a lab may swap the manager between steps
         i = 0
         while i < len(self.running):
             req = self.running[i]
@@ -213,6 +216,11 @@ class Scheduler:
                 n = 1
                 # drafts ride along when the budget has room beyond the decodes still to come
                 spec = req.spec_token_ids[:max(0, budget - decodes_after - 1)]
+                if fast and not spec and (scheduled := self._decode_fast(req)) is not None:
+                    budget -= 1
+                    out.scheduled.append(scheduled)
+                    i += 1
+                    continue
             else:
                 n = min(req.num_tokens_to_compute, budget - decodes_after)
                 if n <= 0:  # no budget for this prefill chunk this step; it keeps its blocks
@@ -241,6 +249,18 @@ class Scheduler:
             i += 1
         return budget
 
+    def _decode_fast(self, req: Request) -> ScheduledRequest | None:
+        """One token through the manager's decode fast path (an int slot, no result object); None if it declined
+        (no free block, or a copy-on-write), having changed nothing — the plain loop then takes the token."""
+        start = req.num_computed_tokens
+        token = req.all_token_ids[start]
+        slot = self.kv.append_slot(req.request_id, token)
+        if slot is None:
+            return None
+        kind: StepKind = "decode" if start >= req.num_prompt_tokens else "prefill"
+        return ScheduledRequest(req.request_id, kind, 1, start, True, token_ids=(token,),
+                                slot_mapping=np.array((slot,), dtype=np.int64))
+
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         """Step 3: admit from the head of the waiting queue while the budget, ``max_num_seqs`` and memory allow."""
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
@@ -248,11 +268,14 @@ class Scheduler:
             if not self._may_admit(req):
                 break
             tokens = req.all_token_ids
-            hit = self.kv.lookup(tokens).num_cached_tokens
+            fast = getattr(self.kv, "fast_paths", False)  # tokens were validated when the request came in
+            prefix = self.kv.find_prefix(tokens) if fast else self.kv.lookup(tokens)
+            hit = prefix.num_cached_tokens
             # persistent KV tier: blocks beyond the local hit, read and verified (0 without a tier)
             ext = self.kv_tier.prepare(req.request_id, tokens, hit) if self.kv_tier is not None else 0
             n = min(len(tokens) - hit - ext, budget)
-            alloc = self.kv.allocate(req.request_id, tokens, num_new_tokens=ext + n)
+            alloc = (self.kv.allocate_slots(req.request_id, tokens, prefix, ext + n) if fast
+                     else self.kv.allocate(req.request_id, tokens, num_new_tokens=ext + n))
             if alloc is None:
                 if self._reclaim():
                     continue
@@ -404,6 +427,18 @@ class StaticBatchScheduler(Scheduler):
         super()._plan(out)
         if self._padding and out.scheduled:
             self._schedule_padding(out, self.max_num_batched_tokens - out.num_scheduled_tokens)
+
+    def _decode_fast(self, req: Request) -> ScheduledRequest | None:
+        """One token through the manager's decode fast path (an int slot, no result object); None if it declined
+        (no free block, or a copy-on-write), having changed nothing — the plain loop then takes the token."""
+        start = req.num_computed_tokens
+        token = req.all_token_ids[start]
+        slot = self.kv.append_slot(req.request_id, token)
+        if slot is None:
+            return None
+        kind: StepKind = "decode" if start >= req.num_prompt_tokens else "prefill"
+        return ScheduledRequest(req.request_id, kind, 1, start, True, token_ids=(token,),
+                                slot_mapping=np.array((slot,), dtype=np.int64))
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         if not self._batch and not self.running:

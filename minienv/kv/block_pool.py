@@ -145,6 +145,16 @@ class BlockPool:
             ids.append(block.block_id)
         return ids
 
+    def allocate_block(self) -> KVCacheBlock | None:
+        """The decode fast path's allocation: the head block itself (refcount 0 -> 1), or None if none is free.
+        :meth:`allocate` for one block without the list, the argument check or the exception."""
+        queue = self.free_block_queue._queue
+        if not queue:
+            return None
+        block = queue.popitem(False)[1]
+        block.ref_cnt = 1  # invariant 2
+        return block
+
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one reference to each block; blocks reaching 0 join the free queue's tail, in order. (Callers free a
         sequence last block first, so a cached chain's tail is evicted before its parent.)
@@ -170,6 +180,17 @@ class BlockPool:
         queue = self.free_block_queue._queue
         for bid in ids:
             block = blocks[bid]
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                queue[bid] = block  # invariant 2
+
+    def release(self, block_ids: Iterable[int]) -> None:
+        """:meth:`free` for an owner of block tables releasing ids it took from this pool (the KV cache manager):
+        each id names a block its tables hold, so it is in range and referenced, and only that is asserted."""
+        blocks, queue = self.blocks, self.free_block_queue._queue
+        for bid in block_ids:
+            block = blocks[bid]
+            assert block.ref_cnt > 0, f"block {bid} released more times than it is referenced"
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 queue[bid] = block  # invariant 2

@@ -14,9 +14,9 @@ The root is a real constant, and :mod:`minienv.kv.prefix_cache` compares stored 
 from __future__ import annotations
 
 import hashlib
+import struct
 from typing import Sequence
 
-import numpy as np
 
 #: A block hash: 32 raw sha256 bytes (``.hex()`` for display).
 BlockHash = bytes
@@ -43,12 +43,16 @@ def hash_block_tokens(parent_hash: BlockHash, token_ids: Sequence[int], extra_ke
     Fixed-width and length-prefixed, so no two inputs share a byte string on any platform or in any process."""
     if len(parent_hash) != 32:
         raise ValueError(f"parent_hash must be 32 sha256 bytes, got {len(parent_hash)} bytes")
-    tokens = np.asarray(token_ids, dtype="<i8")
-    h = hashlib.sha256(HASH_VERSION)
-    for part in (parent_hash, len(extra_key).to_bytes(4, "little"), extra_key, len(tokens).to_bytes(4, "little"),
-                 tokens.tobytes()):
-        h.update(part)
-    return h.digest()
+    n = len(token_ids)
+    packer = _INT64S.get(n) or _INT64S.setdefault(n, struct.Struct(f"<{n}q"))
+    # One sha256 call over the joined bytes: the same bytes as one update per field, packed without a numpy array
+    # (this runs once per full block on the engine's path, so its constant matters).
+    return hashlib.sha256(b"".join((HASH_VERSION, parent_hash, len(extra_key).to_bytes(4, "little"), extra_key,
+                                    n.to_bytes(4, "little"), packer.pack(*token_ids)))).digest()
+
+
+#: ``n`` little-endian int64s, by ``n``: ``np.asarray(ids, "<i8").tobytes()`` without the array.
+_INT64S: dict[int, struct.Struct] = {}
 
 
 def hash_block_chain(token_ids: Sequence[int], block_size: int, extra_key: bytes = b"", *,

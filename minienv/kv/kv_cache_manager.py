@@ -20,7 +20,9 @@ Invariants (``check_invariants``):
 5. every table holds ``cdiv(num_tokens, block_size)`` blocks.
 
 A request's life: ``allocate`` (prefix hit + slots) -> the step writes K/V -> ``commit`` (full blocks indexed)
--> ``append_slots`` ... -> ``free``. ``allocate`` / ``append_slots`` return ``None`` when the free blocks do not
+-> ``append_slots`` ... -> ``free``. A decode token takes the fast path ``append_slot`` (an int slot, no result
+object, no token check: the engine's own call), which serves it unless it needs a new block none is free for or a
+copy-on-write — then it changes nothing and returns None, and ``append_slots`` takes over. ``allocate`` / ``append_slots`` return ``None`` when the free blocks do not
 suffice (the scheduler preempts or waits); misuse raises before anything changes.
 """
 
@@ -358,13 +360,37 @@ class KVCacheManager:
             raise DuplicateRequestError(request_id)
         prompt = _check_token_ids(prompt_token_ids, "prompt_token_ids")
         hit = self._lookup(prompt)
-        n_cached = hit.num_cached_tokens
-        remaining = len(prompt) - n_cached
+        remaining = len(prompt) - hit.num_cached_tokens
         if num_new_tokens is None:
             num_new_tokens = remaining
         if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) or not 1 <= num_new_tokens <= remaining:
             raise ValueError(f"num_new_tokens must be an int in [1, {remaining}] (prompt of {len(prompt)} tokens, "
-                             f"{n_cached} cached), got {num_new_tokens!r}")
+                             f"{hit.num_cached_tokens} cached), got {num_new_tokens!r}")
+        return self.allocate_slots(request_id, prompt, hit, num_new_tokens)
+
+    # ------------------------------------------------------------------ the engine's calls (already validated)
+    @property
+    def fast_paths(self) -> bool:
+        """Whether the scheduler may call :meth:`find_prefix` / :meth:`allocate_slots` / :meth:`append_slot`
+        instead of :meth:`lookup` / :meth:`allocate` / :meth:`append_slots`. They are the same operations minus the
+        argument checks and (for a decode) the result object; a subclass that overrides ``allocate`` or
+        ``append_slots`` (a lab's bug switch, reserved runs) changes what they do, so it is driven the plain way."""
+        cls = type(self)
+        return cls.allocate is KVCacheManager.allocate and cls.append_slots is KVCacheManager.append_slots
+
+    def find_prefix(self, token_ids: list[int]) -> PrefixHit:
+        """:meth:`lookup` for the engine: ``token_ids`` is a request's list of non-negative ints, validated when the
+        request entered the engine, so it is not checked again."""
+        return self._lookup(token_ids)
+
+    def allocate_slots(self, request_id: RequestId, prompt: list[int], hit: PrefixHit,
+                       num_new_tokens: int) -> SlotAllocation | None:
+        """:meth:`allocate` for the engine, whose scheduler has just looked the prompt up: ``hit`` is
+        ``find_prefix(prompt)`` (not recomputed), ``1 <= num_new_tokens <= len(prompt) - hit.num_cached_tokens``,
+        and the prompt's token ids were validated when the request entered the engine."""
+        if request_id in self._requests:
+            raise DuplicateRequestError(request_id)
+        n_cached = hit.num_cached_tokens
         total = n_cached + num_new_tokens
         num_new_blocks = cdiv(total, self.block_size) - len(hit.block_ids)
         hit_free = sum(1 for bid in hit.block_ids if self.pool.blocks[bid].ref_cnt == 0)
@@ -416,6 +442,37 @@ class KVCacheManager:
         req.num_tokens = len(req.token_ids)  # invariant 5 again
         return self._slots(req, start, new_ids, copies, 0)
 
+    def append_slot(self, request_id: RequestId, token_id: int) -> int | None:
+        """The decode fast path: reserve the slot of ONE new token and return it as an int, or return None —
+        changing nothing — when this token needs the plain path: no block is free (the scheduler preempts), or
+        the write lands in a shared or indexed block (copy-on-write). Then :meth:`append_slots` does the rest.
+
+        Same state afterwards as ``append_slots(request_id, [token_id])`` (the differential tests compare
+        snapshots), minus its result object. ``token_id`` is not checked: this is the engine's internal call with
+        a token the engine itself sampled (users go through :meth:`append_slots`, which validates).
+        """
+        req = self._requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(request_id, "append a slot to")
+        n, B = req.num_tokens, self.block_size
+        offset = n % B
+        if offset:  # room in the last block: no allocation, unless it must be copied first
+            bid = req.block_ids[-1]
+            last = self.pool.blocks[bid]
+            if last.ref_cnt > 1 or last.block_hash is not None:
+                return None
+        else:  # a block boundary: one block from the free queue's head (evicting its cached content)
+            block = self.pool.allocate_block()
+            if block is None:
+                return None
+            if block.block_hash is not None:
+                self._drop_hash(block, request_id)
+            bid = block.block_id
+            req.block_ids.append(bid)
+        req.token_ids.append(token_id)
+        req.num_tokens = n + 1  # invariant 5
+        return bid * B + offset
+
     @staticmethod
     def _slots(req: RequestKV, start: int, new_ids: list[int], copies: tuple, n_cached: int) -> SlotAllocation:
         positions = np.arange(start, req.num_tokens, dtype=np.int64)
@@ -436,7 +493,9 @@ class KVCacheManager:
         if req is None:
             raise UnknownRequestError(request_id, "commit")
         req.num_computed_tokens = req.num_tokens
-        if not self.enable_prefix_caching:
+        # NOTE: the fast exit of every decode step: hashing happens only when a block has filled since the last
+        # commit (the loop below would run zero times).
+        if not self.enable_prefix_caching or req.num_tokens // self.block_size <= len(req.block_hashes):
             return []
         B, blocks, indexed = self.block_size, self.pool.blocks, []
         for j in range(len(req.block_hashes), req.num_computed_tokens // B):
@@ -490,7 +549,7 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ free / evict
     def _release(self, block_ids: Sequence[int], request_id: RequestId) -> None:
-        self.pool.free(block_ids)
+        self.pool.release(block_ids)  # ids from this manager's own tables (invariant 1: each is referenced)
         if self._listeners:
             for bid in block_ids:
                 if self.pool.blocks[bid].ref_cnt == 0:

@@ -1,5 +1,6 @@
-"""Stateful property test of the KV cache manager: random allocate / append / commit / fork / free / lookup / evict /
-truncate sequences, with every invariant checked after every step against an independent shadow model.
+"""Stateful property test of the KV cache manager: random allocate / append / decode (the engine's fast path) /
+commit / fork / free / lookup / evict / truncate sequences, with every invariant checked after every step against
+an independent shadow model.
 
 The shadow keeps what the KV pool *would* hold: every reserved slot is "written" with (token, position) as the
 model step would write K/V, copy-on-write copies are applied, and after every step each live request must read its
@@ -105,6 +106,17 @@ class KVCacheMachine(RuleBasedStateMachine):
         alloc = self.attempt(lambda: self.mgr.append_slots(rid, tokens))
         if alloc is not None:
             self.write(alloc)
+
+    @precondition(lambda self: self.live())
+    @rule(pick=pick_st, token=st.integers(0, 2))
+    def decode(self, pick, token):
+        """The engine's decode fast path: one int slot; where it declines (no room, copy-on-write) nothing changed."""
+        rid = self.pick(pick)
+        position = self.mgr.num_tokens(rid)
+        slot = self.attempt(lambda: self.mgr.append_slot(rid, token))
+        if slot is not None:
+            assert self.mgr.ref_cnt(slot // self.B) == 1, "write into a shared block"
+            self.shadow[slot] = encode(token, position)
 
     @precondition(lambda self: self.live())
     @rule(pick=pick_st, k=st.integers(1, 6))
