@@ -67,8 +67,8 @@ _CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"}
 # OpenAI parameters minienv does not implement, each with the test "the client asked for something": a default value
 # (None, False, 0, 1, {} — what the openai client sends for "off") is accepted, anything else is a 400.
 _UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "n": lambda v: v != 1,
-    "best_of": lambda v: v != 1,
+    "n": lambda v: v is not None and (isinstance(v, bool) or v != 1),
+    "best_of": lambda v: v is not None and (isinstance(v, bool) or v != 1),
     "logprobs": lambda v: v not in (None, False),
     "top_logprobs": lambda v: v is not None,
     "echo": lambda v: v not in (None, False),

@@ -217,7 +217,45 @@ def test_health_is_503_while_loading_and_draining():
             assert err.value.status_code == 503 and "draining" in err.value.message
 
 
+def test_a_server_that_stops_mid_stream_ends_the_stream_with_an_error_event():
+    with running_server(http_port=0) as srv:
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="unused", max_retries=0,
+                           timeout=30) as c:
+            stream = iter(c.completions.create(model="minienv", prompt=PROMPTS[0], max_tokens=1000, temperature=0,
+                                               stream=True))
+            next(stream)
+            stopper = threading.Thread(target=srv.stop, kwargs={"grace": 0.2})
+            stopper.start()
+            with pytest.raises(openai.APIError, match="the server stopped"):
+                list(stream)
+            stopper.join(15)
+        assert srv.engine_thread.engine.kv_cache_manager.pool.num_used_blocks == 0  # thread gone: safe to read
+
+
+def test_n_and_best_of_of_1_or_null_are_accepted(client):
+    for extra in ({"n": 1}, {"n": None}, {"best_of": 1}):
+        r = client.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=0, extra_body=extra)
+        assert r.usage.completion_tokens == 2
+
+
 # ---------------------------------------------------------------------------------------------- the CLI
+def test_cli_http_port_in_use_exits_2():
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        proc = subprocess.run([sys.executable, "-m", "minienv", "serve", "--port", "0", "--http-port",
+                               str(s.getsockname()[1])], cwd=repo, capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, PYTHONPATH=str(repo), OPENBLAS_NUM_THREADS="1"))
+    assert proc.returncode == 2 and "for HTTP: the port is in use" in proc.stderr, proc.stderr
+
+
 def test_cli_serve_http_port_serves_the_openai_api_beside_grpc(reference):
     import os
     import re
@@ -246,3 +284,29 @@ def test_cli_serve_http_port_serves_the_openai_api_beside_grpc(reference):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_metrics_without_the_extra_is_a_404_that_says_what_to_install():
+    """A real interpreter where prometheus_client cannot be imported (None in sys.modules blocks the import)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    code = """
+import sys, urllib.request, urllib.error
+sys.modules["prometheus_client"] = None
+sys.path.insert(0, "tests/unit")
+from serving_harness import running_server
+with running_server(http_port=0) as srv:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/metrics", timeout=10)
+    except urllib.error.HTTPError as exc:
+        print(exc.code, exc.read().decode())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=repo,
+                         env=dict(os.environ, PYTHONPATH=str(repo), OPENBLAS_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr
+    status, body = out.stdout.split(" ", 1)
+    assert status == "404" and "pip install 'minienv[metrics]'" in json.loads(body)["error"]["message"]
