@@ -59,7 +59,8 @@ FINISH_REASON = {"length": "length", "stop": "stop", "eos": "stop", "abort": "ab
 DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions; used for chat too
 
 # Parameters every generation endpoint takes. `top_k` and `return_token_ids` are vLLM's extensions (the openai client
-# sends them through `extra_body`); `return_token_ids` adds the generated ids to each choice.
+# sends them through `extra_body`); `return_token_ids` adds the generated ids to each choice. `user` (an end-user id for
+# the provider's logs) changes no output, so accepting it ignores nothing the client asked of the model.
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
            "user", "return_token_ids"}
 _COMPLETION_FIELDS = _COMMON | {"prompt"}
