@@ -1,17 +1,14 @@
 # %% [markdown]
 # # 07 · Scheduling: continuous batching, chunked prefill, and preemption that loses nothing
 #
-# Notebooks 04–06 built the memory (paged blocks, shared prefixes, an LRU). The **scheduler** decides every step
-# who runs, how many tokens each computes and, when memory runs out, whom to push back: throughput and latency
-# depend on it; what a request generates must not.
+# Notebooks 04–06 built the memory. The **scheduler** decides every step who runs, how many tokens each computes
+# and, when memory runs out, whom to push back: throughput and latency depend on it; what is generated must not.
 #
 # **Learning goals.** After this notebook you can
-# 1. explain why **static batching** wastes steps on mixed lengths and how **continuous batching** refills a slot
-#    the step it frees;
-# 2. read a **request timeline** and its latency metrics: **TTFT** (time to first token), **TPOT** (time per output
-#    token), end-to-end;
+# 1. explain why **static batching** wastes steps on mixed lengths and how **continuous batching** refills a slot;
+# 2. read a **request timeline** and its latency metrics: **TTFT**, **TPOT**, end-to-end;
 # 3. say how **chunked prefill** keeps every running request decoding while a long prompt arrives;
-# 4. follow a **preemption by recompute**, whose resume takes from the prefix cache what notebook 06's LRU kept;
+# 4. follow a **preemption by recompute**, and say when its resume finds blocks in the prefix cache and when not;
 # 5. prove that preemption **loses nothing**: under a tight budget every output equals the request run alone.
 #
 # Scheduling depends only on token *counts*, so a tiny seeded random model drives the engine (the nothing-lost
@@ -27,35 +24,16 @@
 # NBVAL_CHECK_OUTPUT
 import os
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: one BLAS thread per process
 import numpy as np
 
 from minienv.engine import InferenceEngine
-from minienv.model import LlamaConfig, LlamaModel, random_weights
+from minienv.lab.scheduling_demos import mixed_workload, step_budget_rows, tiny_model
 from minienv.sampling import SamplingParams
-from minienv.lab.workload import LengthDistribution, WorkloadConfig, generate_workload
 
-class TokenIds:
-    """A tokenizer stand-in: prompts are token ids; no end-of-text, so every request makes exactly max_tokens."""
-    eos_token_id, vocab_size = None, 128
-
-    def encode(self, text):
-        return [ord(c) % 128 for c in text]
-
-    def decode(self, ids):
-        return "".join(f" {i}" for i in ids)
-
-CFG = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=8, max_position_embeddings=512)
-model, tok = LlamaModel(CFG, random_weights(CFG, seed=0, scale=0.3)), TokenIds()
-
-MIXED = WorkloadConfig("mixed", LengthDistribution(24.0, 0.5), LengthDistribution(16.0, 1.0))
-specs = generate_workload(16, MIXED, max_len=160, seed=0)
-rng = np.random.default_rng(0)
-prompts = [rng.integers(0, 128, s.prompt_len).tolist() for s in specs]
-params = [SamplingParams(max_tokens=s.output_len, temperature=0) for s in specs]
+model, tok = tiny_model(seed=0)  # a random two-layer Llama; its "tokenizer" takes token ids
+rng = np.random.default_rng(0)  # every prompt below is drawn from it
+lens, prompts, params = mixed_workload(16, seed=0, rng=rng)
 ENGINE = dict(kv_budget_tokens=4096, block_size=8, max_num_seqs=4, max_num_batched_tokens=256)
 
 def run(scheduling, **kw):
@@ -63,11 +41,10 @@ def run(scheduling, **kw):
     return engine, engine.generate(prompts, params)
 
 runs = {mode: run(mode) for mode in ("static", "continuous")}
-print("output lengths:", [s.output_len for s in specs])
+print("output lengths:", lens)
 for mode, (engine, outs) in runs.items():
-    s = engine.stats
-    print(f"{mode:>10}: {s.num_steps:>3} steps for {s.num_generated_tokens} tokens = "
-          f"{s.num_generated_tokens / s.num_steps:.2f} tokens/step | mean TTFT "
+    s, n = engine.stats, engine.stats.num_generated_tokens
+    print(f"{mode:>10}: {s.num_steps:>3} steps for {n} tokens = {n / s.num_steps:.2f} tokens/step | mean TTFT "
           f"{np.mean([o.metrics.ttft_steps for o in outs]):5.2f} steps, mean e2e "
           f"{np.mean([o.metrics.e2e_steps for o in outs]):5.2f} steps")
 speedup = runs["static"][0].stats.num_steps / runs["continuous"][0].stats.num_steps
@@ -77,8 +54,8 @@ assert speedup > 1.5
 
 # %% [markdown]
 # Static batching runs a batch of four until its **longest** member is done; the other slots idle (a padded batch
-# even computes thrown-away tokens for them, see below) and the next requests wait. Continuous batching (Orca,
-# OSDI 2022: "iteration-level scheduling") decides who runs **every step**, so a freed slot is refilled at once.
+# even computes thrown-away tokens for them, see below) and the next requests wait. Continuous batching — Orca's
+# "iteration-level scheduling" (notebook 03 met Orca) — decides who runs **every step**: a freed slot refills at once.
 #
 # ## Build it small: both policies in a dozen lines
 #
@@ -102,7 +79,6 @@ def toy_finish_steps(output_lens, slots, continuous):
             finish += [start + n for n in output_lens[i:i + slots]]
     return finish
 
-lens = [s.output_len for s in specs]
 for mode, continuous in (("static", False), ("continuous", True)):
     toy = toy_finish_steps(lens, 4, continuous)
     engine_finish = [o.metrics.finished_step for o in runs[mode][1]]
@@ -111,14 +87,13 @@ for mode, continuous in (("static", False), ("continuous", True)):
     assert toy == engine_finish
 
 # %% [markdown]
-# With ample memory and budget only the policy matters. The rest adds what the toy leaves out — a token budget per
-# step and a memory budget — handled by `minienv/scheduler.py` (vLLM v1's design).
+# With ample memory and budget only the policy matters; `minienv/scheduler.py` (vLLM v1's design) adds the rest.
 #
 # ## minienv's version: the timeline
 #
-# The engine records each step's plan (`engine.history`) and per-request states (`engine.timeline()`);
-# `RequestTimeline` draws one row per request, one column per step: **grey** waiting, **orange** a prefill chunk,
-# **blue** decoding, **red** preempted; a black bar marks the finishing step.
+# The engine records each step's plan (`engine.history`) and per-request states (`engine.timeline()`); one row per
+# request, one column per step: **grey** waiting, **orange** prefill, **blue** decoding, **red** preempted; a black
+# bar marks the finishing step.
 
 # %%
 from IPython.display import display
@@ -134,8 +109,7 @@ for mode, (engine, _) in runs.items():
 assert timelines["static"].count("waiting") > 1.5 * timelines["continuous"].count("waiting")  # far more waiting
 
 # %% [markdown]
-# Static: four rows start together and the next four only after the longest ends — the white gaps are idle slots.
-# Continuous: no gaps; a waiting row starts the step after one ends.
+# Static: the next four rows start only after the longest of a batch ends (white gaps: idle slots). Continuous: none.
 #
 # ## Throughput and latency
 #
@@ -145,10 +119,7 @@ assert timelines["static"].count("waiting") > 1.5 * timelines["continuous"].coun
 
 # %%
 # NBVAL_CHECK_OUTPUT
-def latency_table(outs):
-    ttft, tpot, e2e = (np.array([getattr(o.metrics, f"{k}_steps") for o in outs]) for k in ("ttft", "tpot", "e2e"))
-    return dict(ttft_mean=ttft.mean(), ttft_p90=np.percentile(ttft, 90), tpot_mean=tpot.mean(),
-                e2e_mean=e2e.mean(), e2e_p90=np.percentile(e2e, 90))
+from minienv.lab.scheduling_demos import latency_table  # means and p90s of the per-request metrics, in steps
 
 metrics = {}
 print(f"{'':>10} {'tok/step':>9} {'TTFT mean':>10} {'TTFT p90':>9} {'TPOT':>6} {'e2e mean':>9} {'e2e p90':>8}   (steps)")
@@ -175,10 +146,9 @@ assert metrics["static"]["tpot_mean"] == metrics["continuous"]["tpot_mean"] == 1
 # %% [markdown]
 # ### What a static step computes: padding
 #
-# A step's cost grows with its tokens, so count tokens *computed*. A padded static batch (`transformers.generate`,
-# FasterTransformer; minienv's default `static_padding=True`) keeps computing a thrown-away token for each finished
-# member until the longest ends (`stats.num_padding_tokens`). `static_padding=False` is a *charitable* baseline
-# whose finished members stop at once:
+# A step's cost grows with its tokens, so count tokens *computed*. A padded static batch (`transformers.generate`;
+# minienv's default `static_padding=True`) computes a thrown-away token for each finished member until the longest
+# ends (`stats.num_padding_tokens`); the *charitable* `static_padding=False` stops finished members at once:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -197,13 +167,12 @@ batches = [lens[i:i + 4] for i in range(0, len(lens), 4)]
 assert static_stats.num_padding_tokens == sum(max(b) - n for b in batches for n in b)
 
 # %%
-import time  # in seconds (unchecked): a tiny model's fixed step overhead hides the padding; benchmarks/bench_engine.py
+from minienv.lab.scheduling_demos import time_runs  # seconds, unchecked: a tiny model's fixed step cost hides padding
 
-for mode, kw in (("static", {}), ("static, charitable", dict(static_padding=False)), ("continuous", {})):
-    t0 = time.perf_counter()
-    engine, outs = run(mode.split(",")[0], **kw)
-    wall = time.perf_counter() - t0
-    print(f"{mode:>18}: {wall * 1e3:6.0f} ms, {engine.stats.num_generated_tokens / wall:7.0f} tokens/s, mean TTFT "
+variants = [("static", "static", {}), ("static, charitable", "static", dict(static_padding=False)),
+            ("continuous", "continuous", {})]
+for label, wall, engine, outs in time_runs(run, variants):  # benchmarks/bench_engine.py measures it properly
+    print(f"{label:>18}: {wall * 1e3:6.0f} ms, {engine.stats.num_generated_tokens / wall:7.0f} tokens/s, mean TTFT "
           f"{np.mean([o.ttft for o in outs]) * 1e3:5.1f} ms, mean TPOT {np.mean([o.tpot for o in outs]) * 1e3:5.2f} ms")
 
 # %% [markdown]
@@ -215,27 +184,22 @@ for mode, kw in (("static", {}), ("static, charitable", dict(static_padding=Fals
 # %%
 import ipywidgets as widgets
 
+from minienv.lab.scheduling_demos import EngineScene
 from minienv.viz import Stepper
 
 policy = widgets.ToggleButtons(options=["continuous", "static"], value="continuous", description="batching")
 live_tl = RequestTimeline(title="request timeline", step_px=10)
-live = {}
+scene = EngineScene(model, tok, prompts, params, **ENGINE)  # a fresh engine with the 16 requests at each reset
 
 def live_reset():
-    engine = InferenceEngine(model, tok, scheduling=policy.value, **ENGINE)
-    for p, sp in zip(prompts, params):
-        engine.add_request(p, sp)
-    live["engine"] = engine
+    scene.reset(policy.value)
     live_tl.reset(caption=policy.value)
 
 def live_step(i):
-    engine = live["engine"]
-    if not engine.has_unfinished_requests():
+    caption = scene.step()  # one engine step; None once every request has finished
+    if caption is None:
         return False
-    engine.step()
-    s = engine.stats
-    caption = f"{policy.value}, step {s.num_steps}: {s.num_running} running, {s.num_waiting} waiting"
-    live_tl.update(engine.timeline(), num_steps=s.num_steps, caption=caption)
+    live_tl.update(scene.engine.timeline(), num_steps=scene.engine.stats.num_steps, caption=caption)
     return caption
 
 live_stepper = Stepper(live_step, live_reset, n_steps=None, interval_ms=300, description="engine step")
@@ -244,8 +208,7 @@ live_stepper.reset()
 widgets.VBox([policy, live_stepper.widget, live_tl.widget])
 
 # %% [markdown]
-# The code drives the same widget to the end of each policy (`tests/unit/test_notebook_views.py` checks that every
-# cell matches the engine's plan):
+# The code drives the widget to the end of each policy (`tests/unit/test_notebook_views.py` checks every cell):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -258,16 +221,18 @@ for mode in ("static", "continuous"):
 # %% [markdown]
 # ## Chunked prefill keeps decodes flowing
 #
-# Three requests are decoding when a 120-token prompt arrives; the step budget is 32 tokens. **No chunking** (vLLM
-# v0's default) prefills the prompt whole in a step of its own: the decoders **stall**. **Chunked prefill** (vLLM v1,
-# SGLang) gives each running request its decode token first, then spends the rest on the next chunk:
+# Three requests are decoding when a 120-token prompt arrives. **Without chunking** (vLLM v0's default) a prompt is
+# prefilled whole in a step of its own, so the step budget must hold the longest prompt (v0 required
+# `max_num_batched_tokens ≥ max_model_len`) and the decoders **stall** for that step. **Chunked prefill** (vLLM v1,
+# SGLang) keeps a small budget — here 32 tokens: each running request gets its decode token first, the rest goes
+# to the next chunk of the prompt:
 
 # %%
 # NBVAL_CHECK_OUTPUT
 def toy_steps(num_decoding, prompt_len, budget, chunked):
     """(decode tokens, prefill tokens) of each step until the long prompt is fully prefilled."""
     steps, left = [], prompt_len
-    while left:  # unchunked: the whole prompt in a step of its own, nobody decodes in it
+    while left:  # unchunked: the whole prompt in one step (the budget must allow it), nobody decodes in it
         chunk = min(left, budget - num_decoding) if chunked else left
         steps.append((num_decoding if chunked else 0, chunk))
         left -= chunk
@@ -278,9 +243,8 @@ for chunked in (False, True):
     print(f"{'chunked' if chunked else 'no chunking':>12}: (decodes, prefill tokens) per step {plan}")
 
 # %% [markdown]
-# Unchunked, the decoders lose a step that computes all 120 tokens (vLLM v0 avoided exceeding the budget only by
-# requiring `max_num_batched_tokens ≥ max_model_len`); chunked, every step stays ≤ 32 and all three decode.
-# minienv's scheduler chunks:
+# Unchunked, one 120-token step in which nobody decodes; chunked, every step stays ≤ 32 and all three decode.
+# minienv's scheduler chunks (`step_budget_rows` steps the engine and reads each step's plan):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -290,19 +254,13 @@ short_ids = [chunk_engine.add_request(rng.integers(0, 128, 6).tolist(), Sampling
              for _ in range(3)]
 chunk_engine.run(max_steps=2)  # the three are decoding now
 long_id = chunk_engine.add_request(rng.integers(0, 128, 120).tolist(), SamplingParams(max_tokens=3, temperature=0))
-rows = []
-while chunk_engine.output(long_id).num_preemptions == 0 and not chunk_engine.output(long_id).token_ids:
-    chunk_engine.step()
-    plan = chunk_engine.history[-1].scheduler_output
-    by = plan.by_id()
-    rows.append((plan.step, plan.num_decode_tokens, by[long_id].num_new_tokens if long_id in by else 0,
-                 plan.num_scheduled_tokens))
-for step, dec, chunk, total in rows:
-    print(f"step {step}: {dec} decodes + prefill chunk of {chunk:>3} tokens = {total} tokens")
-_ = chunk_engine.run()  # steps to the end; the views below show the result
-assert all(dec == 3 for _, dec, _, _ in rows)  # every running request decoded in every step
-assert [c for _, _, c, _ in rows] == [c for _, c in toy_steps(3, 120, 32, True)]  # the toy's chunks exactly
-assert all(total <= 32 for *_, total in rows) and sum(c for _, _, c, _ in rows) == 120
+rows = step_budget_rows(chunk_engine, long_id)  # until the long prompt samples its first token
+for r in rows:
+    print(f"step {r.step}: {r.decode_tokens} decodes + prefill chunk of {r.chunk:>3} tokens = {r.total} tokens")
+chunk_engine.run()  # steps to the end (the timeline below shows it all)
+assert all(r.decode_tokens == 3 for r in rows)  # every running request decoded in every step
+assert [r.chunk for r in rows] == [c for _, c in toy_steps(3, 120, 32, True)]  # the toy's chunks exactly
+assert all(r.total <= 32 for r in rows) and sum(r.chunk for r in rows) == 120
 
 # %%
 chunk_tl = RequestTimeline(title="chunked prefill: the 120-token prompt arrives at step 2", live="html", step_px=18)
@@ -316,13 +274,14 @@ chunk_tl.static()
 #
 # Five requests (24 prompt + 24 output tokens, blocks of 8) need 30 blocks; the budget is 16. When a running request
 # needs a block that is not there, the scheduler **preempts** the most recently admitted request (vLLM's rule):
-# frees its blocks — full ones stay cached-free in notebook 06's LRU — and puts it at the front of the waiting
-# queue with its generated tokens. On readmission the prefix lookup finds what is still cached; the rest is
-# recomputed.
+# frees its blocks — full ones stay cached-free, in notebook 06's LRU — and puts it at the front of the waiting
+# queue with its generated tokens. On readmission the prefix lookup finds whatever the LRU has not yet handed to
+# someone else; the rest is recomputed.
 
 # %%
 # NBVAL_CHECK_OUTPUT
 from minienv.engine import required_kv_tokens
+from minienv.lab.scheduling_demos import preemptions_and_resumes
 
 tight_prompts = [rng.integers(0, 128, 24).tolist() for _ in range(5)]
 tight_params = SamplingParams(max_tokens=24, temperature=0)
@@ -334,20 +293,20 @@ print(f"all at once the requests need {need} KV tokens; the budget is {tight.kv_
       f"({tight.kv_budget_tokens / need:.0%})")
 print(f"{ts.num_steps} steps, {ts.num_preemptions} preemptions, {ts.num_computed_tokens} tokens computed for "
       f"{5 * 24} prompt + {ts.num_generated_tokens} generated tokens")
-resumes = []
-for rec in tight.history:
-    plan = rec.scheduler_output
-    for rid in plan.preempted:
-        print(f"step {rec.step:>2}: request {rid} preempted (the most recently admitted; still running: {plan.running})")
-    for s in plan.scheduled:
-        if s.is_resume:
-            resumes.append((rec.step, s))
-            print(f"step {rec.step:>2}: request {s.request_id} resumes: {s.num_cached_tokens:>2} of its "
-                  f"{s.num_cached_tokens + s.num_new_tokens} tokens from the prefix cache, {s.num_new_tokens} recomputed")
+events = preemptions_and_resumes(tight)
+for e in events:
+    if e.kind == "preempted":
+        print(f"step {e.step:>2}: request {e.request_id} preempted (the most recently admitted; still running: "
+              f"{list(e.running_after)})")
+    else:
+        print(f"step {e.step:>2}: request {e.request_id} resumes: {e.cached:>2} of its {e.cached + e.recomputed} "
+              f"tokens from the prefix cache, {e.recomputed} recomputed")
 print(f"prefix cache over the run: {ts.prefix_cache_hits_tokens} of {ts.prefix_cache_queries_tokens} queried tokens "
       f"hit; {ts.evicted_blocks} cached blocks evicted")
+resumes = [e for e in events if e.kind == "resumed"]
 assert ts.num_preemptions == len(resumes) > 0 and all(o.finished for o in tight_outs)
-assert any(s.num_cached_tokens >= 24 and s.num_new_tokens < s.num_cached_tokens for _, s in resumes)  # a cheap resume
+assert any(e.cached >= 24 and e.recomputed < e.cached for e in resumes)  # a cheap resume: most blocks still cached
+assert any(e.cached == 0 for e in resumes)  # ... and one whose blocks the LRU had already handed to others
 
 # %%
 pre_tl = RequestTimeline(title=f"a 128-token budget: {ts.num_preemptions} preemptions", live="html", step_px=12)
@@ -378,7 +337,8 @@ assert all(same) and sum(o.num_preemptions for o in tight_outs) == ts.num_preemp
 tight.check_invariants()
 
 # %% [markdown]
-# The same on the bundled model: six speeches, greedy and seeded sampling mixed, under a 48-token KV budget.
+# The same on the bundled model: six speeches, greedy and seeded sampling mixed, under a 48-token KV budget
+# (`tests/unit/test_nothing_lost.py` checks more budgets, block sizes and random workloads).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -397,17 +357,14 @@ small = InferenceEngine(real_model, real_tok, kv_budget_tokens=48, block_size=4,
 served = small.generate(speeches, speech_params)
 alone_real = [list(generate_ids(real_model, i, sp, eos_token_id=real_tok.eos_token_id))
               for i, sp in zip(speech_ids, speech_params)]
-print(f"budget {small.kv_budget_tokens} of the {need_real} KV tokens needed at once; "
-      f"{small.stats.num_preemptions} preemptions")
-print(f"{sum(list(o.token_ids) == a for o, a in zip(served, alone_real))} of {len(served)} outputs equal the "
-      "request run alone")
+print(f"budget {small.kv_budget_tokens} of the {need_real} KV tokens needed at once; {small.stats.num_preemptions} "
+      f"preemptions; {sum(list(o.token_ids) == a for o, a in zip(served, alone_real))} of {len(served)} outputs equal "
+      "the request run alone")
 for o in served[:3]:
     print(f"  {o.prompt!r} -> {o.text!r}")
 assert all(list(o.token_ids) == a for o, a in zip(served, alone_real)) and small.stats.num_preemptions > 0
 
 # %% [markdown]
-# `tests/unit/test_nothing_lost.py` checks the same at more budgets, block sizes and random workloads.
-#
 # ## Exercises
 #
 # (How they work — stubs, checks, hints, `solutions/07_scheduling.py` — is explained in notebook 00.)
@@ -416,9 +373,8 @@ assert all(list(o.token_ids) == a for o, a in zip(served, alone_real)) and small
 #
 # Preempt the request with the **least work to redo** instead. `InferenceEngine(..., victim_policy=fn)` calls
 # `fn(candidates)` with the requests not yet scheduled this step, oldest first (`candidates[0]` needs the block);
-# each has `num_computed_tokens` and `request_id`. Write `fewest_computed(candidates)`. Rules: (1) the candidate
-# with the fewest computed tokens; (2) among equals, the latest in the list; (3) return the request object itself.
-# The check tries hand-made lists (ties included), then tight workloads on a real engine.
+# each has `num_computed_tokens` and `request_id`. Write `fewest_computed(candidates)`. Rules: (1) the fewest
+# computed tokens; (2) among equals, the latest in the list; (3) return the request object itself.
 
 # %%
 from minienv.exercises.scheduling import check_plan_step, check_victim_policy
@@ -433,8 +389,7 @@ check_victim_policy(fewest_computed)
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `min(candidates, key=lambda c: c.num_computed_tokens)` is almost it. Which of several equal candidates does
-# `min` return?
+# `min(candidates, key=lambda c: c.num_computed_tokens)` is almost it. Which of several equals does `min` return?
 # </details>
 #
 # <details><summary>Hint 2</summary>
@@ -447,10 +402,9 @@ check_victim_policy(fewest_computed)
 # ### Exercise 2: split one step's budget
 #
 # Write `plan_step(needs, budget)` — the scheduler's rule without memory: `needs[i]` is what running request `i`
-# still has to compute (`1` when decoding), in running order; return how many each computes this step. Rules:
-# (1) one number per request, in order; (2) at most `budget` in total; (3) nobody more than it needs; (4) every
-# decode gets its token, even after a long prefill; (5) prefill chunks take the rest in running order, an earlier
-# request first, as much as it needs.
+# still has to compute (`1` when decoding), in running order; return how many each computes this step. Rules: (1)
+# one number per request, in order; (2) at most `budget` in total; (3) nobody more than it needs; (4) every decode
+# gets its token, even after a long prefill; (5) prefill chunks take the rest in running order, earlier first.
 
 # %%
 def plan_step(needs, budget):
@@ -475,13 +429,13 @@ check_plan_step(plan_step)
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang
 #
-# | engine | file (vLLM v0.11.0, SGLang v0.5.3) | what to look at |
+# | engine (release) | file | what to look at |
 # |---|---|---|
-# | vLLM v1 | `vllm/v1/core/sched/scheduler.py` | `Scheduler.schedule()`: one token budget per step, running requests first (each gets `num_tokens - num_computed_tokens`, capped: chunked prefill falls out), then `waiting`; when `allocate_slots` returns `None`, FCFS preempts `self.running.pop()` and `_preempt_request` frees its blocks and requeues it at the front |
-# | vLLM v1 | `vllm/v1/core/sched/output.py`, `request_queue.py` | `SchedulerOutput` (minienv's mirrors it); FCFS and priority queues |
-# | SGLang | `python/sglang/srt/managers/scheduler.py` | `get_next_batch_to_run`: a prefill batch when there is room, else the decode batch; `update_running_batch` retracts when memory is short |
-# | SGLang | `python/sglang/srt/managers/schedule_policy.py` | `SchedulePolicy` (FCFS or cache-aware LPM), `PrefillAdder` chunks a long prompt within the budgets |
-# | SGLang | `python/sglang/srt/managers/schedule_batch.py` | `ScheduleBatch.retract_decode`: preemption by output/input length, recomputed from the radix cache |
+# | vLLM v0.11.0 | `vllm/v1/core/sched/scheduler.py` | `Scheduler.schedule()`: one token budget per step, running requests first (each gets `num_tokens - num_computed_tokens`, capped: chunked prefill falls out), then `waiting`; when `kv_cache_manager.allocate_slots` returns `None`, FCFS preempts `self.running.pop()`, frees its blocks, sets `num_computed_tokens = 0` and `waiting.prepend_request`s it |
+# | vLLM v0.11.0 | `vllm/v1/core/sched/output.py`, `vllm/v1/core/sched/request_queue.py` | `SchedulerOutput` (minienv's mirrors it); the FCFS and priority queues |
+# | SGLang v0.5.3 | `python/sglang/srt/managers/scheduler.py` | `Scheduler.get_next_batch_to_run`: a prefill batch when there is room, else the decode batch; `update_running_batch` retracts requests when decode memory is short |
+# | SGLang v0.5.3 | `python/sglang/srt/managers/schedule_policy.py` | `SchedulePolicy` (FCFS or cache-aware LPM), `PrefillAdder` (chunks a long prompt within the step's budgets) |
+# | SGLang v0.5.3 | `python/sglang/srt/managers/schedule_batch.py` | `ScheduleBatch.retract_decode`: the preemption; retracted requests are recomputed, reusing what the radix cache kept |
 
 # %% [markdown]
 # ## Summary
@@ -489,8 +443,8 @@ check_plan_step(plan_step)
 # * **Continuous batching** schedules every step: about half the steps of static batching for the same tokens, and
 #   less than half the mean TTFT; TPOT in steps stays 1.0. A padded static batch also computes thrown-away tokens.
 # * **Chunked prefill** gives decodes their token first and chunks a long prompt into the rest of the step budget.
-# * Under memory pressure the scheduler **preempts by recompute** (the most recently admitted, by default); the
-#   LRU keeps the victim's full blocks cached, so a resume recomputes only what was evicted meanwhile (above: 32 of
-#   40 tokens cached for one resume, none for the other).
+# * Under memory pressure the scheduler **preempts by recompute** (the most recently admitted, by default). The
+#   victim's full blocks stay cached-free, but the LRU may hand them to others before it returns: above, one resume
+#   took 32 of 40 tokens from the cache, the other none (32 of 192 queried tokens hit over the whole run).
 # * **Nothing is lost**: every output under a tight budget equals the request run alone, for any victim policy and
 #   on the bundled model. Notebook 08 puts the whole engine behind one dashboard.

@@ -10,6 +10,8 @@ What lives here (the notebooks import it; nothing here is needed to *serve*):
 * :mod:`minienv.lab.sharing_experiments` — the vLLM paper's sharing results recomputed with the real manager;
 * :mod:`minienv.lab.sharing_demos` — notebook 05's scripted scenes (arrivals around a shared prefix, a fork with
   copy-on-write) and its trap re-checks, on the real manager;
+* :mod:`minienv.lab.scheduling_demos` — notebook 07's bench: a tiny seeded model, a mixed workload, and readers
+  of what the engine recorded (step budgets, preemptions and resumes);
 * :mod:`minienv.lab.eviction_experiments` — prefix-cache hit rate vs KV budget, and a step-by-step cache stream;
 * :mod:`minienv.lab.block_size` — the block-size sweep (1 … 256) on three traces through the real scheduler and
   manager, the dynamic scheme against the best fixed size, and ``recommend_block_size``.

@@ -10,39 +10,19 @@ import numpy as np
 import pytest
 
 from minienv.engine import InferenceEngine
-from minienv.lab.workload import LengthDistribution, WorkloadConfig, generate_workload
-from minienv.model import LlamaConfig, LlamaModel, random_weights
+from minienv.lab.scheduling_demos import mixed_workload, tiny_model
 from minienv.sampling import SamplingParams
 from minienv.viz.timeline import RequestTimeline
 
-
-class _TokenIds:
-    """Notebook 07's tokenizer stand-in: token ids in, ids out; no end-of-text."""
-
-    eos_token_id, vocab_size = None, 128
-
-    def encode(self, text):
-        return [ord(c) % 128 for c in text]
-
-    def decode(self, ids):
-        return "".join(f" {i}" for i in ids)
-
-
-_CFG = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=8, max_position_embeddings=512)
 _ENGINE = dict(kv_budget_tokens=4096, block_size=8, max_num_seqs=4, max_num_batched_tokens=256)
 
 
 @pytest.fixture(scope="module")
 def sched():
     """Notebook 07's model and mixed workload."""
-    model = LlamaModel(_CFG, random_weights(_CFG, seed=0, scale=0.3))
-    mixed = WorkloadConfig("mixed", LengthDistribution(24.0, 0.5), LengthDistribution(16.0, 1.0))
-    specs = generate_workload(16, mixed, max_len=160, seed=0)
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, 128, s.prompt_len).tolist() for s in specs]
-    params = [SamplingParams(max_tokens=s.output_len, temperature=0) for s in specs]
-    return model, _TokenIds(), prompts, params, [s.output_len for s in specs]
+    model, tok = tiny_model(seed=0)
+    lens, prompts, params = mixed_workload(16, seed=0)
+    return model, tok, prompts, params, lens
 
 
 def _timeline(engine, **kw):
