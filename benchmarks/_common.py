@@ -53,14 +53,15 @@ def pin_blas_threads(default: str = "1") -> str:
     because minienv's matrices are tiny — a second thread costs more in hand-off than it saves, and on a shared
     machine spinning BLAS threads made small matmuls many times slower.
     """
-    if "numpy" in sys.modules:
-        raise RuntimeError("pin_blas_threads() must run before numpy is imported (OpenBLAS reads it at load)")
     threads, argv = default, sys.argv[1:]
     for i, arg in enumerate(argv):
         if arg.startswith("--blas-threads="):
             threads = arg.split("=", 1)[1]
         elif arg == "--blas-threads" and i + 1 < len(argv):
             threads = argv[i + 1]
+    if "numpy" in sys.modules and os.environ.get("OPENBLAS_NUM_THREADS") != threads:
+        raise RuntimeError(f"pin_blas_threads() must run before numpy is imported: OpenBLAS read its thread count "
+                           f"({os.environ.get('OPENBLAS_NUM_THREADS')}) at load, and {threads} was asked for")
     for var in THREAD_VARS:
         os.environ[var] = threads
     return threads

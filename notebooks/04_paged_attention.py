@@ -415,9 +415,11 @@ for pls in (paged_logits, inplace_logits):  # 1e-5 absolute + 1e-6 relative: flo
 # Reaching K/V through a table is extra work: the gather kernel copies the blocks (in numpy, a copy costs about as
 # much as the attention matmul reading them); the in-place kernel replaces a few large matmuls by many
 # block-sized ones plus some small index shuffles. `benchmarks/bench_paged.py` times a decode step (attention
-# only) at batch {1, 8, 32} × context {128, 512, 2048} against the fastest of three dense baselines over
-# contiguous FasterTransformer-style slabs. One point, timed here (timings are not checked: they depend on the
-# machine and its load):
+# only) at batch {1, 8, 32} × context {128, 512, 2048} against the fastest of nine dense variants over contiguous
+# FasterTransformer-style slabs (matrix-matrix and matrix-vector forms, token- and head-major layouts, einsum),
+# and reports what the copy alone costs. Since a copy of K/V costs about as much as reading them for the
+# attention, the gather kernel cannot get much below 2× the best dense kernel where everything sits in cache. One
+# point, timed here (timings are not checked: they depend on the machine and its load):
 # %%
 import time
 

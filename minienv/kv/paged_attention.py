@@ -26,8 +26,16 @@ property tests hold both to the dense reference:
   CUDA kernel (thread blocks walk the block table and read blocks in place), written with numpy's batched matmul.
 
 ``kernel="auto"`` uses views for steps made of contiguous runs, in place for other decode steps over long
-sequences, and gather otherwise. There is no loop over tokens, and decode needs no per-sequence
-Python work.
+sequences, and gather otherwise. It decides once per step from facts that cost O(sequences) (is it a decode, the
+mean sequence length); only a step it sends to the in-place kernel pays for that kernel's O(blocks) plan, which
+also checks that no block is shared. ``benchmarks/bench_paged.py`` reports, per point, auto's time over the
+faster of the two kernels, so a wrong threshold shows. There is no loop over tokens, and decode needs no
+per-sequence Python work.
+
+**What paging costs here.** Decode attention reads all of K and V once; a copy of them costs about as much as
+that read, so the gather kernel is at best ``1 + copy / attention`` times the strongest dense kernel (whatever
+its form or layout): close to 1 only where the copy hides behind memory reads the dense kernel makes anyway, and
+near 2 where everything sits in cache. The in-place kernel avoids the copy but pays for many block-sized matmuls.
 """
 
 from __future__ import annotations
@@ -349,6 +357,9 @@ def plan_inplace(meta: PagedAttentionMetadata, force: bool = False) -> _InplaceP
     """
     if not meta.is_decode:
         return None
+    # the cheap test first (O(sequences)): auto asks for this plan only when it expects in place to win
+    if not force and float(meta.seq_lens.mean()) < INPLACE_MIN_MEAN_KEYS:
+        return None
     b = meta.block_size
     s = meta.num_seqs
     nbs = -(-meta.seq_lens // b)
@@ -358,10 +369,9 @@ def plan_inplace(meta: PagedAttentionMetadata, force: bool = False) -> _InplaceP
     ids = meta.block_tables[blk_seq, blk_j]
     lo, hi = int(ids.min()), int(ids.max()) + 1
     span = hi - lo
-    if np.bincount(ids - lo, minlength=span).max() > 1:  # a shared block (O(blocks + span), no sort)
+    if not force and span > INPLACE_MAX_SPAN_RATIO * len(ids):
         return None
-    if not force and (float(meta.seq_lens.mean()) < INPLACE_MIN_MEAN_KEYS
-                      or span > INPLACE_MAX_SPAN_RATIO * len(ids)):
+    if np.bincount(ids - lo, minlength=span).max() > 1:  # a shared block (O(blocks + span), no sort)
         return None
     rel = ids - lo
     owner = np.zeros(span, dtype=np.int64)
@@ -417,6 +427,51 @@ def inplace_decode_attention(q: np.ndarray, kv_layer: np.ndarray, plan: _Inplace
     return out.reshape(s, hq, d)
 
 
+def _tile_plan(meta: PagedAttentionMetadata, hkv: int, d: int, tile_bytes: int, workspace: Workspace):
+    """(tiles, every tile is a contiguous run), planned once per step and workspace, reused by every layer."""
+    key = (hkv, d, tile_bytes, id(workspace))
+    planned = meta._plans.get(key)
+    if planned is None:
+        tiles = plan_tiles(meta, hkv, d, tile_bytes, workspace)
+        planned = meta._plans[key] = (tiles, all(t.run_start is not None for t in tiles))
+    return planned
+
+
+def _inplace_plan(meta: PagedAttentionMetadata, hkv: int, d: int, force: bool) -> _InplacePlan | None:
+    key = ("inplace", force, hkv, d)
+    if key not in meta._plans:
+        meta._plans[key] = plan_inplace(meta, force)
+    return meta._plans[key]
+
+
+def _auto_choice(meta: PagedAttentionMetadata, hkv: int, d: int, use_views: bool) -> str:
+    """``kernel="auto"``'s decision for a step, made once per step from facts that cost O(sequences).
+
+    * every tile a contiguous run of the pool: "gather" (which then reads views: no copy, nothing to beat);
+    * a decode step whose sequences average >= ``INPLACE_MIN_MEAN_KEYS`` keys, whose blocks are not shared and
+      lie in a compact range: "inplace" (the in-place plan checks the last two; building it is the only
+      O(blocks) work, and it is done only for such steps);
+    * anything else: "gather".
+    """
+    key = ("auto", hkv, d, use_views)
+    choice = meta._plans.get(key)
+    if choice is None:
+        choice = "gather"
+        if not use_views and meta.is_decode and float(meta.seq_lens.mean()) >= INPLACE_MIN_MEAN_KEYS:
+            if _inplace_plan(meta, hkv, d, force=False) is not None:
+                choice = "inplace"
+        meta._plans[key] = choice
+    return choice
+
+
+def auto_kernel_of(meta: PagedAttentionMetadata, hkv: int, d: int, tile_bytes: int = DEFAULT_TILE_BYTES,
+                   workspace: Workspace | None = None) -> str:
+    """What ``kernel="auto"`` runs for this step: "views" (every tile a contiguous run: gather without a copy),
+    "inplace" or "gather". For benchmarks and teaching; plans the step if it was not planned yet."""
+    _, use_views = _tile_plan(meta, hkv, d, tile_bytes, workspace if workspace is not None else Workspace())
+    return "views" if use_views else _auto_choice(meta, hkv, d, use_views)
+
+
 def paged_attention(
     q: np.ndarray,
     kv_layer: np.ndarray,
@@ -436,20 +491,11 @@ def paged_attention(
     hkv = kv_layer.shape[3]
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    key = (hkv, d, tile_bytes, id(workspace))
-    planned = meta._plans.get(key)
-    if planned is None:
-        tiles = plan_tiles(meta, hkv, d, tile_bytes, workspace)
-        # views instead of copies when every tile is a physically contiguous run
-        planned = meta._plans[key] = (tiles, all(t.run_start is not None for t in tiles))
-    tiles, use_views = planned
-    # "auto": a step of contiguous runs is read through views (no copy; faster than in place at every length);
-    # otherwise long decodes try the in-place kernel (plan_inplace declines short or scattered steps)
-    if kernel == "inplace" or (kernel == "auto" and not use_views):
-        ikey = ("inplace", kernel == "inplace", hkv, d)
-        if ikey not in meta._plans:
-            meta._plans[ikey] = plan_inplace(meta, kernel == "inplace")
-        plan = meta._plans[ikey]
+    tiles, use_views = _tile_plan(meta, hkv, d, tile_bytes, workspace)
+    chosen = _auto_choice(meta, hkv, d, use_views) if kernel == "auto" else kernel
+    if chosen == "inplace":
+        # auto's plan was built when it chose (force=False); an explicit "inplace" plans regardless of size
+        plan = _inplace_plan(meta, hkv, d, force=kernel == "inplace")
         if plan is not None:
             return inplace_decode_attention(q, kv_layer, plan, workspace)
     if meta.is_decode:

@@ -170,10 +170,46 @@ def test_a_sequence_whose_blocks_are_consecutive_is_attended_without_a_copy():
     q = rng.standard_normal((1, 2 * hkv, d), dtype=np.float32)
     ws = Workspace()
     got = paged_attention(q, kv.kv_cache[0], meta, ws, kernel="auto")
-    ((tiles, use_views),) = [v for key, v in meta._plans.items() if key[0] != "inplace"]
+    ((tiles, use_views),) = [v for key, v in meta._plans.items() if isinstance(key[0], int)]  # the tile plan
     assert use_views and tiles[0].run_start == 2 and ws.buffer.size == 2 * 4 * b * hkv * d  # buffer planned ...
     assert np.shares_memory(tiles[0].kv_of(kv.kv_cache[0]), kv.kv_cache)  # ... but the K/V read is a view
     np.testing.assert_allclose(got, causal_attention(q, k, v, np.array([12])), atol=1e-5, rtol=0)
+
+
+def test_auto_decides_short_steps_without_planning_in_place():
+    """auto's decision for a step of short sequences costs O(sequences): no in-place plan (an O(blocks) pass)."""
+    from minienv.kv.paged_attention import auto_kernel_of
+
+    rng = np.random.default_rng(7)
+    kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
+        rng, 4, [30, 5, 61, 12], [1] * 4, hkv=2, group=2, head_dim=8, scramble=3)
+    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+    ws = Workspace()
+    got = paged_attention(q, kv.kv_cache[0], meta, ws, kernel="auto")
+    assert not any(key[0] == "inplace" for key in meta._plans)  # never planned
+    assert auto_kernel_of(meta, 2, 8, workspace=ws) == "gather"
+    np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
+
+
+def test_auto_on_long_scattered_decodes_runs_the_in_place_kernel_and_agrees(monkeypatch):
+    """Where auto picks in place (threshold lowered so small sequences qualify), it runs exactly that kernel."""
+    pa = sys.modules["minienv.kv.paged_attention"]
+
+    monkeypatch.setattr(pa, "INPLACE_MIN_MEAN_KEYS", 8)
+    rng = np.random.default_rng(8)
+    kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
+        rng, 4, [30, 25, 61, 12], [1] * 4, hkv=2, group=2, head_dim=8, scramble=0)
+    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+    ws = Workspace()
+    got = paged_attention(q, kv.kv_cache[0], meta, ws, kernel="auto")
+    assert pa.auto_kernel_of(meta, 2, 8, workspace=ws) == "inplace"
+    assert [key for key in meta._plans if key[0] == "inplace"] == [("inplace", False, 2, 8)]  # planned once
+    np.testing.assert_array_equal(got, paged_attention(q, kv.kv_cache[0], meta, Workspace(), kernel="inplace"))
+    np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
+    # a shared block makes the in-place kernel ineligible: auto falls back to gather, still correct
+    shared = PagedAttentionMetadata(np.array([[3, 4, 6], [3, 5, 7]]), [10, 10], [1, 1], [6 * 4 + 2, 7 * 4 + 2],
+                                    block_size=4)
+    assert pa.auto_kernel_of(shared, 2, 8) == "gather"
 
 
 @pytest.mark.parametrize("kernel", ["gather", "inplace"])
