@@ -504,7 +504,7 @@ check_release(release)
 #
 # The toy above is the skeleton of real code. Open these files next to notebooks 04–08:
 #
-# | idea | vLLM (v1 engine) | SGLang |
+# | idea | vLLM v0.11.0 (v1 engine) | SGLang v0.5.3 |
 # |---|---|---|
 # | pool of blocks, free queue, allocate / free, refcounts | `vllm/v1/core/block_pool.py` (`BlockPool.get_new_blocks`, `free_blocks`, `touch`) | `python/sglang/srt/mem_cache/allocator.py` (token / page allocators) |
 # | the free queue as a doubly linked list (O(1) removal from the middle) | `vllm/v1/core/kv_cache_utils.py` (`FreeKVCacheBlockQueue`, `KVCacheBlock.ref_cnt`) | — |

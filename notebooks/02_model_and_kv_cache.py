@@ -333,7 +333,7 @@ print(f"{n_steps} tokens: no cache {t_naive.sum():.2f} s, cache {t_cache.sum():.
       f"→ {t_naive.sum() / t_cache.sum():.1f}x faster")
 
 # %%
-assert len(fig.data) == 2 and len(fig.data[0].y) == len(fig.data[1].y) == n_steps
+assert len(t_naive) == len(t_cache) == n_steps
 assert t_naive.sum() > t_cache.sum()  # recomputing is slower (by how much depends on the machine)
 
 # %% [markdown]
@@ -389,6 +389,10 @@ assert kv_per_token["Llama-3-8B (fp16)"] == 128 * 1024
 assert kv_per_token["Llama-2-13B (fp16)"] == 800 * 1024
 assert kv_per_token["Qwen2.5-7B (fp16)"] == 56 * 1024
 assert kv_per_token["minienv target (float32)"] == cfg.kv_bytes_per_token(4)
+# The claim below: one 4k-token Llama-2-13B request's KV (3.1 GiB) is about an eighth of its fp16 weights
+# (13 B parameters × 2 bytes = 26 GB = 24.2 GiB), not a quarter.
+kv_4k, weights = kv_per_token["Llama-2-13B (fp16)"] * 4096, 13e9 * 2
+assert round(kv_4k / 2**30, 1) == 3.1 and round(weights / 2**30, 1) == 24.2 and round(8 * kv_4k / weights) == 1
 
 # %% [markdown]
 # A single 4k-token Llama-2-13B conversation holds 3.1 GiB of KV state — about an eighth of the 13 B
@@ -419,9 +423,8 @@ ctx_slider.observe(on_context_change, names="value")
 show(kv_fig, live=widgets.VBox([ctx_slider, kv_fig]))  # the PNG: the slider's first position
 
 # %%
-ctx_slider.value = 8192  # what dragging the slider does
-assert np.isclose(kv_fig.data[0].y[2], 800 * 1024 * 8192 / 2**30)  # Llama-2-13B: 6.25 GiB at 8k tokens
-assert "8,192" in kv_fig.layout.title.text
+# The KV cache grows linearly with the context: Llama-2-13B holds 6.25 GiB at 8k tokens, twice its 4k figure.
+assert kv_per_token["Llama-2-13B (fp16)"] * 8192 / 2**30 == 6.25 == 2 * kv_per_token["Llama-2-13B (fp16)"] * 4096 / 2**30
 
 # %% [markdown]
 # ## The contiguous per-request cache and what reserving `max_len` costs
@@ -528,10 +531,10 @@ check_kv_bytes_per_token(kv_bytes_per_token)
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang
 #
-# | minienv | vLLM | SGLang |
+# | minienv | vLLM v0.11.0 | SGLang v0.5.3 |
 # |---|---|---|
 # | `minienv/model/llama.py` (`LlamaModel.forward_step`) | `vllm/model_executor/models/llama.py` (`LlamaAttention`, `LlamaDecoderLayer`) | `python/sglang/srt/models/llama.py` |
-# | the `attend(layer, q, k, v)` backend seam | `vllm/attention/layer.py` (`Attention`, which dispatches to a backend and writes the KV cache) | `python/sglang/srt/layers/radix_attention.py` (`RadixAttention`) |
+# | the `attend(layer, q, k, v)` backend seam | `vllm/attention/layer.py` (`Attention`, which dispatches to a backend and writes the KV cache; from v0.16 it is `vllm/model_executor/layers/attention/attention.py`) | `python/sglang/srt/layers/radix_attention.py` (`RadixAttention`) |
 # | `rope_cos_sin` / `apply_rope` | `vllm/model_executor/layers/rotary_embedding/` | same layer via `get_rope` |
 # | `minienv/sampling.py` (`SamplingParams`, `Sampler`) | `vllm/sampling_params.py`, `vllm/v1/sample/sampler.py`, `vllm/v1/sample/ops/topk_topp_sampler.py` | `python/sglang/srt/sampling/sampling_params.py` |
 #

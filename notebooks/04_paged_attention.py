@@ -135,9 +135,10 @@ pool.check_invariants()
 
 # %% [markdown]
 # Every error is typed and raised *before* anything changes — the scheduler (notebook 07) catches
-# `OutOfBlocksError` and preempts a request; a double free is a bug (vLLM PR #3347 was one) and must not corrupt
-# refcounts. The unit tests check each of these with snapshots before and after, plus a hypothesis state machine
-# that runs random allocate / append / truncate / free sequences and checks after every step that free + in use =
+# `OutOfBlocksError` and preempts a request; a double free is a bug and must not corrupt refcounts (refcount bugs
+# do ship: in vLLM #1556, forking a sequence under sliding-window attention over-incremented block refcounts; PR
+# #3347 fixed it). The unit tests check each of these with snapshots before and after, plus a hypothesis state
+# machine that runs random allocate / append / truncate / free sequences and checks after every step that free + in use =
 # total, no block is both free and used, and every used block is in exactly one table.
 #
 # ## Live: requests growing token by token
@@ -224,8 +225,6 @@ demo
 stepper.go_to(4)  # admit + 3 decode steps; C finished in the last one
 assert {r: t.block_ids for r, t in demo_tables.items()} == {"A": [0, 1], "B": [2, 6]}
 assert queue.items == tuple(demo_pool.free_block_ids()) == (7, 8, 9, 10, 11, 5, 4, 3)
-assert grid.cells[6].text() == ("6 ·rc1", "B[1] 1/4") and grid.cells[3].state == "free"
-assert grid.changed == {1, 3, 4, 5, 6}  # A[1] filled up, C's three blocks freed, B's new block
 stepper.run()
 assert stepper.done and demo_tables == {} and demo_pool.num_free_blocks == DEMO_BLOCKS
 for step, req, t, new_block in events:
@@ -248,8 +247,10 @@ stepper.go_to(8)
 display(grid.static(), queue.static())
 
 # %%
-assert "A[2]" in grid.to_svg() and "head → allocated next" in queue.to_svg()
-assert len(queue.items) == demo_pool.num_free_blocks
+# The pictures show the pool: A's cells are A's table, in logical order; the queue is the pool's free list.
+assert {c.label.split()[0]: c.block_id for c in grid.cells if c.owners == ("A",)} == {
+    f"A[{j}]": block for j, block in enumerate(demo_tables["A"].block_ids)}
+assert queue.items == tuple(demo_pool.free_block_ids())
 
 # %% [markdown]
 # ## The slot-mapping arithmetic, worked through
@@ -547,7 +548,7 @@ check_new_blocks_needed(new_blocks_needed)
 # %% [markdown]
 # ## Where this lives in vLLM / SGLang
 #
-# > **vLLM (v1)**
+# > **vLLM** (v1 engine, v0.11.0)
 # > * `vllm/v1/core/kv_cache_utils.py` — `KVCacheBlock` (block id, `ref_cnt`, block hash) and
 # >   `FreeKVCacheBlockQueue`, a hand-written doubly linked list with O(1) `popleft`, `append` and `remove`;
 # >   minienv's `KVCacheBlock` and `FreeBlockQueue`.
@@ -563,7 +564,7 @@ check_new_blocks_needed(new_blocks_needed)
 # > * `csrc/attention/paged_attention_v1.cu` / `paged_attention_v2.cu` — the original PagedAttention CUDA kernels
 # >   from the paper, which read blocks in place instead of gathering them.
 # >
-# > **SGLang**
+# > **SGLang** (v0.5.3)
 # > * `python/sglang/srt/mem_cache/memory_pool.py` — `ReqToTokenPool` (per request, position → KV slot: a block
 # >   table at token granularity) and `MHATokenToKVPool` (the K/V buffers per layer, written by slot).
 # > * `python/sglang/srt/mem_cache/allocator.py` — `TokenToKVPoolAllocator` and `PagedTokenToKVPoolAllocator`

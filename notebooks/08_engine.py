@@ -234,9 +234,7 @@ dash.static()
 
 # %%
 check_dashboard(dash)
-assert dash.snapshot.stats.num_blocks_in_use == peak and dash.snapshot.step == busiest + 1
-html = dash.to_html()
-assert html.count("<svg") >= 5 and "free queue" in html and "text, streaming in" in html
+assert dash.snapshot.stats.num_blocks_in_use == peak and dash.snapshot.step == busiest + 1  # a replay: same peak
 
 # %% [markdown]
 # ## Streaming
@@ -338,7 +336,7 @@ check_run_to_completion(run_to_completion)
 # %% [markdown]
 # ## The map: every minienv part and its counterpart
 #
-# | minienv | what it does | vLLM (v1) | SGLang |
+# | minienv | what it does | vLLM v0.11.0 (v1 engine) | SGLang v0.5.3 |
 # |---|---|---|---|
 # | `minienv/engine/` — `InferenceEngine` (`core.py`), outputs routed per consumer (`outputs.py`) | the loop: add / step / abort, generate, stream, stats; a failed step rolled back | `vllm/v1/engine/llm_engine.py` (`LLMEngine`), `vllm/v1/engine/core.py` (`EngineCore.step`), `vllm/entrypoints/llm.py` (`LLM.generate`) | `python/sglang/srt/managers/scheduler.py` (event loop), `python/sglang/srt/entrypoints/engine.py` |
 # | `minienv/scheduler.py` — `Scheduler`, `SchedulerOutput` | waiting / running, token budget, chunked prefill, preemption | `vllm/v1/core/sched/scheduler.py`, `vllm/v1/core/sched/output.py` | `python/sglang/srt/managers/scheduler.py`, `schedule_policy.py` (`PrefillAdder`), `schedule_batch.py` (`retract_decode`) |

@@ -115,6 +115,7 @@ def test_static_rendering_and_captions(parts):
     dash.run(2)
     html = dash.to_html()
     assert "test dash" in html and html.count("<svg") >= 5 and "engine stats" in html
+    assert "free queue" in html and "text, streaming in" in html and "block tables" in html
     assert dash.static().data == html
     assert dash.captions[0].startswith("step 1:") and "admitted r0" in dash.captions[0]
     rec = dash.engine.history[1]
