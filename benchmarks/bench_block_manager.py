@@ -1,14 +1,14 @@
 """Block manager, side by side: minienv's ``KVCacheManager`` vs nano-vllm's ``BlockManager`` algorithm, same trace.
 
-    .venv/bin/python benchmarks/bench_block_manager.py [--blocks 1000 10000 100000] [--rounds 3]
+    .venv/bin/python benchmarks/bench_block_manager.py [--blocks 1000 10000 100000] [--rounds 5] [--quick]
                                                         [--requests 600] [--hit-requests 240] [--blas-threads 1]
 
 Only bookkeeping is timed (no model, no K/V arrays). Both managers replay the same trace of events, the work an
-engine asks of its block manager:
+engine asks of its block manager, step by step:
 
-* **admit** a request (allocate its prompt's blocks, prefix hits included; the prefill is then computed),
-* **decode** one token of a running request (maybe a new block; the token's slot; a block that fills is hashed),
-* **free** a finished request.
+* **decode** one token of each running request (maybe a new block; the token's slot; a block that fills is hashed),
+* **admit** new requests (allocate their prompts' blocks, prefix hits included; their prefill runs in the step),
+* **free** the requests that produced their last token.
 
 ``ops/s`` = trace events per second. 24 requests run at once, block size 16, prompts of 72 tokens, 32 decode
 tokens each. Two traces:
@@ -21,15 +21,17 @@ The nano-vllm side is a faithful reimplementation (written here, from nano-vllm'
 ``engine/sequence.py``; nothing imported): a ``deque`` of free block ids, a ``hash -> block id`` dict that is never
 cleaned (a stale entry is caught by comparing the block's stored token ids), ``deque.remove`` to take a block out
 of the free list — O(1) for the head, O(position) for a cached-free block found by a hit, which is why its cost
-grows with the pool. Block hashes: xxhash's 64-bit chain as nano-vllm does when ``xxhash`` is installed, otherwise
-a sha256 chain truncated to 64 bits (the output says which). minienv's side calls what its scheduler calls:
-``find_prefix`` + ``allocate_slots`` (the admission with the scheduler's lookup) + ``commit`` for an admission,
-``append_slot`` (the decode fast path) + ``commit`` for a decode, ``free``. Both sides produce the slot of every
-token computed (nano-vllm's prefill slots as its ``ModelRunner.prepare_prefill`` computes them); the script checks
-that the two produce the same slots.
+grows with the pool. It hashes a block when its last token is appended (``may_append``), before the step computes
+it. Block hashes: xxhash's 64-bit chain as nano-vllm does when ``xxhash`` is installed, otherwise a sha256 chain
+truncated to 64 bits (the output says which). minienv's side calls what its scheduler calls: ``append_slot`` (the
+decode fast path) per decode, ``find_prefix`` + ``allocate_slots`` per admission, one ``commit_step`` after the
+step's model call (only then are blocks hashed and indexed), ``free``. Both sides produce the slot of every token
+computed (nano-vllm's prefill slots as its ``ModelRunner.prepare_prefill`` computes them); the script checks that
+the two produce the same slots.
 
-Rounds are interleaved (minienv, nano; nano, minienv; ...), each on a fresh manager built outside the timed region;
-min and median over rounds. Ends with exactly one JSON line.
+Rounds are interleaved in the harness's rotated order (``_common.schedule``), each on a fresh manager built outside
+the timed region; best and median over rounds, on two clocks: this thread's CPU time (the work itself, whatever
+the neighbours on a shared machine do: the ratios quoted) and wall time. Ends with exactly one JSON line.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -50,6 +51,8 @@ from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path 
 BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
+
+from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -216,67 +219,79 @@ class NanoBlockManager:
 
 # ---------------------------------------------------------------------------------------------- the trace
 def make_trace(num_requests: int, *, hits: bool) -> list[tuple]:
-    """Events ``("admit", rid, prompt)``, ``("decode", rid, token)``, ``("free", rid)``: ``LIVE`` requests at once,
-    each decoding one token per step in admission order; a finished request is freed and the next one admitted.
-    Token ids are distinct per request (no accidental sharing); with ``hits`` request ``i`` reuses prompt
-    ``i % DISTINCT_PROMPTS``."""
+    """One engine step after another: a ``("decode", rid, token)`` for every running request, ``("admit", rid,
+    prompt)`` for requests joining (up to ``LIVE`` at once), ``("step",)`` where the step's model call ends (its
+    K/V now exist), then ``("free", rid)`` for requests that produced their last token. Token ids are distinct
+    per request (no accidental sharing); with ``hits`` request ``i`` reuses prompt ``i % DISTINCT_PROMPTS``."""
     def prompt(i: int) -> list[int]:
         p = i % DISTINCT_PROMPTS if hits else i
         return [1 + p * 1000 + j for j in range(PROMPT_LEN)]
 
     events: list[tuple] = []
-    live: dict[int, int] = {}  # rid -> tokens decoded
+    running: dict[int, int] = {}  # rid -> tokens decoded
     next_rid = 0
-    while live or next_rid < num_requests:
-        while len(live) < LIVE and next_rid < num_requests:
+    while running or next_rid < num_requests:
+        finished = []
+        for rid in running:
+            events.append(("decode", rid, 10_000_000 + rid * 1000 + running[rid]))
+            running[rid] += 1
+            if running[rid] == DECODE_LEN:
+                finished.append(rid)
+        while len(running) - len(finished) < LIVE and next_rid < num_requests:
             events.append(("admit", next_rid, prompt(next_rid)))
-            live[next_rid] = 0
+            running[next_rid] = 0
             next_rid += 1
-        for rid in list(live):
-            events.append(("decode", rid, 10_000_000 + rid * 1000 + live[rid]))
-            live[rid] += 1
-            if live[rid] == DECODE_LEN:
-                events.append(("free", rid))
-                del live[rid]
+        events.append(("step",))
+        for rid in finished:
+            events.append(("free", rid))
+            del running[rid]
     return events
 
 
 def run_minienv(mgr: KVCacheManager, trace: list[tuple]) -> tuple[float, list[int]]:
+    """What minienv's scheduler calls: ``append_slot`` per decode, ``find_prefix`` + ``allocate_slots`` per
+    admission, one ``commit_step`` when the step's K/V exist, ``free``."""
     slots: list[int] = []
-    t0 = time.perf_counter()
+    step: list[int] = []
+    w0, c0 = time.perf_counter(), time.thread_time()
     for ev in trace:
-        kind, rid = ev[0], ev[1]
+        kind = ev[0]
         if kind == "decode":
-            slot = mgr.append_slot(rid, ev[2])
+            slot = mgr.append_slot(ev[1], ev[2])
             assert slot is not None
-            mgr.commit(rid)
             slots.append(slot)
-        elif kind == "admit":  # what the scheduler calls: look up, then allocate with that hit
+            step.append(ev[1])
+        elif kind == "step":
+            mgr.commit_step(step)
+            step = []
+        elif kind == "admit":
             hit = mgr.find_prefix(ev[2])
-            alloc = mgr.allocate_slots(rid, ev[2], hit, len(ev[2]) - hit.num_cached_tokens)
+            alloc = mgr.allocate_slots(ev[1], ev[2], hit, len(ev[2]) - hit.num_cached_tokens)
             assert alloc is not None
             slots.extend(alloc.slot_mapping.tolist())
-            mgr.commit(rid)
+            step.append(ev[1])
         else:
-            mgr.free(rid)
-    return time.perf_counter() - t0, slots
+            mgr.free(ev[1])
+    return time.perf_counter() - w0, time.thread_time() - c0, slots
 
 
 def run_nano(mgr: NanoBlockManager, trace: list[tuple]) -> tuple[float, list[int]]:
+    """What nano-vllm's scheduler and model runner call: ``can_append`` + ``may_append`` per decode (after the
+    sampled token joined the sequence), ``can_allocate`` + ``allocate`` per admission, ``deallocate``."""
     slots: list[int] = []
     seqs: dict[int, NanoSequence] = {}
     B = mgr.block_size
-    t0 = time.perf_counter()
+    w0, c0 = time.perf_counter(), time.thread_time()
     for ev in trace:
-        kind, rid = ev[0], ev[1]
+        kind = ev[0]
         if kind == "decode":
-            seq = seqs[rid]
+            seq = seqs[ev[1]]
             seq.append_token(ev[2])
             assert mgr.can_append(seq)
             mgr.may_append(seq)
             slots.append(seq.block_table[-1] * B + seq.last_block_num_tokens - 1)
         elif kind == "admit":
-            seq = seqs[rid] = NanoSequence(ev[2], B)
+            seq = seqs[ev[1]] = NanoSequence(ev[2], B)
             assert mgr.can_allocate(seq)
             mgr.allocate(seq)
             # the prefill's slots, as nano-vllm's ModelRunner.prepare_prefill computes them
@@ -285,66 +300,69 @@ def run_nano(mgr: NanoBlockManager, trace: list[tuple]) -> tuple[float, list[int
                 start = seq.block_table[i] * B
                 end = start + (B if i != seq.num_blocks - 1 else seq.last_block_num_tokens)
                 slots.extend(list(range(start, end)))
-        else:
-            mgr.deallocate(seqs.pop(rid))
-    return time.perf_counter() - t0, slots
+        elif kind == "free":
+            mgr.deallocate(seqs.pop(ev[1]))
+    return time.perf_counter() - w0, time.thread_time() - c0, slots
 
 
-def measure(num_blocks: int, trace: list[tuple], rounds: int) -> dict:
-    """Interleaved rounds, order rotated each round; a fresh manager per run, built before the clock starts."""
+def measure(num_blocks: int, trace: list[tuple], rounds: int, seed: int) -> dict:
+    """Interleaved rounds in the harness's rotated order; a fresh manager per run, built before the clocks start.
+    Both clocks: wall, and this thread's CPU time (the work itself, whatever the neighbours on a shared machine
+    do); ratios are minienv / nano-vllm in ops/s, so > 1 means minienv is faster."""
     runners = {
         "minienv": lambda: run_minienv(KVCacheManager(num_blocks, BLOCK_SIZE), trace),
         "nano": lambda: run_nano(NanoBlockManager(num_blocks, BLOCK_SIZE), trace),
     }
-    times: dict[str, list[float]] = {k: [] for k in runners}
+    wall: dict[str, list[float]] = {k: [] for k in runners}
+    cpu: dict[str, list[float]] = {k: [] for k in runners}
     slots: dict[str, list[int]] = {}
-    names = list(runners)
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+    for order in schedule(list(runners), rounds, seed):
         for name in order:
-            seconds, slots[name] = runners[name]()
-            times[name].append(seconds)
-    ops = len(trace)
-    out = {"num_blocks": num_blocks, "ops": ops, "same_slots": slots["minienv"] == slots["nano"]}
-    for name, ts in times.items():
-        out[f"{name}_ops_per_s_best"] = ops / min(ts)
-        out[f"{name}_ops_per_s_median"] = ops / statistics.median(ts)
-    out["minienv_over_nano_best"] = out["minienv_ops_per_s_best"] / out["nano_ops_per_s_best"]
-    out["minienv_over_nano_median"] = out["minienv_ops_per_s_median"] / out["nano_ops_per_s_median"]
+            w, c, slots[name] = runners[name]()
+            wall[name].append(w)
+            cpu[name].append(c)
+    ops = sum(ev[0] != "step" for ev in trace)
+    out: dict = {"num_blocks": num_blocks, "ops": ops, "same_slots": slots["minienv"] == slots["nano"]}
+    for clock, times in (("cpu", cpu), ("wall", wall)):
+        for name, ts in times.items():
+            out[f"{name}_ops_per_s_{clock}"] = {"best": ops / min(ts), "median": ops / statistics.median(ts)}
+        for stat in ("best", "median"):
+            out.setdefault(f"minienv_over_nano_{clock}", {})[stat] = (
+                out[f"minienv_ops_per_s_{clock}"][stat] / out[f"nano_ops_per_s_{clock}"][stat])
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--blocks", type=int, nargs="+", default=[1000, 10_000, 100_000])
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=600, help="requests in the no-hit trace")
     ap.add_argument("--hit-requests", type=int, default=240, help="requests in the hit trace")
-    ap.add_argument("--blas-threads", default=BLAS_THREADS)
+    add_common_args(ap)
     args = ap.parse_args()
-    if args.rounds < 3:
-        ap.error("--rounds must be >= 3 (interleaved, rotated)")
-    print(f"python {platform.python_version()}, numpy {np.__version__}, BLAS threads {BLAS_THREADS} "
-          f"(OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}), cpus {os.cpu_count()}; "
-          f"nano-vllm hash: {'xxhash xxh64' if xxhash is not None else 'sha256 truncated to 64 bits (no xxhash)'}")
+    if args.quick:
+        args.blocks, args.requests, args.hit_requests = [1000, 10_000], 120, 60
+    rounds = rounds_of(args)
+    settings = print_settings()
+    print(f"nano-vllm hash: {'xxhash xxh64' if xxhash is not None else 'sha256 truncated to 64 bits (no xxhash)'}")
     print(f"trace: {LIVE} live requests, block size {BLOCK_SIZE}, prompt {PROMPT_LEN} + {DECODE_LEN} decode tokens; "
-          f"{args.rounds} interleaved rounds, ops/s best (median)")
+          f"{rounds} interleaved rounds; ops/s best (median), on this thread's CPU time [wall best]")
     results: dict[str, list[dict]] = {}
     for label, hits, n_req in (("no_hits", False, args.requests), ("hits", True, args.hit_requests)):
         trace = make_trace(n_req, hits=hits)
         results[label] = []
-        print(f"\n{label}: {len(trace)} events ({n_req} requests)")
-        print(f"{'blocks':>8} {'minienv ops/s':>22} {'nano-vllm ops/s':>22} {'minienv / nano':>16} same slots")
+        print(f"\n{label}: {sum(ev[0] != 'step' for ev in trace)} events ({n_req} requests)")
+        print(f"{'blocks':>8} {'minienv ops/s':>30} {'nano-vllm ops/s':>30} {'minienv / nano':>22} same slots")
         for nb in args.blocks:
-            row = measure(nb, trace, args.rounds)
+            row = measure(nb, trace, rounds, args.seed)
             results[label].append(row)
-            print(f"{nb:>8} {row['minienv_ops_per_s_best']:>11,.0f} ({row['minienv_ops_per_s_median']:>8,.0f}) "
-                  f"{row['nano_ops_per_s_best']:>11,.0f} ({row['nano_ops_per_s_median']:>8,.0f}) "
-                  f"{row['minienv_over_nano_best']:>7.2f} ({row['minienv_over_nano_median']:.2f}) "
-                  f"{row['same_slots']}")
-    print(json.dumps({"benchmark": "block_manager", "blas_threads": BLAS_THREADS, "block_size": BLOCK_SIZE,
-                      "live_requests": LIVE, "rounds": args.rounds,
-                      "nano_hash": "xxh64" if xxhash is not None else "sha256-64", **results}))
+            m, n = row["minienv_ops_per_s_cpu"], row["nano_ops_per_s_cpu"]
+            r, rw = row["minienv_over_nano_cpu"], row["minienv_over_nano_wall"]
+            print(f"{nb:>8} {m['best']:>10,.0f} ({m['median']:>8,.0f}) [{row['minienv_ops_per_s_wall']['best']:>8,.0f}]"
+                  f" {n['best']:>10,.0f} ({n['median']:>8,.0f}) [{row['nano_ops_per_s_wall']['best']:>8,.0f}]"
+                  f" {r['best']:>7.2f} ({r['median']:.2f}) [{rw['best']:.2f}] {row['same_slots']}")
+    emit_json({"benchmark": "bench_block_manager", "block_size": BLOCK_SIZE, "live_requests": LIVE,
+               "prompt_len": PROMPT_LEN, "decode_len": DECODE_LEN, "rounds": rounds,
+               "nano_hash": "xxh64" if xxhash is not None else "sha256-64", **results}, settings)
 
 
 if __name__ == "__main__":

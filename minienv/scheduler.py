@@ -328,14 +328,20 @@ class Scheduler:
         ``num_rejected[id]`` drafts at the end of a speculative decode were rejected: their slots are truncated
         *before* the commit, so only verified tokens are ever hashed into the prefix cache.
         """
+        if num_rejected or not getattr(self.kv, "fast_paths", False):
+            for s in output.scheduled:
+                rejected = num_rejected.get(s.request_id, 0) if num_rejected else 0
+                if rejected:
+                    self.kv.truncate(s.request_id, s.num_computed_tokens + s.num_new_tokens - rejected)
+                self.kv.commit(s.request_id)
+                self._commit(s, rejected)
+            return
+        self.kv.commit_step([s.request_id for s in output.scheduled])  # the same commits, in the same order
         for s in output.scheduled:
-            rejected = num_rejected.get(s.request_id, 0) if num_rejected else 0
-            if rejected:
-                self.kv.truncate(s.request_id, s.num_computed_tokens + s.num_new_tokens - rejected)
-            self._commit(s, rejected)
+            self._commit(s)
 
     def _commit(self, s: ScheduledRequest, rejected: int = 0) -> None:
-        self.kv.commit(s.request_id)
+        """The scheduler's side of a commit (the manager's is done): the request's computed tokens."""
         req = self.requests[s.request_id]
         req.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens - rejected
         req.metrics.num_computed_tokens_total += s.num_new_tokens
@@ -469,7 +475,6 @@ class StaticBatchScheduler(Scheduler):
 
     def _commit(self, s: ScheduledRequest, rejected: int = 0) -> None:
         if s.kind == "padding":
-            self.kv.commit(s.request_id)
             self.num_padding_tokens += s.num_new_tokens
         else:
             super()._commit(s, rejected)

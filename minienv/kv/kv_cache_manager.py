@@ -35,7 +35,7 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from minienv.kv.block_pool import BlockPool, KVCacheBlock
-from minienv.kv.block_table import BlockTable, cdiv, slot_mapping
+from minienv.kv.block_table import BlockTable, cdiv, slot_range
 from minienv.kv.errors import KVBudgetError, KVCacheError
 from minienv.kv.hashing import ROOT_HASH, BlockHash, hash_block_tokens
 from minienv.kv.kv_pool import num_blocks_for_budget
@@ -371,12 +371,13 @@ class KVCacheManager:
     # ------------------------------------------------------------------ the engine's calls (already validated)
     @property
     def fast_paths(self) -> bool:
-        """Whether the scheduler may call :meth:`find_prefix` / :meth:`allocate_slots` / :meth:`append_slot`
-        instead of :meth:`lookup` / :meth:`allocate` / :meth:`append_slots`. They are the same operations minus the
-        argument checks and (for a decode) the result object; a subclass that overrides ``allocate`` or
-        ``append_slots`` (a lab's bug switch, reserved runs) changes what they do, so it is driven the plain way."""
+        """Whether the scheduler may call :meth:`find_prefix` / :meth:`allocate_slots` / :meth:`append_slot` /
+        :meth:`commit_step` instead of :meth:`lookup` / :meth:`allocate` / :meth:`append_slots` / :meth:`commit`.
+        They are the same operations minus the argument checks and (for a decode) the result object; a subclass
+        that overrides ``allocate``, ``append_slots`` or ``commit`` (a lab's bug switch, reserved runs) changes
+        what they do, so it is driven the plain way."""
         cls = type(self)
-        return cls.allocate is KVCacheManager.allocate and cls.append_slots is KVCacheManager.append_slots
+        return all(getattr(cls, name) is getattr(KVCacheManager, name) for name in ("allocate", "append_slots", "commit"))
 
     def find_prefix(self, token_ids: list[int]) -> PrefixHit:
         """:meth:`lookup` for the engine: ``token_ids`` is a request's list of non-negative ints, validated when the
@@ -393,11 +394,12 @@ class KVCacheManager:
         n_cached = hit.num_cached_tokens
         total = n_cached + num_new_tokens
         num_new_blocks = cdiv(total, self.block_size) - len(hit.block_ids)
-        hit_free = sum(1 for bid in hit.block_ids if self.pool.blocks[bid].ref_cnt == 0)
+        hit_free = sum(1 for bid in hit.block_ids if self.pool.blocks[bid].ref_cnt == 0) if hit.block_ids else 0
         if num_new_blocks + hit_free > self.pool.num_free_blocks:
             return None
         # --- validated; nothing below can fail
-        self._touch(hit.block_ids, request_id)  # first: the allocation below must not evict a block just hit
+        if hit.block_ids:
+            self._touch(hit.block_ids, request_id)  # first: the allocation below must not evict a block just hit
         new_ids = self._take_free_blocks(num_new_blocks, request_id)
         req = RequestKV(self.block_size, list(hit.block_ids) + new_ids, total, request_id, prompt[:total],
                         n_cached, n_cached, list(hit.block_hashes))
@@ -475,9 +477,10 @@ class KVCacheManager:
 
     @staticmethod
     def _slots(req: RequestKV, start: int, new_ids: list[int], copies: tuple, n_cached: int) -> SlotAllocation:
-        positions = np.arange(start, req.num_tokens, dtype=np.int64)
-        return SlotAllocation(req.request_id, tuple(req.token_ids[start:]), positions,
-                              slot_mapping(req.block_ids, positions, req.block_size), tuple(new_ids), copies, n_cached)
+        return SlotAllocation(req.request_id, tuple(req.token_ids[start:]),
+                              np.arange(start, req.num_tokens, dtype=np.int64),
+                              slot_range(req.block_ids, start, req.num_tokens, req.block_size), tuple(new_ids),
+                              copies, n_cached)
 
     # ------------------------------------------------------------------ commit: computed blocks become findable
     def commit(self, request_id: RequestId) -> list[int]:
@@ -494,32 +497,51 @@ class KVCacheManager:
             raise UnknownRequestError(request_id, "commit")
         req.num_computed_tokens = req.num_tokens
         # NOTE: the fast exit of every decode step: hashing happens only when a block has filled since the last
-        # commit (the loop below would run zero times).
+        # commit (the loop of _index_full_blocks would run zero times).
         if not self.enable_prefix_caching or req.num_tokens // self.block_size <= len(req.block_hashes):
             return []
-        B, blocks, indexed = self.block_size, self.pool.blocks, []
-        for j in range(len(req.block_hashes), req.num_computed_tokens // B):
-            parent = req.block_hashes[j - 1] if j else ROOT_HASH
-            if j and blocks[req.block_ids[j - 1]].block_hash != parent:
+        return self._index_full_blocks(req)
+
+    def commit_step(self, request_ids: Sequence[RequestId]) -> None:
+        """:meth:`commit` for every request a step computed, in order, in one call (the engine's; nothing is
+        returned). Per request it is one store unless a block filled. Unknown ids raise before anything changes."""
+        requests = self._requests
+        reqs = [requests.get(rid) for rid in request_ids]
+        if None in reqs:
+            raise UnknownRequestError(request_ids[reqs.index(None)], "commit")
+        B, caching = self.block_size, self.enable_prefix_caching
+        for req in reqs:
+            req.num_computed_tokens = n = req.num_tokens
+            if caching and n // B > len(req.block_hashes):
+                self._index_full_blocks(req)
+
+    def _index_full_blocks(self, req: RequestKV) -> list[int]:
+        """Index the request's computed full blocks not yet hashed (the body of :meth:`commit`)."""
+        request_id, token_ids, block_ids, hashes = req.request_id, req.token_ids, req.block_ids, req.block_hashes
+        B, blocks, extra, index, indexed = self.block_size, self.pool.blocks, self.extra_key, self.index, []
+        for j in range(len(hashes), req.num_computed_tokens // B):
+            parent = hashes[j - 1] if j else ROOT_HASH
+            if j and blocks[block_ids[j - 1]].block_hash != parent:
                 break  # the parent is not the indexed block (a collision left it out): the chain stops here
-            key = CachedBlockKey(parent, tuple(req.token_ids[j * B:(j + 1) * B]), self.extra_key)
-            block_hash = hash_block_tokens(parent, key.token_ids, self.extra_key)
-            bid = req.block_ids[j]
-            entry = self.index.entry_for_hash(block_hash)
+            tokens = tuple(token_ids[j * B:(j + 1) * B])
+            block_hash = hash_block_tokens(parent, tokens, extra)
+            bid = block_ids[j]
+            entry = index.entry_for_hash(block_hash)
             if entry is None:
                 if blocks[bid].block_hash is None:
-                    self.index.insert(bid, block_hash, key)
+                    index.insert(bid, block_hash, CachedBlockKey(parent, tokens, extra))
                     blocks[bid].block_hash = block_hash  # invariant 2
                     indexed.append(bid)
-                    self._emit("cache", bid, request_id, block_hash)
+                    if self._listeners:
+                        self._emit("cache", bid, request_id, block_hash)
             elif entry.block_id != bid:
-                if entry.key != key:
-                    req.block_hashes.append(block_hash)
+                if entry.key != (parent, tokens, extra):
+                    hashes.append(block_hash)
                     break  # a genuine collision: this block (and so its children) stays out of the index
                 self._touch([entry.block_id], request_id)  # deduplicate: hold the indexed copy, release ours
-                req.block_ids[j] = entry.block_id
+                block_ids[j] = entry.block_id
                 self._release([bid], request_id)
-            req.block_hashes.append(block_hash)
+            hashes.append(block_hash)
         return indexed
 
     def fork(self, parent_id: RequestId, child_ids: Sequence[RequestId]) -> list[int]:

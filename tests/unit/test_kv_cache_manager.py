@@ -458,7 +458,7 @@ def test_from_budget_rounds_down_to_blocks_and_salts_the_key():
 # ---------------------------------------------------------------------- the engine's fast paths == the plain path
 def _twin_trace(seed: int, num_blocks: int, caching: bool, counts: dict, steps: int = 400):
     """Drive two managers with the same random workload — ``fast`` through the engine's calls (``find_prefix`` +
-    ``allocate_slots``, ``append_slot`` falling back to ``append_slots``), ``plain`` through the public ones — and
+    ``allocate_slots``, ``append_slot`` falling back to ``append_slots``, ``commit_step``), ``plain`` through the public ones — and
     yield after every operation. A small pool and a 3-token alphabet make hits, evictions, forks (so copy-on-write),
     truncations and "no room" frequent. ``counts`` tallies how the fast decode path answered."""
     rng = np.random.default_rng(seed)
@@ -484,7 +484,7 @@ def _twin_trace(seed: int, num_blocks: int, caching: bool, counts: dict, steps: 
                     want.token_ids, want.new_block_ids, want.num_cached_tokens, want.blocks_to_copy)
                 assert got.slot_mapping.tolist() == want.slot_mapping.tolist()
                 assert got.positions.tolist() == want.positions.tolist()
-                fast.commit(next_id), plain.commit(next_id)
+                fast.commit_step([next_id]), plain.commit(next_id)
             next_id += 1
         else:
             rid = live[int(rng.integers(len(live)))]
@@ -507,7 +507,8 @@ def _twin_trace(seed: int, num_blocks: int, caching: bool, counts: dict, steps: 
                     assert want is not None and not want.blocks_to_copy and want.slot_mapping.tolist() == [slot]
                     counts["served"] += 1
                 if rng.random() < 0.9:  # now and then a step fails before its commit
-                    assert fast.commit(rid) == plain.commit(rid)
+                    fast.commit_step([rid])
+                    plain.commit(rid)
             elif op == "fork":
                 fast.commit(rid), plain.commit(rid)
                 assert fast.fork(rid, [next_id]) == plain.fork(rid, [next_id])
@@ -562,3 +563,32 @@ def test_fast_paths_only_where_they_mirror_the_plain_calls():
     assert KVCacheManager(4, B).fast_paths
     assert BreakableKVCacheManager(4, B, bug=None).fast_paths is False  # the class overrides both
     assert not DynamicKVCacheManager(8, DynamicBlockConfig(B, 8, 2)).fast_paths
+
+
+def test_commit_step_commits_in_order_and_refuses_unknown_ids_unchanged():
+    fast, plain = KVCacheManager(8, B), KVCacheManager(8, B)
+    for mgr in (fast, plain):  # two requests computing the same prefix in one step: the first one is indexed
+        mgr.allocate("a", [1, 2, 3, 4, 5])
+        mgr.allocate("b", [1, 2, 3, 4, 6])
+    fast.commit_step(["a", "b"])
+    plain.commit("a"), plain.commit("b")
+    assert fast.snapshot() == plain.snapshot() and fast.block_ids("b")[0] == fast.block_ids("a")[0]
+    before = fast.snapshot()
+    fast.append_slots("a", [7])
+    fast.commit_step(["a"])
+    after = fast.snapshot()
+    with pytest.raises(UnknownRequestError):
+        fast.commit_step(["a", "nope"])
+    assert fast.snapshot() == after != before
+
+
+def test_slot_range_equals_slot_mapping():
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        block_size = int(rng.integers(1, 9))
+        table = rng.permutation(64)[:int(rng.integers(1, 12))].tolist()
+        end = int(rng.integers(0, len(table) * block_size + 1))
+        start = int(rng.integers(0, end + 1))
+        want = kcm.slot_range(table, start, end, block_size)
+        got = np.asarray(table)[np.arange(start, end) // block_size] * block_size + np.arange(start, end) % block_size
+        assert want.tolist() == got.tolist() and want.dtype == np.int64
