@@ -482,24 +482,23 @@ except AssertionError as err:
 #
 # ## Where this lives in vLLM / SGLang
 #
-# Pinned to the commits we read (file by file):
+# Pinned to releases (nano-vllm has none: a commit):
 #
-# > **vLLM**
-# > * `vllm/config/cache.py` (commit `002f10e`) — `CacheConfig.DEFAULT_BLOCK_SIZE = 16`, `block_size` ("size of a contiguous cache
-# >   block in number of tokens"), and `prefix_match_unit`: "the finest token boundary a prefix-cache hit can land
-# >   on", which may be finer than the physical block as long as it divides it — the hash granularity decoupled
-# >   from the block, the answer to trap 1 that keeps one physical size.
-# > * `vllm/v1/core/kv_cache_utils.py` (commit `bbf906a`) — `hash_block_tokens`: one chain hash per full block
-# >   (the reason a prefix shorter than a block never hits); `vllm/v1/core/block_pool.py` — the pool of
-# >   fixed-size blocks and its free queue.
+# > **vLLM v0.11.0**
+# > * `vllm/config/cache.py` — `CacheConfig.block_size` ("size of a contiguous cache block in number of tokens"; no
+# >   static default: the platform sets it, 16 on CUDA in `vllm/platforms/cuda.py`). The hash granularity is the
+# >   block size; later releases decouple them (`hash_block_size`, then `prefix_match_unit`: a finer prefix-hit
+# >   boundary that must divide the physical block) — the answer to trap 1 that keeps one physical size.
+# > * `vllm/v1/core/kv_cache_utils.py` — `hash_block_tokens`: one chain hash per full block (the reason a prefix
+# >   shorter than a block never hits); `vllm/v1/core/block_pool.py` — `BlockPool`, the pool of fixed-size blocks
+# >   and its free queue.
 # >
-# > **SGLang**
-# > * `python/sglang/srt/mem_cache/allocator.py` (commit `02e29cb`) — `TokenToKVPoolAllocator` (page size 1:
-# >   token-granular) and `PagedTokenToKVPoolAllocator` (page-aligned allocation); `merge_and_sort_free` sorts
-# >   freed pages so that later allocations come out contiguous — the contiguity our dynamic scheme chased.
-# > * `python/sglang/srt/mem_cache/radix_cache.py` (commit `006b0e3`) — `match_prefix` truncates the key to a
-# >   multiple of `page_size` and `_key_match_paged` compares a whole page at a time: the page-granular hit of
-# >   trap 1.
+# > **SGLang v0.5.3**
+# > * `python/sglang/srt/mem_cache/allocator.py` — `TokenToKVPoolAllocator` (page size 1: token-granular) and
+# >   `PagedTokenToKVPoolAllocator` (page-aligned allocation); `merge_and_sort_free` sorts freed pages so that later
+# >   allocations come out contiguous — the contiguity our dynamic scheme chased.
+# > * `python/sglang/srt/mem_cache/radix_cache.py` — `RadixCache.match_prefix` truncates the key to a multiple of
+# >   `page_size` and `_key_match_paged` compares a whole page at a time: the page-granular hit of trap 1.
 # >
 # > **nano-vllm** (commit `bb823b3`): `nanovllm/config.py` — `kvcache_block_size: int = 256` (asserted a multiple
 # > of 256).

@@ -304,7 +304,7 @@ except ValueError as err:
 # >   `hash_block_tokens` (the chain hash).
 # > * `vllm/v1/core/single_type_kv_cache_manager.py` — `free` walks `reversed(req_blocks)`: last block first.
 # >
-# > **SGLang**
+# > **SGLang v0.5.3**
 # > * `python/sglang/srt/mem_cache/radix_cache.py` — `RadixCache`: the same contract as a radix tree over token
 # >   ids (`match_prefix` = lookup, `inc_lock_ref` / `dec_lock_ref` = refcounts, `insert` = commit, `evict` drops
 # >   unlocked leaves — the tree form of "tail before parent").
