@@ -251,6 +251,7 @@ def bench_prefix(model, tok, rounds: int, seed: int, n_questions: int = 16, bloc
             "on_tok_s": round(on["tok_s"], 1), "throughput_ratio": round(on["tok_s"] / off["tok_s"], 2),
             "throughput_ratio_median": round(off["seconds_median"] / on["seconds_median"], 2),
             "prompt_tokens_computed": {"off": off["prefill"], "on": on["prefill"]},
+            "prompt_tokens_ratio": round(off["prefill"] / on["prefill"], 2),
             "hit_rate": round(on["hit_rate"], 3), "ttft_ratio": round(off["ttft"] / on["ttft"], 2),
             "outputs_identical": same}
 

@@ -51,10 +51,11 @@ from minienv.kv.kv_pool import KVPool
 #: Gathered K+V bytes per tile: about a core's L2 on the machines this was tuned on (1 MiB L2 per core).
 DEFAULT_TILE_BYTES = 1 << 20
 #: ``kernel="auto"`` reads blocks in place when a decode step's sequences hold at least this many tokens on
-#: average (and are not all contiguous runs, which are read through views): then it beats gather + attention at
-#: batch 8 and 32 (measured on the benchmark's grid); for shorter sequences the in-place kernel's extra small
-#: steps cost as much as the copy they avoid ...
-INPLACE_MIN_MEAN_KEYS = 1024
+#: average (and are not all contiguous runs, which are read through views). Measured with
+#: ``benchmarks/bench_paged.py`` (head dim 48, block 16): since the in-place kernel's per-block maxima and sums
+#: stopped being numpy reductions over a 16-wide last axis, it beats gather + attention from 256 keys at batch 8
+#: and 32; at 128 keys the two trade places from run to run, and gather is kept there ...
+INPLACE_MIN_MEAN_KEYS = 256
 #: ... and the step's blocks span at most this many times as many pool blocks as they are (the in-place kernel
 #: computes over the whole range ``[min id, max id]``; blocks of other requests inside it are wasted work).
 INPLACE_MAX_SPAN_RATIO = 1.5
@@ -388,6 +389,36 @@ def plan_inplace(meta: PagedAttentionMetadata, force: bool = False) -> _InplaceP
     return _InplacePlan(lo, span, owner, hidden, seq_blocks, onehot)
 
 
+def _max_last_axis(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``x.max(axis=-1)`` into ``out``, by halving: elementwise maxima of the two halves until one column is left.
+
+    The in-place kernel's last axis is one block (16 slots): numpy's reduction over a short last axis pays a
+    per-row cost that made this the kernel's most expensive step after the two matmuls; ``log2(B)`` elementwise
+    ``np.maximum`` calls over whole arrays are several times cheaper. Same result (max is exact).
+    """
+    m = x
+    n = m.shape[-1]
+    while n > 1:
+        h = n // 2
+        nxt = np.maximum(m[..., :h], m[..., h:2 * h])
+        if n % 2:  # an odd column out: fold it into the first
+            np.maximum(nxt[..., 0], m[..., 2 * h], out=nxt[..., 0])
+        m, n = nxt, h
+    out[...] = m[..., 0]
+    return out
+
+
+_ONES: dict[int, np.ndarray] = {}
+
+
+def _ones(n: int) -> np.ndarray:
+    """A cached float32 vector of ``n`` ones (row sums as one matrix-vector product)."""
+    v = _ONES.get(n)
+    if v is None:
+        v = _ONES[n] = np.ones(n, dtype=np.float32)
+    return v
+
+
 def inplace_decode_attention(q: np.ndarray, kv_layer: np.ndarray, plan: _InplacePlan, workspace: Workspace) -> np.ndarray:
     """Decode attention reading every K/V block where it lies in the pool (no K/V copy). ``q [S, Hq, D]``.
 
@@ -408,13 +439,13 @@ def inplace_decode_attention(q: np.ndarray, kv_layer: np.ndarray, plan: _Inplace
         np.copyto(scores, np.float32(-np.inf), where=plan.hidden)
     block_max = workspace.array("block_max", (span + 1, hkv, g))
     block_max[span] = -np.inf  # padding row: neutral for max
-    np.max(scores, axis=-1, out=block_max[:span])
+    _max_last_axis(scores, block_max[:span])
     seq_max = np.take(block_max, plan.seq_blocks, axis=0).max(axis=1)  # [S, Hkv, G]
     scores -= np.take(seq_max, plan.owner, axis=0)[..., None]
     np.exp(scores, out=scores)
     block_sum = workspace.array("block_sum", (span + 1, hkv, g))
     block_sum[span] = 0.0  # padding row: neutral for sum
-    np.sum(scores, axis=-1, out=block_sum[:span])
+    np.matmul(scores, _ones(b), out=block_sum[:span])  # a matrix-vector product: the BLAS sums the rows
     seq_sum = np.take(block_sum, plan.seq_blocks, axis=0).sum(axis=1)  # [S, Hkv, G]
     block_out = workspace.array("block_out", (span + 1, hkv, g, d))
     np.matmul(scores, kv_layer[1, lo:lo + span].transpose(0, 2, 1, 3), out=block_out[:span])  # V read in place

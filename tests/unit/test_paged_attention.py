@@ -290,3 +290,14 @@ def test_backend_checks_the_step_protocol():
     assert out.shape == (3, 1, 2)
     backend.end_step()
     assert backend.metadata is None
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 16, 17, 64])
+def test_max_by_halving_equals_numpy_max(width):
+    """The in-place kernel's per-block maxima (halving) == ``max(axis=-1)`` exactly, at odd widths too."""
+    pa = sys.modules["minienv.kv.paged_attention"]
+    x = np.random.default_rng(width).standard_normal((6, 2, 3, width)).astype(np.float32)
+    x[0, 0, 0, -1] = np.inf  # an extreme in the odd column out is not lost
+    x[1, 1, 1] = -np.inf  # a fully masked row stays -inf
+    out = np.empty(x.shape[:-1], dtype=np.float32)
+    np.testing.assert_array_equal(pa._max_last_axis(x, out), x.max(axis=-1))
