@@ -125,6 +125,7 @@ assert list(MODULES) == [s.name for s in ENGINE_MAP]
 # | **07 scheduling** | continuous batching, chunked prefill, preemption | static vs continuous timelines; throughput and latency |
 # | **08 engine** | `InferenceEngine` | the whole engine in one dashboard, text streaming in |
 # | **09 metrics** | Prometheus metrics in vLLM's names | running / waiting, KV usage, hit rate, the TTFT histogram, live |
+# | **10 serving** | the engine behind gRPC; two instances behind a balancer | a stream, a cancel giving blocks back, `RESOURCE_EXHAUSTED`; round robin vs prefix-aware hit rates |
 # | **11 persistent KV** | a KV tier on disk (SQLite) or shared (Redis) | a restart whose prefix comes back from disk; a corrupt record refused |
 # | **12 speculative decoding** | draft-model and n-gram proposals, exact verification | drafts kept and rejected, their KV slots given back |
 # | **13 block size** | a sweep from 1 to 256, a dynamic scheme, a tuner | fragmentation, hits and time as the block size changes |

@@ -23,6 +23,7 @@ from minienv.exercises import model as ex02
 from minienv.exercises import paged_attention as ex04
 from minienv.exercises import prefix_sharing as ex05
 from minienv.exercises import scheduling as ex07
+from minienv.exercises import serving as ex10
 from minienv.exercises import tokenizer as ex01
 from minienv.exercises import tour as ex00
 from minienv.kv import OutOfBlocksError
@@ -36,6 +37,37 @@ def _solutions(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _ceilings(first_exponent=0, cap=True, growth="exp", extra=0):
+    def fn(max_attempts, initial, mult, max_backoff):
+        out = []
+        for n in range(1, max_attempts + extra):
+            c = initial * mult ** (n - 1 + first_exponent) if growth == "exp" else initial * n
+            out.append(min(c, max_backoff) if cap else c)
+        return out
+    return fn
+
+
+def _home(prompt, n, block_size, whole=False, builtin=False):
+    block = list(prompt) if whole else list(prompt[:block_size])
+    if builtin:
+        return hash(tuple(block)) % n
+    return int.from_bytes(hash_block_tokens(ROOT_HASH, block)[:8], "big") % n
+
+
+def _pick(whole=False, builtin=False, fallback=True, next_one=False, ties_high=False, strict=False,
+          short_by_hash=False):
+    def fn(prompt, loads, block_size, max_load):
+        least = min(range(len(loads)), key=lambda i: (loads[i], -i if ties_high else i))
+        if len(prompt) < block_size and not short_by_hash:
+            return least
+        home = _home(prompt, len(loads), block_size, whole, builtin)
+        overloaded = loads[home] > max_load if strict else loads[home] >= max_load
+        if next_one and overloaded:
+            return (home + 1) % len(loads)  # spill to the neighbour, whatever its load
+        return least if fallback and overloaded else home
+    return fn
 
 
 # ---------------------------------------------------------------------------------------- wrong answers
@@ -374,6 +406,23 @@ WRONG = [
         (_run_last_delta, "all its deltas joined"),
         (_run_keyed_by_index, "key the texts by the request ids"),
         (lambda engine, prompts, params: [o.text for o in engine.generate(prompts, params)], "return a dict"),
+    ]),
+    ("10_serving", ex10.check_retry_ceilings, "retry_ceilings", [
+        (_ceilings(first_exponent=1), "the first retry waits up to initial_backoff"),
+        (_ceilings(growth="linear"), "multiplier × the previous"),
+        (_ceilings(cap=False), "no ceiling exceeds max_backoff"),
+        (_ceilings(extra=1), "max_attempts counts the first call"),
+        (lambda m, i, k, c: sum(_ceilings()(m, i, k, c)), "return a list of numbers"),
+    ]),
+    ("10_serving", ex10.check_pick_instance, "pick_instance", [
+        (_pick(whole=True), "only the first full block decides"),
+        (_pick(builtin=True), "only the first full block decides"),
+        (_pick(fallback=False), "at max_load or above is overloaded"),
+        (_pick(strict=True), "at max_load or above is overloaded"),
+        (_pick(next_one=True), "the least-loaded instance"),
+        (_pick(ties_high=True), "lowest index"),
+        (_pick(short_by_hash=True), "shorter than one block"),
+        (lambda prompt, loads, b, m: len(loads), "return an instance index"),
     ]),
 ]
 
