@@ -107,24 +107,28 @@ def start_server(*flags):
     """Start `python -m minienv serve --port 0 FLAGS` and return (process, address) once it is serving."""
     proc = subprocess.Popen([sys.executable, "-m", "minienv", "serve", "--port", "0", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    atexit.register(stop_server, proc)  # stopped when the kernel exits, whatever happens in between
+    atexit.register(stop_servers, proc)  # stopped when the kernel exits, whatever happens in between
     banner = proc.stdout.readline()  # "minienv serve: serving minienv.v1.MinienvEngine on 127.0.0.1:PORT ..."
     if " on " not in banner:
-        stop_server(proc)
+        stop_servers(proc)
         raise RuntimeError(f"the server did not start: {banner}{proc.stdout.read()}")
     return proc, banner.split(" on ")[1].split()[0]
 
 
-def stop_server(proc, timeout=10):
-    """SIGTERM (the server drains: in-flight requests get --grace seconds), SIGKILL if it is still alive."""
-    if proc.poll() is None:
-        proc.terminate()
+def stop_servers(*procs, timeout=10):
+    """SIGTERM each (a server drains: in-flight requests get --grace seconds), then wait; SIGKILL one that is
+    still alive after `timeout`. One SIGTERM only: a second one could hit a server that is already exiting,
+    after Python has put back the default handler, and kill it mid-exit. Returns the exit statuses."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return proc.returncode
+    return [proc.returncode for proc in procs]
 
 
 # Small on purpose: at most 2 requests running and 2 waiting, so the flood below overflows it.
@@ -339,7 +343,7 @@ check_retry_ceilings(retry_ceilings)
 # %%
 channel.close()
 patient.close()
-print("exit status", stop_server(server))
+print("exit status", stop_servers(server)[0])
 
 # %%
 assert server.returncode == 0
@@ -362,14 +366,12 @@ def start_instances(n):
                                "--kv-budget-tokens", "1024", "--block-size", str(BLOCK), "--grace", "1"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
              for _ in range(n)]
-    for proc in procs:
-        atexit.register(stop_server, proc)
+    atexit.register(stop_servers, *procs)
     started = []
     for proc in procs:
         banner = proc.stdout.readline()
         if "metrics at " not in banner:
-            for p in procs:
-                stop_server(p)
+            stop_servers(*procs)
             raise RuntimeError(f"a server did not start: {banner}{proc.stdout.read()}")
         started.append((proc, banner.split(" on ")[1].split()[0], banner.split("metrics at ")[1].split()[0]))
     return started
@@ -514,13 +516,12 @@ check_pick_instance(pick_instance)
 # %%
 for ch in [rr_channel, *pa_channels]:
     ch.close()
-for proc, _, _ in rr_instances + pa_instances:
-    proc.terminate()  # all drain at once
-codes = [stop_server(proc) for proc, _, _ in rr_instances + pa_instances]
+codes = stop_servers(*[proc for proc, _, _ in rr_instances + pa_instances])  # all drain at once
 print("exit statuses:", codes)
 
 # %%
-assert codes == [0, 0, 0, 0] and all(proc.poll() is not None for proc, _, _ in rr_instances + pa_instances)
+assert codes == [0, 0, 0, 0], codes  # each drained and exited cleanly
+assert all(proc.poll() is not None for proc, _, _ in rr_instances + pa_instances), [p.poll() for p, _, _ in rr_instances + pa_instances]
 
 # %% [markdown]
 # ## Where it lives in vLLM and SGLang
