@@ -46,7 +46,9 @@ class PrefixRouter:
             alike; a prompt whose shared part is shorter than ``prefix_blocks`` blocks still routes by the full
             blocks it has, which then include its own suffix (so keep it no longer than the shared prompts).
         overload_factor, overload_min: the chosen instance is overloaded when its calls in flight are
-            ``>= overload_min`` and ``> overload_factor *`` the other instances' mean (one instance: never).
+            ``>= overload_min`` and ``> overload_factor *`` the other instances' mean (one instance: never). Set
+            ``overload_min`` near the servers' ``max_num_seqs`` (16 by default): up to that many, an instance
+            batches every request at once, and moving one away only loses its cache hit.
         tokenizer: encodes text prompts for the key (default: the bundled tokenizer, loaded on first use); it
             must be the servers' tokenizer, or the key names other blocks than the servers cache.
         block_size: the servers' block size (default: read once from the first instance's server info).
@@ -54,7 +56,7 @@ class PrefixRouter:
 
     prefix_blocks: int = 2
     overload_factor: float = 2.0
-    overload_min: int = 4
+    overload_min: int = 16
     tokenizer: Any = None
     block_size: int | None = None
     decisions: Counter = field(default_factory=Counter)  # "prefix" / "overloaded" / "no_full_block"

@@ -1,0 +1,305 @@
+"""Serving over gRPC: routing across instances, a load test, serving overhead, and a crash mid-run.
+
+    .venv/bin/python benchmarks/bench_serving.py            # a few minutes
+    .venv/bin/python benchmarks/bench_serving.py --quick    # small: correctness, not figures
+
+Every server is a real ``python -m minienv serve`` process on 127.0.0.1 (started by
+:func:`minienv.serving.launch`, fresh for every measured run so no prefix cache carries over); every client is
+:class:`minienv.serving.Client`; loads are closed loops of client threads (:mod:`minienv.serving.loadgen`).
+
+**(a) Routing.** A workload of ``--system-prompts`` shared system prompts (~6 blocks each), each request one of them
+plus its own short question, 8 greedy tokens, 16 client threads, with 1, 2 and 4 instances whose KV budget
+(``--kv-budget-tokens``, 1024 = 64 blocks) cannot hold every system prompt beside the running requests. The
+router counts an instance overloaded from 8 requests in flight (the servers' ``--max-num-seqs``: below it a request
+is batched at once, not queued) and twice the others' mean. Round robin (gRPC's own
+``round_robin`` policy over one channel) against prefix-aware routing (the chain hash of the first two full blocks
+picks the instance; least loaded when it is overloaded). Reported per setting: prefix-cache hit rate (prompt
+tokens served from cache / prompt tokens, from the servers' final messages) and throughput (output tokens/s and
+requests/s, from the min and median wall time over the rounds). Round robin shows every instance every system
+prompt; prefix routing shows each instance only its share, so its cache holds them.
+
+**(b) Load test.** ``--load-requests`` requests (default 1024) of mixed prompt lengths and ``max_tokens``, from 64
+client threads to one instance; ~10 % cancelled after 1-3 chunks, ~10 % with a deadline of 20-300 ms. Checked:
+nothing lost (every request ends completed, cancelled or with a status code), every completed greedy output equal
+to the in-process engine's for the same prompt, every cancelled or expired stream a prefix of it, no KV block in
+use afterwards. Reported: counts per outcome, client-side p50/p99 time to first token and end-to-end latency.
+
+**(c) Serving overhead.** The load's plain requests (no cancel, no deadline; ``--overhead-requests`` of them) run
+by the in-process engine (``InferenceEngine.generate``, all at once) and over gRPC (64 threads, one fresh
+instance with the same engine options), in interleaved rounds with the order rotated. Overhead = 1 - gRPC tokens/s
+/ in-process tokens/s, from the min times. The client threads share the machine's cores with the server here.
+
+**(d) Kill one instance mid-run.** 3 instances (2 with ``--quick``), 4 running requests each and more waiting;
+when the first instance runs its maximum and has requests waiting, it is killed (SIGKILL). Requests it had not
+started must be retried on another instance (gRPC's retry policy for ``UNAVAILABLE`` under round robin, the
+client's failover under prefix routing) and complete there; those it was streaming end with ``UNAVAILABLE``.
+Checked and reported for both routings.
+
+The last line printed is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
+BLAS_THREADS = pin_blas_threads()
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
+
+from minienv.engine import InferenceEngine  # noqa: E402
+from minienv.sampling import SamplingParams  # noqa: E402
+from minienv.serving import Client, PrefixRouter, launch  # noqa: E402
+from minienv.serving.loadgen import (Job, LoadResult, latency_summary, mixed_jobs, run_load,  # noqa: E402
+                                     shared_prefix_jobs)
+
+ENGINE_ARGS = {"kv_budget_tokens": 8192, "block_size": 16, "max_num_seqs": 16, "max_num_batched_tokens": 512}
+
+
+def serve_args(kv_budget_tokens: int, max_num_seqs: int, extra: tuple[str, ...] = ()) -> list[str]:
+    return ["--kv-budget-tokens", str(kv_budget_tokens), "--max-num-seqs", str(max_num_seqs), "--max-waiting", "256",
+            "--grace", "1", *extra]
+
+
+def wait_idle(client: Client, timeout: float = 10.0) -> dict[str, list[int]]:
+    """Per instance [blocks in use, running, waiting], once all are 0 or at ``timeout``."""
+    end = time.monotonic() + timeout
+    while True:
+        infos = {a: [i.num_blocks_in_use, i.num_running, i.num_waiting] for a, i in client.server_infos().items()}
+        if all(v == [0, 0, 0] for v in infos.values()) or time.monotonic() > end:
+            return infos
+        time.sleep(0.05)
+
+
+def reference_outputs(jobs: list[Job]) -> dict[tuple, tuple[int, ...]]:
+    """(prompt, max_tokens) -> the in-process engine's greedy output ids."""
+    keys = sorted({(j.prompt, j.max_tokens) for j in jobs})
+    engine = InferenceEngine(**ENGINE_ARGS)
+    outs = engine.generate([p for p, _ in keys], [SamplingParams(max_tokens=m, temperature=0.0) for _, m in keys])
+    return {k: tuple(o.token_ids) for k, o in zip(keys, outs, strict=True)}
+
+
+def check_outputs(jobs: list[Job], result: LoadResult, want: dict) -> int:
+    """Mismatches: a completed output different from the engine's, or a cut-short one that is not its prefix."""
+    bad = 0
+    for o in result.outcomes:
+        ref = want[(jobs[o.index].prompt, jobs[o.index].max_tokens)]
+        if o.status == "completed":
+            bad += o.completion.token_ids != ref or o.token_ids != ref
+        else:
+            bad += o.token_ids != ref[:len(o.token_ids)]
+    return bad
+
+
+# ---------------------------------------------------------------------------------------------- (a) routing
+def bench_routing(args, rounds: int) -> dict:
+    jobs = shared_prefix_jobs(args.routing_requests, args.system_prompts, max_tokens=8, seed=args.seed)
+    out: dict = {}
+    print(f"\n(a) routing: {len(jobs)} requests over {args.system_prompts} system prompts, 16 client threads, "
+          f"per instance --kv-budget-tokens {args.kv_budget_tokens} --max-num-seqs 8; {rounds} rounds")
+    print(f"{'instances':>9} {'routing':>12} {'hit rate':>9} {'tok/s min-t':>12} {'tok/s med':>10} "
+          f"{'req/s med':>10}  requests per instance")
+    for n in args.instances:
+        runs: dict[str, list[tuple[float, float, list[int]]]] = {"round_robin": [], "prefix": []}
+        decisions: dict = {}
+        for order in schedule(list(runs), rounds, seed=args.seed):
+            for routing in order:
+                with launch(n, serve_args(args.kv_budget_tokens, 8), cwd=REPO) as cluster, \
+                        Client(cluster.addresses, routing=routing,
+                               router=PrefixRouter(prefix_blocks=2, overload_min=8) if routing == "prefix" else None) as client:
+                    client.wait_until_serving()
+                    result = run_load(client, jobs, concurrency=16, time_limit=args.time_limit)
+                    done = result.completed()
+                    assert not result.lost and len(done) == len(jobs), (result.counts, result.lost)
+                    hit = sum(o.completion.cached_tokens for o in done) / sum(o.completion.prompt_tokens
+                                                                              for o in done)
+                    per = [sum(o.completion.address == a for o in done) for a in cluster.addresses]
+                    runs[routing].append((result.wall_s, hit, per))
+                    if client.router is not None:
+                        decisions = dict(client.router.decisions)
+                    tokens = result.output_tokens
+        for routing, rs in runs.items():
+            walls = [w for w, _, _ in rs]
+            hit = statistics.median(h for _, h, _ in rs)
+            row = {"hit_rate": round(hit, 4), "hit_rates": [round(h, 4) for _, h, _ in rs],
+                   "tokens_per_s_min_time": round(tokens / min(walls), 1),
+                   "tokens_per_s_median": round(tokens / statistics.median(walls), 1),
+                   "requests_per_s_median": round(len(jobs) / statistics.median(walls), 2),
+                   "requests_per_instance_last_round": rs[-1][2]}
+            if routing == "prefix":
+                row["router_decisions_last_round"] = decisions
+            out[f"{n}x_{routing}"] = row
+            print(f"{n:>9} {routing:>12} {hit:>9.1%} {row['tokens_per_s_min_time']:>12.1f} "
+                  f"{row['tokens_per_s_median']:>10.1f} {row['requests_per_s_median']:>10.2f}  {rs[-1][2]}"
+                  + (f"  router: {decisions}" if routing == "prefix" else ""))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- (b) load
+def bench_load(args, jobs: list[Job], want: dict) -> dict:
+    print(f"\n(b) load test: {len(jobs)} requests from 64 client threads to 1 instance "
+          f"(engine {ENGINE_ARGS}), time limit {args.time_limit:g} s")
+    with launch(1, serve_args(ENGINE_ARGS["kv_budget_tokens"], ENGINE_ARGS["max_num_seqs"]), cwd=REPO) as cluster, \
+            Client(cluster.addresses) as client:
+        client.wait_until_serving()
+        result = run_load(client, jobs, concurrency=64, time_limit=args.time_limit)
+        left = wait_idle(client)
+    mismatches = check_outputs(jobs, result, want)
+    lat = latency_summary(result.outcomes)
+    counts = dict(result.counts)
+    ended = sum(counts.values())
+    print(f"requests {len(jobs)}: {counts}; lost {len(result.lost)}, not started {len(result.not_started)}; "
+          f"outputs != in-process engine: {mismatches}; [blocks in use, running, waiting] after: {left}")
+    print(f"TTFT p50 {lat['ttft_p50_s'] * 1e3:.1f} ms, p99 {lat['ttft_p99_s'] * 1e3:.1f} ms; end-to-end p50 "
+          f"{lat['e2e_p50_s'] * 1e3:.1f} ms, p99 {lat['e2e_p99_s'] * 1e3:.1f} ms; wall {result.wall_s:.1f} s, "
+          f"{result.output_tokens / result.wall_s:.1f} tokens/s")
+    ok = (not result.lost and not result.not_started and ended == len(jobs) and mismatches == 0
+          and all(v == [0, 0, 0] for v in left.values())
+          and set(counts) <= {"completed", "cancelled", "DEADLINE_EXCEEDED"})
+    return {"requests": len(jobs), "outcomes": counts, "cancelled": counts.get("cancelled", 0),
+            "deadline_exceeded": counts.get("DEADLINE_EXCEEDED", 0), "lost": len(result.lost),
+            "not_started": len(result.not_started), "output_mismatches": mismatches, "kv_after": left,
+            **{k: round(v, 5) for k, v in lat.items()}, "wall_s": round(result.wall_s, 2),
+            "tokens_per_s": round(result.output_tokens / result.wall_s, 1), "ok": ok}
+
+
+# ---------------------------------------------------------------------------------------------- (c) overhead
+def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
+    print(f"\n(c) serving overhead: {len(plain)} plain requests, in-process engine vs gRPC (64 threads, 1 instance); "
+          f"{rounds} rounds")
+    params = [SamplingParams(max_tokens=j.max_tokens, temperature=0.0) for j in plain]
+    tokens = sum(len(want[(j.prompt, j.max_tokens)]) for j in plain)
+    times: dict[str, list[float]] = {"in_process": [], "grpc": []}
+    for order in schedule(list(times), rounds, seed=args.seed):
+        for name in order:
+            if name == "in_process":
+                engine = InferenceEngine(**ENGINE_ARGS)
+                t0 = time.perf_counter()
+                outs = engine.generate([j.prompt for j in plain], params)
+                times[name].append(time.perf_counter() - t0)
+                assert [tuple(o.token_ids) for o in outs] == [want[(j.prompt, j.max_tokens)] for j in plain]
+            else:
+                with launch(1, serve_args(ENGINE_ARGS["kv_budget_tokens"], ENGINE_ARGS["max_num_seqs"]),
+                            cwd=REPO) as cluster, Client(cluster.addresses) as client:
+                    client.wait_until_serving()
+                    result = run_load(client, plain, concurrency=64, time_limit=args.time_limit)
+                    assert len(result.completed()) == len(plain) and check_outputs(plain, result, want) == 0
+                    times[name].append(result.wall_s)
+    tps = {k: tokens / min(v) for k, v in times.items()}
+    tps_med = {k: tokens / statistics.median(v) for k, v in times.items()}
+    overhead = 1 - tps["grpc"] / tps["in_process"]
+    overhead_med = 1 - tps_med["grpc"] / tps_med["in_process"]
+    for k in times:
+        print(f"{k:>11}: {tokens} tokens, {tps[k]:.1f} tokens/s (min time), {tps_med[k]:.1f} (median)")
+    print(f"overhead: {overhead:.1%} (min times), {overhead_med:.1%} (median times); target <= 10 %")
+    return {"requests": len(plain), "tokens": tokens,
+            "tokens_per_s_min_time": {k: round(v, 1) for k, v in tps.items()},
+            "tokens_per_s_median": {k: round(v, 1) for k, v in tps_med.items()},
+            "overhead_min_time": round(overhead, 4), "overhead_median": round(overhead_med, 4)}
+
+
+# ---------------------------------------------------------------------------------------------- (d) kill
+def bench_kill(args, routing: str, n: int, want_fn) -> dict:
+    max_num_seqs = 4
+    jobs = [Job(f"Scene {i}. " + "Friends, Romans, countrymen, lend me your ears. " * (1 + i % 4), 64)
+            for i in range(12 * n)]
+    want = want_fn(jobs)
+    with launch(n, serve_args(4096, max_num_seqs), cwd=REPO) as cluster, \
+            Client(cluster.addresses, routing=routing) as client:
+        client.wait_until_serving()
+        victim, holder = cluster.servers[0], []
+        load = threading.Thread(target=lambda: holder.append(run_load(client, jobs, concurrency=6 * n,
+                                                                      time_limit=args.time_limit)))
+        load.start()
+        end, info = time.monotonic() + 60, None
+        while time.monotonic() < end and load.is_alive():
+            info = client.server_info(victim.address)
+            if info.num_running == max_num_seqs and info.num_waiting >= 1:
+                break
+            time.sleep(0.005)
+        waiting = info.num_waiting if info is not None else 0
+        victim.kill()
+        load.join(args.time_limit + 30)
+        result = holder[0]
+        survivors = [s.address for s in cluster.servers[1:]]
+        with Client(survivors) as rest:
+            left = wait_idle(rest)
+    failed = [o for o in result.outcomes if o.status != "completed"]
+    done = result.completed()
+    mismatches = check_outputs(jobs, result, want)
+    mid_stream = sum(o.status == "UNAVAILABLE" and o.num_chunks > 0 for o in failed)
+    on_survivors = sum(o.completion.address in survivors for o in done)
+    print(f"{routing:>12}, {n} instances, {len(jobs)} requests: killed {victim.address} running {max_num_seqs} with "
+          f"{waiting} waiting; completed {len(done)} ({on_survivors} on the survivors), failed {len(failed)} "
+          f"({mid_stream} UNAVAILABLE mid-stream: {sorted({o.details[:60] for o in failed})}), "
+          f"lost {len(result.lost)}, outputs != engine {mismatches}, survivors after: {left}")
+    ok = (not result.lost and mismatches == 0 and mid_stream == len(failed) <= max_num_seqs
+          and all(v == [0, 0, 0] for v in left.values()))
+    return {"instances": n, "requests": len(jobs), "victim_waiting_at_kill": waiting, "completed": len(done),
+            "completed_on_survivors": on_survivors, "failed_unavailable_mid_stream": mid_stream,
+            "failed_other": len(failed) - mid_stream, "lost": len(result.lost), "output_mismatches": mismatches,
+            "ok": ok}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_args(ap, rounds=3)
+    ap.add_argument("--instances", type=int, nargs="+", default=None, help="routing: instance counts (1 2 4)")
+    ap.add_argument("--system-prompts", type=int, default=16)
+    ap.add_argument("--routing-requests", type=int, default=None, help="routing workload size (192; quick 48)")
+    ap.add_argument("--kv-budget-tokens", type=int, default=1024, help="per instance, routing part (default 1024)")
+    ap.add_argument("--parts", default="routing,load,overhead,kill",
+                    help="which parts to run, comma-separated (default: all: routing,load,overhead,kill)")
+    ap.add_argument("--load-requests", type=int, default=None, help="load test size (1024; quick 128)")
+    ap.add_argument("--overhead-requests", type=int, default=None, help="overhead workload (256; quick 48)")
+    ap.add_argument("--time-limit", type=float, default=300.0, help="seconds a load may take before the rest is lost")
+    args = ap.parse_args()
+    rounds = rounds_of(args)
+    args.instances = args.instances or ([1, 2] if args.quick else [1, 2, 4])
+    args.routing_requests = args.routing_requests or (48 if args.quick else 192)
+    args.load_requests = args.load_requests or (128 if args.quick else 1024)
+    args.overhead_requests = args.overhead_requests or (48 if args.quick else 256)
+    settings = print_settings()
+    t_start = time.perf_counter()
+
+    parts = set(args.parts.split(","))
+    if not parts <= {"routing", "load", "overhead", "kill"}:
+        ap.error(f"--parts takes routing, load, overhead, kill; got {args.parts!r}")
+    result: dict = {"benchmark": "bench_serving", "quick": args.quick, "rounds": rounds}
+    checks: list[bool] = []
+    if "routing" in parts:
+        result["routing"] = bench_routing(args, rounds)
+    if parts & {"load", "overhead"}:
+        jobs = mixed_jobs(args.load_requests, seed=args.seed)
+        plain = [j for j in jobs if j.cancel_after is None and j.deadline is None][:args.overhead_requests]
+        want = reference_outputs(jobs if "load" in parts else plain)
+        if "load" in parts:
+            result["load"] = bench_load(args, jobs, want)
+            checks.append(result["load"]["ok"])
+        if "overhead" in parts:
+            result["overhead"] = bench_overhead(args, plain, want, rounds)
+    if "kill" in parts:
+        print("\n(d) kill one instance mid-run (SIGKILL)")
+        n_kill = 2 if args.quick else 3
+        result["kill"] = {r: bench_kill(args, r, n_kill, reference_outputs) for r in ("round_robin", "prefix")}
+        checks += [k["ok"] for k in result["kill"].values()]
+
+    ok = all(checks)
+    print(f"\nall checks {'passed' if ok else 'FAILED'} in {time.perf_counter() - t_start:.0f} s")
+    result["ok"] = ok
+    emit_json(result, settings)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
