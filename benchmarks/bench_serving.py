@@ -114,9 +114,9 @@ def bench_routing(args, rounds: int) -> dict:
         decisions: dict = {}
         for order in schedule(list(runs), rounds, seed=args.seed):
             for routing in order:
+                router = PrefixRouter(prefix_blocks=2, overload_min=8) if routing == "prefix" else None
                 with launch(n, serve_args(args.kv_budget_tokens, 8), cwd=REPO) as cluster, \
-                        Client(cluster.addresses, routing=routing,
-                               router=PrefixRouter(prefix_blocks=2, overload_min=8) if routing == "prefix" else None) as client:
+                        Client(cluster.addresses, routing=routing, router=router) as client:
                     client.wait_until_serving()
                     result = run_load(client, jobs, concurrency=16, time_limit=args.time_limit)
                     done = result.completed()
