@@ -451,19 +451,19 @@ assert counter_samples[-1][1] - counter_samples[0][1] < true_increase  # last �
 #
 # ## Where it lives in vLLM and SGLang
 #
-# | minienv (`minienv/metrics.py`) | vLLM v0.11.0 (`vllm/v1/metrics/loggers.py`, `stats.py`) | SGLang v0.5 (`python/sglang/srt/metrics/collector.py`) |
+# | minienv (`minienv/metrics.py`) | vLLM v0.11.0 (`vllm/v1/metrics/loggers.py`, `vllm/v1/metrics/stats.py`) | SGLang v0.5.3 (`python/sglang/srt/metrics/collector.py`) |
 # |---|---|---|
 # | `vllm:num_requests_running` / `_waiting` | the same (`SchedulerStats.num_running_reqs`, `num_waiting_reqs`) | `sglang:num_running_reqs`, `sglang:num_queue_reqs` |
 # | `vllm:kv_cache_usage_perc` (blocks) · `minienv:kv_cache_token_usage_perc` | `vllm:kv_cache_usage_perc` (blocks only) | `sglang:token_usage` (SGLang's pool is per token) |
 # | `vllm:prefix_cache_queries` / `_hits` (tokens) | the same (`PrefixCacheStats`) | `sglang:cache_hit_rate` (a gauge ratio) |
 # | `vllm:num_preemptions` | the same | `sglang:num_retracted_reqs` (SGLang calls preemption *retraction*) |
 # | `vllm:prompt_tokens`, `vllm:generation_tokens` | the same | `sglang:prompt_tokens_total`, `sglang:generation_tokens_total` |
-# | `vllm:request_success{finished_reason}` | the same (aborts missing in 0.13: #31503) | — |
+# | `vllm:request_success{finished_reason}` | the same (its `abort` series stays 0: vLLM #31503, reported on v0.13.0) | — |
 # | TTFT, ITL, e2e histograms | `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`, `vllm:e2e_request_latency_seconds` | `sglang:time_to_first_token_seconds`, `sglang:inter_token_latency_seconds`, `sglang:e2e_request_latency_seconds` |
 # | queue / prefill / decode time | `vllm:request_queue_time_seconds`, `_prefill_time_`, `_decode_time_` | `sglang:queue_time_seconds` |
 # | `minienv:kv_cache_evicted_blocks` / `_tokens`, `minienv:kv_cache_cached_free_blocks` | — (KV events, not metrics) | — |
 # | `vllm:spec_decode_num_drafts` / `_draft_tokens` / `_accepted_tokens` / `_accepted_tokens_per_pos` (notebook 12) | the same (`vllm/v1/spec_decode/metrics.py`) | `sglang:spec_accept_length` |
-# | `vllm:external_prefix_cache_queries` / `_hits`, `minienv:kv_tier_*` (notebook 11) | `vllm:external_prefix_cache_*` (KV connectors) | `sglang:hicache_host_used_tokens` and other `sglang:hicache_*` series (with the hierarchical cache) |
+# | `vllm:external_prefix_cache_queries` / `_hits`, `minienv:kv_tier_*` (notebook 11) | `vllm:external_prefix_cache_*` (KV connectors) | — (later releases add HiCache series such as `sglang:hicache_host_used_tokens`) |
 #
 # Two traps worth knowing. vLLM registers into prometheus-client's process-wide registry and unregisters its own
 # metrics first (`unregister_vllm_metrics()` in `loggers.py`), because a second engine in the same process would
