@@ -359,6 +359,8 @@ def build_client_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (with --temperature > 0)")
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS", help="give up after this long")
+    p.add_argument("--tls-ca", type=Path, default=None, metavar="PEM",
+                   help="speak TLS, trusting this certificate (the server's own, if it is self-signed)")
     return p
 
 
@@ -377,7 +379,9 @@ def client_main(argv: Sequence[str]) -> int:
               file=sys.stderr)
         return 1
     try:
-        with Client(args.address) as client:
+        if args.tls_ca is not None and not args.tls_ca.is_file():
+            parser.error(f"--tls-ca {str(args.tls_ca)!r} does not exist")
+        with Client(args.address, tls_ca=args.tls_ca) as client:
             stream = client.stream(args.prompt, args.max_tokens, temperature=args.temperature, seed=args.seed,
                                    deadline=args.deadline)
             try:

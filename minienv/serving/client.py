@@ -32,6 +32,7 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import grpc
@@ -232,13 +233,15 @@ class Client:
         router: for ``routing="prefix"``, a configured :class:`~minienv.serving.router.PrefixRouter` (default: one
             with its defaults, the bundled tokenizer for text prompts).
         max_attempts: attempts per call under ``UNAVAILABLE`` (gRPC's retry policy / the router's failover).
+        tls_ca: talk TLS, trusting this PEM certificate (a path or its bytes; a self-signed server certificate
+            is its own CA). None: plaintext, as a server on loopback without ``--tls-cert`` speaks.
 
     Raises:
         ValueError: no address, a malformed address, an unknown routing.
     """
 
     def __init__(self, addresses: str | Sequence[str] = DEFAULT_ADDRESS, *, routing: str = "round_robin",
-                 router: Any = None, max_attempts: int = 4):
+                 router: Any = None, max_attempts: int = 4, tls_ca: str | Path | bytes | None = None):
         addrs = [addresses] if isinstance(addresses, str) else list(addresses)
         if not addrs:
             raise ValueError("Client needs at least one address (HOST:PORT)")
@@ -252,15 +255,21 @@ class Client:
             raise ValueError(f"max_attempts must be an int in [1, 5] (gRPC caps retries at 5), got {max_attempts!r}")
         self.addresses, self.routing, self.max_attempts = addrs, routing, max_attempts
         self._lock = threading.Lock()
+        self._credentials = None
+        if tls_ca is not None:
+            pem = tls_ca if isinstance(tls_ca, bytes) else Path(tls_ca).read_bytes()
+            self._credentials = grpc.ssl_channel_credentials(root_certificates=pem)
         self._instances = {}
         for a in addrs:
-            ch = grpc.insecure_channel(a)
+            ch = self._channel(a)
             self._instances[a] = _Instance(a, ch, pb_grpc.MinienvEngineStub(ch), health_pb2_grpc.HealthStub(ch))
         self._balanced: pb_grpc.MinienvEngineStub | None = None
         self._balanced_channel: grpc.Channel | None = None
         if routing == "round_robin":
             options = [("grpc.service_config", json.dumps(service_config(max_attempts))), ("grpc.enable_retries", 1)]
-            self._balanced_channel = grpc.insecure_channel(balanced_target(addrs), options=options)
+            if self._credentials is not None:  # the certificate names the host, not the "ipv4:" list of addresses
+                options.append(("grpc.ssl_target_name_override", _split_address(addrs[0])[0]))
+            self._balanced_channel = self._channel(balanced_target(addrs), options)
             self._balanced = pb_grpc.MinienvEngineStub(self._balanced_channel)
             self.router = None
         else:
@@ -268,6 +277,11 @@ class Client:
 
             self.router = router if router is not None else PrefixRouter()
         self._where: dict[str, str] = {}  # request id -> the address serving it (for abort), while in flight
+
+    def _channel(self, target: str, options: list | None = None) -> grpc.Channel:
+        if self._credentials is None:
+            return grpc.insecure_channel(target, options=options)
+        return grpc.secure_channel(target, self._credentials, options=options)
 
     # ---------------------------------------------------------------------------------------------- lifecycle
     def close(self) -> None:

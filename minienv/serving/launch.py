@@ -96,11 +96,13 @@ class LocalCluster:
         self.stop()
 
 
-def _health_status(address: str, timeout: float) -> str:
+def _health_status(address: str, timeout: float, tls_ca: bytes | None = None) -> str:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as ch:
+    channel = (grpc.insecure_channel(address) if tls_ca is None
+               else grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=tls_ca)))
+    with channel as ch:
         try:
             status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=timeout).status
         except grpc.RpcError:
@@ -115,7 +117,8 @@ def launch(n: int = 1, serve_args: Sequence[str] = (), *, timeout: float = 120.0
 
     Args:
         n: instances (>= 1).
-        serve_args: more ``serve`` flags, e.g. ``["--kv-budget-tokens", "4096", "--grace", "1"]``.
+        serve_args: more ``serve`` flags, e.g. ``["--kv-budget-tokens", "4096", "--grace", "1"]``; with
+            ``--tls-cert``, the readiness check trusts that certificate (a self-signed one, as tests make).
         timeout: seconds for all of them to come up.
         python, cwd, env: the interpreter (default: this one), working directory and extra environment.
 
@@ -126,6 +129,9 @@ def launch(n: int = 1, serve_args: Sequence[str] = (), *, timeout: float = 120.0
         raise ValueError(f"n must be an int >= 1, got {n!r}")
     if "--port" in serve_args or any(str(a).startswith("--port=") for a in serve_args):
         raise ValueError("launch picks the ports itself (--port 0); do not pass --port")
+    args = [str(a) for a in serve_args]
+    # With --tls-cert, the health check speaks TLS and trusts that (self-signed) certificate.
+    tls_ca = Path(args[args.index("--tls-cert") + 1]).read_bytes() if "--tls-cert" in args[:-1] else None
     child_env = dict(os.environ)
     child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
     child_env["GRPC_ENABLE_FORK_SUPPORT"] = "0"
@@ -140,7 +146,7 @@ def launch(n: int = 1, serve_args: Sequence[str] = (), *, timeout: float = 120.0
             log_path = Path(logdir.name) / f"serve-{i}.log"
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
-                    [python or sys.executable, "-u", "-m", "minienv", "serve", "--port", "0", *map(str, serve_args)],
+                    [python or sys.executable, "-u", "-m", "minienv", "serve", "--port", "0", *args],
                     cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True)
             cluster.servers.append(ServerProcess(proc, log_path))
@@ -156,7 +162,7 @@ def launch(n: int = 1, serve_args: Sequence[str] = (), *, timeout: float = 120.0
                     raise RuntimeError(f"minienv serve did not come up within {timeout} s:\n{s.log()}")
                 else:
                     time.sleep(0.05)
-            while (status := _health_status(s.address, 2.0)) != "SERVING":
+            while (status := _health_status(s.address, 2.0, tls_ca)) != "SERVING":
                 if time.monotonic() > end or not s.alive():
                     raise RuntimeError(f"{s.address} health is {status}, not SERVING:\n{s.log()}")
                 time.sleep(0.05)

@@ -264,3 +264,25 @@ def test_cli_client_streams_the_engines_output(cluster, reference):
 def test_cli_client_errors(cluster, args, code, message):
     r = _cli(*[cluster.addresses[0] if a is None else a for a in args])
     assert r.returncode == code and message in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------------------------------------- TLS
+def test_tls_servers_behind_either_routing_and_the_cli(tmp_path, reference):
+    from serving_harness import self_signed_cert
+
+    cert, key = self_signed_cert(tmp_path)
+    want = reference([PROMPTS[0]], 6)[0]
+    with launch(2, ["--kv-budget-tokens", str(KV), "--tls-cert", cert, "--tls-key", key], cwd=REPO) as cluster:
+        for routing in ("round_robin", "prefix"):
+            with Client(cluster.addresses, routing=routing, tls_ca=cert) as client:
+                client.wait_until_serving()
+                done = client.generate(PROMPTS[0], 6)
+                assert done.token_ids == tuple(want.token_ids) and done.address in cluster.addresses
+        with Client(cluster.addresses[0]) as plaintext:  # a plaintext client gets no answer from a TLS server
+            with pytest.raises(ServingError) as err:
+                plaintext.generate(PROMPTS[0], 2, deadline=10)
+            assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        r = _cli(PROMPTS[0], "--address", cluster.addresses[1], "--max-tokens", "6", "--tls-ca", str(cert))
+        assert r.returncode == 0 and r.stdout == want.text + "\n", r.stderr
+    r = _cli("hi", "--tls-ca", str(tmp_path / "missing.pem"))
+    assert r.returncode == 2 and "does not exist" in r.stderr
