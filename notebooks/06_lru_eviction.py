@@ -283,8 +283,8 @@ assert lru_rates[-1] <= ceiling + 1e-9 and ceiling - lru_rates[-1] < 0.05
 # ## Why a chain's tail must go before its parent (LMCache #443)
 #
 # Block `j` can be hit only if blocks `0 … j−1` are, so evicting a *middle* block strands every block after it:
-# cached, in memory, unreachable. Freeing **last block first** (as `A` was above) puts the tail nearest the head, so
-# eviction eats a chain from its end. A 5-block chain freed together, then two evictions:
+# cached, in memory, unreachable. Freeing **last block first** (as `A` was above) queues a chain's last block ahead
+# of its parents, so eviction eats a chain from its end. A 5-block chain freed together, then two evictions:
 
 # %%
 # NBVAL_CHECK_OUTPUT
