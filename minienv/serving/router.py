@@ -77,11 +77,25 @@ class PrefixRouter:
         chain = hash_block_chain(list(token_ids), self.block_size, max_blocks=self.prefix_blocks)
         return chain[-1] if chain else None
 
+    @staticmethod
+    def _read_block_size(client: Any) -> int:
+        """The servers' block size, from the first instance that answers (all serve the same engine options)."""
+        from minienv.serving.client import ServingError
+
+        last: ServingError | None = None
+        for a in client.addresses:
+            try:
+                return int(client.server_info(a).block_size)
+            except ServingError as exc:
+                last = exc
+        assert last is not None
+        raise last
+
     def rank(self, client: Any, prompt: str | Sequence[int]) -> list[str]:
         """Every address of ``client``, best first, for ``prompt`` (text or token ids)."""
         addresses = list(client.addresses)
         if self.block_size is None:
-            self.block_size = int(client.server_info().block_size)
+            self.block_size = self._read_block_size(client)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 from minienv.tokenizer import load_tokenizer

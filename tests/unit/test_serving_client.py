@@ -286,3 +286,28 @@ def test_tls_servers_behind_either_routing_and_the_cli(tmp_path, reference):
         assert r.returncode == 0 and r.stdout == want.text + "\n", r.stderr
     r = _cli("hi", "--tls-ca", str(tmp_path / "missing.pem"))
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_cli_client_ctrl_c_exits_130_and_the_server_aborts_the_request(cluster):
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "minienv", "client", PROMPTS[0], "--address", cluster.addresses[0],
+                             "--max-tokens", "900"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.read(10)  # streaming
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with Client(cluster.addresses[0]) as client:
+        assert _idle(client) == {cluster.addresses[0]: (0, 0)}
+
+
+def test_prefix_routing_reads_the_block_size_from_an_instance_that_answers(cluster):
+    with Client(["127.0.0.1:1", *cluster.addresses], routing="prefix") as client:
+        done = client.generate(SYSTEM + "Who is there?", 2)
+        assert done.address in cluster.addresses and client.router.block_size == 16
