@@ -27,7 +27,9 @@ use afterwards. Reported: counts per outcome, client-side p50/p99 time to first 
 **(c) Serving overhead.** The load's plain requests (no cancel, no deadline; ``--overhead-requests`` of them) run
 by the in-process engine (``InferenceEngine.generate``, all at once) and over gRPC (64 threads, one fresh
 instance with the same engine options), in interleaved rounds with the order rotated. Overhead = 1 - gRPC tokens/s
-/ in-process tokens/s, from the min times. The client threads share the machine's cores with the server here.
+/ in-process tokens/s, from the min times. The client threads share the machine's cores with the server here, so
+the CPU time of the engine's process (this one in-process; the server's, from ``/proc``, over gRPC) is reported
+too: the server's extra CPU per token is the serving cost itself, whatever the neighbours do.
 
 **(d) Kill one instance mid-run.** 3 instances (2 with ``--quick``), 4 running requests each and more waiting;
 when the first instance runs its maximum and has requests waiting, it is killed (SIGKILL). Requests it had not
@@ -174,38 +176,58 @@ def bench_load(args, jobs: list[Job], want: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- (c) overhead
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; nan elsewhere)."""
+    import os
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
 def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
     print(f"\n(c) serving overhead: {len(plain)} plain requests, in-process engine vs gRPC (64 threads, 1 instance); "
           f"{rounds} rounds")
     params = [SamplingParams(max_tokens=j.max_tokens, temperature=0.0) for j in plain]
     tokens = sum(len(want[(j.prompt, j.max_tokens)]) for j in plain)
     times: dict[str, list[float]] = {"in_process": [], "grpc": []}
+    cpu: dict[str, list[float]] = {"in_process": [], "grpc": []}  # the engine's process: this one / the server
     for order in schedule(list(times), rounds, seed=args.seed):
         for name in order:
             if name == "in_process":
                 engine = InferenceEngine(**ENGINE_ARGS)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 outs = engine.generate([j.prompt for j in plain], params)
                 times[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
                 assert [tuple(o.token_ids) for o in outs] == [want[(j.prompt, j.max_tokens)] for j in plain]
             else:
                 with launch(1, serve_args(ENGINE_ARGS["kv_budget_tokens"], ENGINE_ARGS["max_num_seqs"]),
                             cwd=REPO) as cluster, Client(cluster.addresses) as client:
                     client.wait_until_serving()
+                    c0 = process_cpu_s(cluster.servers[0].pid)
                     result = run_load(client, plain, concurrency=64, time_limit=args.time_limit)
+                    cpu[name].append(process_cpu_s(cluster.servers[0].pid) - c0)
                     assert len(result.completed()) == len(plain) and check_outputs(plain, result, want) == 0
                     times[name].append(result.wall_s)
     tps = {k: tokens / min(v) for k, v in times.items()}
     tps_med = {k: tokens / statistics.median(v) for k, v in times.items()}
     overhead = 1 - tps["grpc"] / tps["in_process"]
     overhead_med = 1 - tps_med["grpc"] / tps_med["in_process"]
+    cpu_overhead = min(cpu["grpc"]) / min(cpu["in_process"]) - 1
     for k in times:
-        print(f"{k:>11}: {tokens} tokens, {tps[k]:.1f} tokens/s (min time), {tps_med[k]:.1f} (median)")
-    print(f"overhead: {overhead:.1%} (min times), {overhead_med:.1%} (median times); target <= 10 %")
+        print(f"{k:>11}: {tokens} tokens, {tps[k]:.1f} tokens/s (min time), {tps_med[k]:.1f} (median); "
+              f"engine process CPU {min(cpu[k]):.2f} s (min)")
+    print(f"overhead: {overhead:.1%} fewer tokens/s (min times), {overhead_med:.1%} (median times); target <= 10 %. "
+          f"Server CPU per token: +{cpu_overhead:.1%} over the in-process engine (gRPC handlers, protobuf)")
     return {"requests": len(plain), "tokens": tokens,
             "tokens_per_s_min_time": {k: round(v, 1) for k, v in tps.items()},
             "tokens_per_s_median": {k: round(v, 1) for k, v in tps_med.items()},
-            "overhead_min_time": round(overhead, 4), "overhead_median": round(overhead_med, 4)}
+            "overhead_min_time": round(overhead, 4), "overhead_median": round(overhead_med, 4),
+            "engine_process_cpu_s_min": {k: round(min(v), 3) for k, v in cpu.items()},
+            "cpu_overhead_min": round(cpu_overhead, 4)}
 
 
 # ---------------------------------------------------------------------------------------------- (d) kill
