@@ -49,8 +49,9 @@ SCENES = [  # four "system prompts": every request starts with one of them
 SPEAKERS = ["ROMEO", "JULIET", "HAMLET", "MACBETH", "NURSE", "KING", "FIRST WITCH", "BANQUO"]
 LINES = ["What news?", "I pray thee, speak", "Good morrow", "O, woe the day", "Come hither", "Peace, I say"]
 rng = np.random.default_rng(0)
-TRAFFIC = [f"{SCENES[s]}{SPEAKERS[(3 * q + s) % 8]}.\n{LINES[(q + s) % 6]}" for s in range(4) for q in range(8)]
-TRAFFIC = [TRAFFIC[i] for i in rng.permutation(len(TRAFFIC))]  # 32 requests, the scenes interleaved
+REQUESTS = [(s, f"{SCENES[s]}{SPEAKERS[(3 * q + s) % 8]}.\n{LINES[(q + s) % 6]}") for s in range(4) for q in range(8)]
+REQUESTS = [REQUESTS[i] for i in rng.permutation(len(REQUESTS))]  # 32 requests, the scenes interleaved
+TRAFFIC = [text for _, text in REQUESTS]
 SHORT = SamplingParams(max_tokens=4, temperature=0)
 print(f"{len(TRAFFIC)} requests; scene prompts of {[len(tokenizer.encode(s)) for s in SCENES]} tokens "
       f"= {[len(tokenizer.encode(s)) // BLOCK for s in SCENES]} full blocks of {BLOCK}")
@@ -193,35 +194,63 @@ assert final.finish_reason == "length" and final.ttft_s > 0
 # The served text is token for token what the in-process engine generates: the server adds a transport, not a
 # different engine.
 #
+# ## minienv's client
+#
+# Those are the raw generated stubs: messages and `oneof`s. `minienv.serving.Client` (`minienv/serving/client.py`)
+# wraps them the way a user wants them: `client.stream(prompt, max_tokens)` returns a `Stream` of `Chunk`s whose
+# `completion` is set at the end; `cancel()` ends it; `generate()` runs one request to the end; every RPC error is
+# a `ServingError` carrying its gRPC status `code`. The same request again:
+
+# %%
+from minienv.serving import Client, ServingError
+
+client = Client(address)
+stream = client.stream(PROMPT, 24)
+texts = [chunk.text for chunk in stream]
+print(f"{len(texts)} chunks; completion: {stream.completion.finish_reason}, "
+      f"{stream.completion.cached_tokens} of {stream.completion.prompt_tokens} prompt tokens from the prefix cache")
+
+# %%
+assert "".join(texts) == final.text and stream.completion.token_ids == tuple(final.output_ids)
+assert stream.completion.cached_tokens > 0  # the same prompt again: its full blocks were cached the first time
+
+# %% [markdown]
 # ## Cancel a request, and watch its blocks come back
 #
 # A client that stops listening must not keep KV blocks. When a call is cancelled — or its deadline passes — the
 # handler's call ends, and a callback asks the engine thread to abort the request: its blocks are freed before
-# the next step. `GetServerInfo` shows the blocks in use while a long request runs, then after the cancel:
+# the next step. `GetServerInfo` (`client.server_info()`) shows the blocks in use while a long request runs, then
+# after the cancel:
 
 # %%
+import itertools
 import time
 
 
 def blocks_in_use():
-    return stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).num_blocks_in_use
+    return client.server_info().num_blocks_in_use
 
 
-long_request = pb.GenerateRequest(text=PROMPT, sampling_params=pb.SamplingParams(max_tokens=400, temperature=0))
-call = stub.Generate(long_request, timeout=60)
-seen = [next(call).chunk.text for _ in range(8)]  # read 8 chunks: the request is running
+def wait_until_idle(timeout=5.0):
+    """Poll the server until no block is in use; the readings, in order."""
+    readings, end = [blocks_in_use()], time.monotonic() + timeout
+    while readings[-1] and time.monotonic() < end:
+        time.sleep(0.01)
+        readings.append(blocks_in_use())
+    return readings
+
+
+long_story = client.stream(PROMPT, 400)
+first = [chunk.text for chunk in itertools.islice(long_story, 8)]  # read 8 chunks: the request is running
 during = blocks_in_use()
-call.cancel()  # the client gives up
-after, t0 = [], time.perf_counter()
-while not after or (after[-1] > 0 and time.perf_counter() - t0 < 5):
-    after.append(blocks_in_use())
-    time.sleep(0.01)
-print(f"after {len(seen)} chunks: {during} blocks in use; cancelled -> {after[-1]} in use "
-      f"(polled {len(after)} times); the call says {call.code().name}")
+long_story.cancel()  # the client gives up
+after = wait_until_idle()
+print(f"after {len(first)} chunks: {during} blocks in use; cancelled -> {after[-1]} in use "
+      f"(read {len(after)} times); the stream ended quietly: cancelled={long_story.cancelled}")
 
 # %%
 assert during >= 2 and after[-1] == 0  # the prompt and its first tokens held blocks; all of them came back
-assert call.code() == grpc.StatusCode.CANCELLED
+assert long_story.cancelled and long_story.completion is None and list(long_story) == []
 
 # %% [markdown]
 # A **deadline** is the same end, decided by the clock: the client sends "answer within 50 ms" with the call; when
@@ -229,18 +258,15 @@ assert call.code() == grpc.StatusCode.CANCELLED
 
 # %%
 try:
-    for _ in stub.Generate(long_request, timeout=0.05):
-        pass
+    client.generate(PROMPT, 400, deadline=0.05)
     deadline_code = None
-except grpc.RpcError as err:
-    deadline_code = err.code()
-t0 = time.perf_counter()
-while blocks_in_use() and time.perf_counter() - t0 < 5:
-    time.sleep(0.01)
-print(deadline_code.name, "-> blocks in use:", blocks_in_use())
+except ServingError as err:
+    deadline_code = err.code
+after = wait_until_idle()
+print(deadline_code.name, "-> blocks in use:", after[-1])
 
 # %%
-assert deadline_code == grpc.StatusCode.DEADLINE_EXCEEDED and blocks_in_use() == 0
+assert deadline_code == grpc.StatusCode.DEADLINE_EXCEEDED and after[-1] == 0
 
 # %% [markdown]
 # ## Back-pressure: `RESOURCE_EXHAUSTED` under a flood
@@ -249,26 +275,29 @@ assert deadline_code == grpc.StatusCode.DEADLINE_EXCEEDED and blocks_in_use() ==
 # should request number 12 of a sudden burst get? Queueing everything means unbounded memory and latency that
 # grows without limit — every client times out, and the server keeps working for clients that are gone. A bounded
 # queue answers at once with a status the client can act on: `RESOURCE_EXHAUSTED`, "retry later". Twelve
-# requests at the same moment (each gRPC call starts when it is made; we read them afterwards):
+# requests at the same moment (each call starts when the stream is created; we read them afterwards):
 
 # %%
-flood = [stub.Generate(pb.GenerateRequest(text=t, sampling_params=pb.SamplingParams(max_tokens=8, temperature=0)),
-                       timeout=30) for t in TRAFFIC[:12]]
-outcomes = []
-for call in flood:
+def outcome(stream):
+    """How a stream ended: its finish reason, or the status code it failed with."""
     try:
-        done = [m.complete for m in call if m.WhichOneof("response") == "complete"]
-        outcomes.append(done[0].finish_reason)
-    except grpc.RpcError as err:
-        outcomes.append(err.code().name)
+        return stream.result().finish_reason
+    except ServingError as err:
+        return err.code.name
+
+
+flood = [client.stream(text, 8) for text in TRAFFIC[:12]]
+outcomes = [outcome(s) for s in flood]
 print(outcomes)
-refusal = next(call for call in flood if call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED).details()
-print("the server says:", refusal)
+try:
+    flood[outcomes.index("RESOURCE_EXHAUSTED")].result()
+except ServingError as err:
+    print("the server says:", err.details)
 
 # %%
 assert len(outcomes) == 12 and set(outcomes) <= {"length", "RESOURCE_EXHAUSTED"}  # nothing lost, nothing else
 assert outcomes.count("RESOURCE_EXHAUSTED") >= 1 and outcomes.count("length") >= 2  # at least max_waiting got in
-assert blocks_in_use() == 0
+assert wait_until_idle()[-1] == 0
 
 # %% [markdown]
 # Every request ended — with its tokens or with a clear refusal — and the refused ones cost the server nothing.
@@ -278,7 +307,9 @@ assert blocks_in_use() == 0
 # retry policy — which status codes to retry, how many attempts, and an **exponential backoff** with jitter: retry
 # *n* waits a random time between 0 and `min(initialBackoff × multiplier^(n−1), maxBackoff)`. Spreading the retries
 # out is the point: a burst that retried in lockstep would be the same burst again. A call is retried only before
-# the server sent anything, so no client ever sees a token twice. The same flood through such a channel:
+# the server sent anything, so no client ever sees a token twice. The same flood through a raw channel with such a
+# policy (`Client` asks gRPC to retry only `UNAVAILABLE` — an instance that is down — and leaves this decision to
+# you):
 
 # %%
 import json
@@ -290,10 +321,11 @@ retry_config = {"methodConfig": [{
 patient = grpc.insecure_channel(address, options=[("grpc.service_config", json.dumps(retry_config)),
                                                   ("grpc.enable_retries", 1)])
 patient_stub = pb_grpc.MinienvEngineStub(patient)
-flood = [patient_stub.Generate(pb.GenerateRequest(
-    text=t, sampling_params=pb.SamplingParams(max_tokens=8, temperature=0)), timeout=30) for t in TRAFFIC[:12]]
+eight_greedy = pb.SamplingParams(max_tokens=8, temperature=0)
+calls = [patient_stub.Generate(pb.GenerateRequest(text=t, sampling_params=eight_greedy), timeout=30)
+         for t in TRAFFIC[:12]]
 retried = []
-for call in flood:
+for call in calls:
     try:
         retried.append([m.complete for m in call if m.WhichOneof("response") == "complete"][0].finish_reason)
     except grpc.RpcError as err:
@@ -302,7 +334,7 @@ print(retried)
 
 # %%
 assert len(retried) == 12 and retried.count("length") > outcomes.count("length")  # retries got more of them in
-assert set(retried) <= {"length", "RESOURCE_EXHAUSTED"} and blocks_in_use() == 0
+assert set(retried) <= {"length", "RESOURCE_EXHAUSTED"} and wait_until_idle()[-1] == 0
 
 # %% [markdown]
 # ### Exercise 1: the backoff ceilings
@@ -341,136 +373,182 @@ check_retry_ceilings(retry_ceilings)
 # `UNAVAILABLE`, in-flight ones get `--grace` seconds) and exits 0.
 
 # %%
-channel.close()
-patient.close()
+for closable in (channel, patient, client):
+    closable.close()
 print("exit status", stop_servers(server)[0])
 
 # %%
 assert server.returncode == 0
 
 # %% [markdown]
-# ## Two instances: round robin vs prefix-aware routing
+# ## Build it small: a prefix-aware router
 #
-# Two servers, each with a **metrics** port (notebook 09's `/metrics`, in vLLM's names), so we can read each
-# instance's own prefix-cache counters. First the balancer everybody has: gRPC's own **`round_robin`** policy. One
-# channel over both addresses (the `ipv4:` target lists them); the channel keeps a connection to each and deals
-# the calls out in turn — no proxy in between.
+# Back to the problem of the first cell. Round robin deals requests out blind. A **prefix-aware** router looks at
+# the prompt: it hashes the prompt's first full block — the same sha256 chain hash the prefix cache keys blocks by
+# (notebook 05) — and lets the hash pick the instance, the request's **home**. Every request of a scene then meets
+# the one cache that holds that scene. In this process first, on the same N engines as the first cell:
 
 # %%
-import urllib.request
-
-
-def start_instances(n):
-    """n servers with a /metrics port each, started together; [(process, address, metrics url)]."""
-    procs = [subprocess.Popen([sys.executable, "-m", "minienv", "serve", "--port", "0", "--metrics-port", "0",
-                               "--kv-budget-tokens", "1024", "--block-size", str(BLOCK), "--grace", "1"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-             for _ in range(n)]
-    atexit.register(stop_servers, *procs)
-    started = []
-    for proc in procs:
-        banner = proc.stdout.readline()
-        if "metrics at " not in banner:
-            stop_servers(*procs)
-            raise RuntimeError(f"a server did not start: {banner}{proc.stdout.read()}")
-        started.append((proc, banner.split(" on ")[1].split()[0], banner.split("metrics at ")[1].split()[0]))
-    return started
-
-
-def prefix_counters(metrics_url):
-    """(hits, queries) in tokens, from the instance's /metrics (what Prometheus would scrape)."""
-    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
-    value = lambda name: sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()  # noqa: E731
-                             if line.startswith(name + "{"))
-    return value("vllm:prefix_cache_hits_total"), value("vllm:prefix_cache_queries_total")
-
-
-def run_traffic(send):
-    """Send TRAFFIC one request after another through `send(prompt) -> complete`; per-request hit fractions."""
-    return [(c.cached_tokens, c.prompt_tokens) for c in map(send, TRAFFIC)]
-
-
-def complete_of(responses):
-    return [m.complete for m in responses if m.WhichOneof("response") == "complete"][0]
-
-
-params = pb.SamplingParams(max_tokens=4, temperature=0)
-rr_instances, pa_instances = start_instances(2), start_instances(2)  # fresh caches for each policy
-rr_channel = grpc.insecure_channel("ipv4:" + ",".join(a for _, a, _ in rr_instances),
-                                   options=[("grpc.lb_policy_name", "round_robin")])
-rr_stub = pb_grpc.MinienvEngineStub(rr_channel)
-rr = run_traffic(lambda text: complete_of(rr_stub.Generate(pb.GenerateRequest(text=text, sampling_params=params),
-                                                             timeout=30)))
-rr_counters = [prefix_counters(m) for _, _, m in rr_instances]
-print("round robin, per instance (hits / queries, tokens):", rr_counters)
-
-# %%
-assert sum(q for _, q in rr_counters) == sum(p for _, p in rr)  # the instances saw every prompt token, once
-assert all(q > 0 for _, q in rr_counters)  # both instances got traffic
-
-# %% [markdown]
-# Now **prefix-aware** routing, built small: hash the prompt's first full block — the same sha256 chain hash the
-# prefix cache keys blocks by (notebook 05) — and let it pick the instance. Every request of a scene then meets
-# the one cache that holds that scene. One channel per instance; the routing is ours:
-
-# %%
+# NBVAL_CHECK_OUTPUT
 from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
 
 
-def home_instance(text, n):
-    ids = tokenizer.encode(text)
-    return int.from_bytes(hash_block_tokens(ROOT_HASH, ids[:BLOCK])[:8], "big") % n
+def home_instance(prompt_ids, n_instances):
+    """The instance of a prompt's first full block: its chain hash, as a number, mod N."""
+    key = hash_block_tokens(ROOT_HASH, prompt_ids[:BLOCK])
+    return int.from_bytes(key[:8], "big") % n_instances
 
 
-pa_channels = [grpc.insecure_channel(a) for _, a, _ in pa_instances]
-pa_stubs = [pb_grpc.MinienvEngineStub(c) for c in pa_channels]
-pa = run_traffic(lambda text: complete_of(pa_stubs[home_instance(text, 2)].Generate(
-    pb.GenerateRequest(text=text, sampling_params=params), timeout=30)))
-pa_counters = [prefix_counters(m) for _, _, m in pa_instances]
-print("prefix-aware, per instance (hits / queries, tokens):", pa_counters)
-print("scenes' home instances:", [home_instance(s, 2) for s in SCENES])
+def prefix_aware_hit_rate(n_instances, prompts=TRAFFIC):
+    engines = [InferenceEngine(model, tokenizer, kv_budget_tokens=1024, block_size=BLOCK, max_num_seqs=4)
+               for _ in range(n_instances)]
+    hits = total = 0
+    for prompt in prompts:
+        out = engines[home_instance(tokenizer.encode(prompt), n_instances)].generate([prompt], SHORT)[0]
+        hits, total = hits + out.num_cached_tokens, total + len(out.prompt_token_ids)
+    return hits / total
 
-# %% [markdown]
-# The hit rate after each request, for both policies (and one engine, for reference):
+
+routed = {n: prefix_aware_hit_rate(n) for n in (1, 2, 4)}
+for n in (1, 2, 4):
+    print(f"{n} instance{'s' if n > 1 else ' '}: round robin {in_process[n]:.1%}, prefix-aware {routed[n]:.1%}")
+print("the scenes' home instances among 2:", [home_instance(tokenizer.encode(s), 2) for s in SCENES],
+      "among 4:", [home_instance(tokenizer.encode(s), 4) for s in SCENES])
 
 # %%
-import plotly.graph_objects as go
+assert routed[1] == routed[2] == routed[4] == in_process[1]  # every N gets one engine's hit rate back
+
+# %% [markdown]
+# With the router, the hit rate no longer depends on the number of instances: each scene heading is computed once
+# in the whole fleet. Note the price, though — the hash put three of the four scenes on instance 0 of 2: that
+# instance serves three quarters of the traffic. A real router gives way when the home instance is overloaded
+# (exercise 2 below).
+#
+# ## Two servers: gRPC's round robin vs minienv's prefix router
+#
+# Now over the wire. `minienv.serving.launch(n, flags)` (`minienv/serving/launch.py`) starts `n` servers as
+# above — `--port 0`, wait for health `SERVING` — and stops them together. First the balancer everybody has:
+# `Client(addresses)` makes **one** channel over all the addresses (an `ipv4:` target lists them) whose service
+# config asks gRPC for its own **`round_robin`** policy: the channel keeps a connection to each server and deals
+# the calls out in turn — no proxy in between. Each `Completion` says which address served it.
+
+# %%
+from minienv.serving import launch
+
+FLAGS = ["--kv-budget-tokens", "1024", "--block-size", str(BLOCK), "--grace", "1"]
+rr_cluster, pa_cluster = launch(2, FLAGS), launch(2, FLAGS)  # fresh caches for each policy
+atexit.register(rr_cluster.stop)  # stopped when the kernel exits, even if a cell below fails
+atexit.register(pa_cluster.stop)
+
+
+def serve_all(client):
+    """Send TRAFFIC one request after another; [(address, cached tokens, prompt tokens)] per request."""
+    return [(c.address, c.cached_tokens, c.prompt_tokens) for c in (client.generate(t, 4) for t in TRAFFIC)]
+
+
+def per_instance(served, addresses):
+    return {a: (sum(h for x, h, _ in served if x == a), sum(t for x, _, t in served if x == a)) for a in addresses}
+
+
+with Client(rr_cluster.addresses) as rr_client:  # routing="round_robin" is the default
+    rr = serve_all(rr_client)
+print("round robin, per instance (cached / prompt tokens):", per_instance(rr, rr_cluster.addresses))
+
+# %%
+assert {a for a, _, _ in rr} == set(rr_cluster.addresses)  # both instances served...
+assert abs(sum(a == rr_cluster.addresses[0] for a, _, _ in rr) - 16) <= 1  # ...taking turns
+
+# %% [markdown]
+# Then minienv's prefix router: `Client(addresses, routing="prefix")` keeps one channel per instance, and its
+# `PrefixRouter` (`minienv/serving/router.py`) ranks the instances for every prompt — the idea built above, with
+# two refinements. The key is the chain hash of the first **two** full blocks; and the key picks the instance by
+# **rendezvous hashing** (each instance scores `sha256(key | address)`, the highest wins) instead of `mod N`, so
+# adding an instance moves only the prefixes that must move (below). An instance that is overloaded — busy, and
+# more than twice as busy as the others — gives way to the least loaded one.
+
+# %%
+with Client(pa_cluster.addresses, routing="prefix") as pa_client:
+    pa = serve_all(pa_client)
+    decisions = dict(pa_client.router.decisions)
+print("prefix-aware, per instance (cached / prompt tokens):", per_instance(pa, pa_cluster.addresses))
+print("router decisions:", decisions)
+homes = {scene: {a for (a, _, _), (sc, _) in zip(pa, REQUESTS, strict=True) if sc == scene} for scene in range(4)}
+print("each scene's instance(s):", {scene: [pa_cluster.addresses.index(a) for a in sorted(h)]
+                                   for scene, h in homes.items()})
+
+# %% [markdown]
+# Every scene has one home. Which instance that is depends on the addresses — free ports, different in every run
+# — so the split between the two servers changes from run to run, and can be all four scenes on one server: the
+# balance problem of the cell above at its worst. One request at a time, no instance is ever overloaded, so the
+# router never gives way here.
+#
+# The fleet's hit rate after each request, for both policies, beside the in-process sweep over 1, 2 and 4
+# instances:
+
+# %%
+import plotly.graph_objects as go  # noqa: F401 - the figure's types
 import plotly.io as pio
+from plotly.subplots import make_subplots
 
 from minienv.viz.static import show
 
 pio.renderers.default = "plotly_mimetype"  # drawn by JupyterLab itself: no CDN, no network
+RED, BLUE = "#e15759", "#4e79a7"
 
 
-def running_rate(pairs):
-    hits, total = np.cumsum([h for h, _ in pairs]), np.cumsum([t for _, t in pairs])
-    return hits / total
+def running_rate(served):
+    hits, total = np.cumsum([h for _, h, _ in served]), np.cumsum([t for _, _, t in served])
+    return 100 * hits / total
 
 
-fig = go.Figure()
-for name, pairs, color in (("round robin (gRPC's policy), 2 instances", rr, "#e15759"),
-                           ("prefix-aware, 2 instances", pa, "#4e79a7")):
-    fig.add_scatter(x=list(range(1, len(pairs) + 1)), y=100 * running_rate(pairs), mode="lines+markers",
-                    name=name, line_color=color)
-fig.add_hline(y=100 * in_process[1], line_dash="dot", line_color="#999",
+fig = make_subplots(rows=1, cols=2, column_widths=[0.38, 0.62], horizontal_spacing=0.1, subplot_titles=(
+    "in this process: hit rate vs instances", "two servers: the fleet's hit rate after each request"))
+fig.add_bar(x=["1", "2", "4"], y=[100 * in_process[n] for n in (1, 2, 4)], name="round robin", marker_color=RED,
+            legendgroup="rr", row=1, col=1)
+fig.add_bar(x=["1", "2", "4"], y=[100 * routed[n] for n in (1, 2, 4)], name="prefix-aware", marker_color=BLUE,
+            legendgroup="pa", row=1, col=1)
+for served, name, color, group in ((rr, "gRPC round_robin", RED, "rr"), (pa, "minienv PrefixRouter", BLUE, "pa")):
+    fig.add_scatter(x=list(range(1, len(served) + 1)), y=running_rate(served), mode="lines+markers", name=name,
+                    line_color=color, legendgroup=group, row=1, col=2)
+fig.add_hline(y=100 * in_process[1], line_dash="dot", line_color="#999", row=1, col=2,
               annotation_text=f"one engine: {in_process[1]:.0%}", annotation_position="bottom right")
-fig.update_layout(width=820, height=380, title="Prefix-cache hit rate of the fleet after each request",
-                  xaxis_title="requests served", yaxis_title="hit rate so far (%)", yaxis_range=[0, 100],
-                  legend=dict(x=0.02, y=0.98))
+fig.update_xaxes(title_text="instances", row=1, col=1)
+fig.update_xaxes(title_text="requests served", row=1, col=2)
+fig.update_yaxes(title_text="prefix-cache hit rate (%)", range=[0, 100])
+fig.update_layout(width=980, height=400, barmode="group", legend=dict(orientation="h", y=-0.2))
 show(fig)
 
 # %%
-rate = lambda pairs: sum(h for h, _ in pairs) / sum(t for _, t in pairs)  # noqa: E731
-assert rate(pa) > rate(rr)  # routing by prefix beats dealing round robin
-assert abs(rate(pa) - in_process[1]) < 1e-9  # ... and equals one engine that sees everything
-assert abs(rate(rr) - in_process[2]) < 0.05  # round robin ≈ the in-process round robin of the first cell
-print(f"hit rate: round robin {rate(rr):.1%}, prefix-aware {rate(pa):.1%}, one engine {in_process[1]:.1%}")
+rate = lambda served: sum(h for _, h, _ in served) / sum(t for _, _, t in served)  # noqa: E731
+print(f"served hit rate: round robin {rate(rr):.1%}, prefix router {rate(pa):.1%}, one engine {in_process[1]:.1%}")
+assert rate(pa) == in_process[1] > rate(rr)  # the router gets one engine's hit rate back; round robin does not
+assert abs(rate(rr) - in_process[2]) < 0.05  # round robin over the wire ≈ round robin in this process
+assert len(fig.data) == 4 and list(fig.data[3].y) == list(running_rate(pa))  # the plot shows these runs
+assert decisions.get("prefix") == len(TRAFFIC)  # one request at a time: nobody was overloaded
+assert all(len(h) == 1 for h in homes.values())  # every scene had exactly one home...
+assert all(len({a for (a, _, _), (sc, _) in zip(rr, REQUESTS) if sc == scene}) == 2 for scene in range(4))  # RR: two
 
 # %% [markdown]
-# Prefix-aware routing gets the single engine's hit rate back: each scene heading is computed once in the whole
-# fleet. The price is balance: the hash put three of the four scenes on one instance, which served three
-# quarters of the traffic. A real router therefore gives way under load — the next exercise.
-#
+# Why rendezvous hashing and not `mod N`: add a fifth instance to four, and `mod N` sends most prefixes to a new
+# home — whose cache does not have them — while rendezvous hashing moves only the prefixes the new instance wins,
+# about one in five:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from minienv.serving.router import rendezvous_order
+
+keys = [hash_block_tokens(ROOT_HASH, [k, k + 1, k + 2]) for k in range(1000)]
+four, five = [f"10.0.0.{i}:50051" for i in range(1, 5)], [f"10.0.0.{i}:50051" for i in range(1, 6)]
+moved_mod = sum(int.from_bytes(k[:8], "big") % 4 != int.from_bytes(k[:8], "big") % 5 for k in keys)
+moved_hrw = sum(rendezvous_order(k, four)[0] != rendezvous_order(k, five)[0] for k in keys)
+print(f"4 -> 5 instances: mod N moves {moved_mod / 10:.1f} % of 1000 prefixes, rendezvous {moved_hrw / 10:.1f} %")
+
+# %%
+assert moved_hrw < 300 < 700 < moved_mod  # about 1/5 vs about 4/5
+assert all(rendezvous_order(k, five)[0] == five[-1] for k in keys
+           if rendezvous_order(k, four)[0] != rendezvous_order(k, five)[0])  # every moved prefix went to the new one
+
+# %% [markdown]
 # ### Exercise 2: a prefix router with a fallback
 #
 # Write `pick_instance(prompt_ids, loads, block_size, max_load)` → the index of the instance a request goes to.
@@ -479,7 +557,8 @@ print(f"hit rate: round robin {rate(rr):.1%}, prefix-aware {rate(pa):.1%}, one e
 # full block decides; (2) a home instance with `max_load` or more requests in flight is **overloaded**: the
 # request goes to the least-loaded instance instead (the lowest index among equals); (3) a prompt shorter than one
 # block has no full block to share: the least-loaded instance. The check runs one case per rule, then a trace of
-# shared system prompts.
+# shared system prompts. (minienv's `PrefixRouter` does the same with rendezvous hashing and a relative overload
+# rule; `mod N` and a fixed `max_load` keep the exercise small.)
 
 # %%
 def pick_instance(prompt_ids, loads, block_size, max_load):
@@ -511,17 +590,17 @@ check_pick_instance(pick_instance)
 # %% [markdown]
 # ## Stopping everything
 #
-# Every server this notebook started is stopped here (and by `atexit` if a cell failed on the way):
+# Every server this notebook started is stopped here (and by `atexit` if a cell failed on the way): each gets one
+# SIGTERM, drains and exits 0.
 
 # %%
-for ch in [rr_channel, *pa_channels]:
-    ch.close()
-codes = stop_servers(*[proc for proc, _, _ in rr_instances + pa_instances])  # all drain at once
-print("exit statuses:", codes)
+servers = rr_cluster.servers + pa_cluster.servers
+rr_cluster.stop()
+pa_cluster.stop()
+print("exit statuses:", [s.proc.returncode for s in servers])
 
 # %%
-assert codes == [0, 0, 0, 0], codes  # each drained and exited cleanly
-assert all(proc.poll() is not None for proc, _, _ in rr_instances + pa_instances), [p.poll() for p, _, _ in rr_instances + pa_instances]
+assert [s.proc.returncode for s in servers] == [0, 0, 0, 0] and not any(s.alive() for s in servers)
 
 # %% [markdown]
 # ## Where it lives in vLLM and SGLang

@@ -37,6 +37,7 @@ class ServerProcess:
     proc: subprocess.Popen
     log_path: Path
     address: str = ""
+    _terminated: bool = field(default=False, repr=False)
 
     @property
     def pid(self) -> int:
@@ -51,10 +52,21 @@ class ServerProcess:
         except OSError:
             return ""
 
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGTERM (graceful drain), SIGKILL after ``timeout`` seconds; returns the exit status."""
-        if self.alive():
+    def terminate(self) -> None:
+        """SIGTERM, once: the server drains and exits 0.
+
+        NOTE: never a second SIGTERM. One that arrives while the server's interpreter is already exiting (after
+        it has put the default handler back) kills it mid-exit with status -15.
+        """
+        if self.alive() and not self._terminated:
             self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM (graceful drain; not again if already sent), SIGKILL after ``timeout`` seconds; returns the
+        exit status."""
+        self.terminate()
+        if self.alive():
             try:
                 return self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -81,8 +93,7 @@ class LocalCluster:
 
     def stop(self, timeout: float = 15.0) -> None:
         for s in self.servers:
-            if s.alive():
-                s.proc.send_signal(signal.SIGTERM)  # all drain at once, then wait for each
+            s.terminate()  # all drain at once, then wait for each
         for s in self.servers:
             s.stop(timeout)
         if self._logdir is not None:

@@ -115,3 +115,14 @@ def test_killing_an_instance_mid_run_retries_what_it_had_not_started(reference, 
                                                                          for o in done)
         with Client(survivor) as alone:
             _assert_idle(alone)
+
+
+def test_stopping_a_cluster_drains_every_instance_to_a_clean_exit():
+    """LocalCluster.stop sends each instance one SIGTERM: each drains and exits 0. (A second SIGTERM, sent while an
+    instance was already exiting, killed it mid-exit with status -15.)"""
+    statuses = []
+    for _ in range(3):
+        cluster = launch(3, ["--kv-budget-tokens", "256", "--grace", "1"], cwd=REPO)
+        cluster.stop()
+        statuses.append([s.proc.returncode for s in cluster.servers])
+    assert statuses == [[0, 0, 0]] * 3
