@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import _signal
 import itertools
 import signal
 import threading
@@ -67,6 +68,51 @@ def _interrupt_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if caught:
         raise KeyboardInterrupt
+
+
+class _InterruptGuard:
+    """Ctrl-C (SIGINT) handling for one engine step: ONE handler for the whole step (installing a handler costs
+    two system calls, so not one per phase) that raises at once, as Python's default does, except inside a
+    ``with guard:`` block, which holds the interrupt until the block ends and then raises it (if the block itself
+    raises, that exception wins). Installed only in the main thread over Python's default handler (what
+    JupyterLab's stop button and a terminal deliver); elsewhere ``install`` does nothing and blocks defer nothing.
+    """
+
+    __slots__ = ("_deferring", "_caught", "_previous")
+
+    def __init__(self) -> None:
+        self._deferring = self._caught = False
+        self._previous: Any = None
+
+    # NOTE: _signal's functions are signal's without the int <-> Signals enum conversion, which costs more than the
+    # system call; this runs twice per engine step.
+    def install(self) -> None:
+        if (threading.current_thread() is threading.main_thread()
+                and _signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self._previous = _signal.signal(signal.SIGINT, self._handle)
+
+    def uninstall(self) -> None:
+        if self._previous is not None:
+            _signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+        self._deferring = self._caught = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self._deferring:
+            self._caught = True
+        else:
+            signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt
+
+    def __enter__(self) -> "_InterruptGuard":
+        self._deferring = True
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._deferring = False
+        if self._caught:
+            self._caught = False
+            if exc_type is None:
+                raise KeyboardInterrupt
 
 
 @dataclass
@@ -191,6 +237,7 @@ class InferenceEngine:
         self._finish_listeners: list[Callable[[Request], None]] = []
         self._metrics: Any = None  # minienv.metrics.EngineMetrics, made by the `metrics` property on first use
         self._kv_events: list[KVEvent] = []
+        self._interrupt_guard = _InterruptGuard()
         if history_size:
             self.kv_cache_manager.add_listener(self._kv_events.append)
 
@@ -372,22 +419,30 @@ class InferenceEngine:
             return
         t0 = time.perf_counter()
         self._kv_events.clear()
-        with _interrupt_deferred():
-            plan = sch.schedule()  # rolls itself back if it raises
+        guard = self._interrupt_guard
+        guard.install()
         try:
-            if plan.is_empty:  # validation guarantees a lone request always fits
-                raise RuntimeError(f"engine step {plan.step} scheduled nothing with requests pending: {plan}")
-            inputs = build_step_inputs(plan, self.kv_cache_manager, self.kv_pool)
-            self.backend.set_metadata(inputs.metadata)
-            logits = self.model.forward_step(inputs.token_ids, inputs.metadata.positions, self.backend,
-                                             logits_indices=inputs.logits_indices)
-        except BaseException:
-            with _interrupt_deferred():
-                sch.rollback(plan)
-                self.counters.failed_steps += 1
-            raise
-        with _interrupt_deferred():
-            self._commit(plan, [plan.scheduled[i] for i in inputs.sampling], inputs.num_logits, logits, t0)
+            plan = None
+            try:
+                with guard:  # bookkeeping: a Ctrl-C waits for its end (then the plan is rolled back below)
+                    plan = sch.schedule()  # rolls itself back if it raises
+                # the model call: a Ctrl-C lands at once, and the step is rolled back
+                if plan.is_empty:  # validation guarantees a lone request always fits
+                    raise RuntimeError(f"engine step {plan.step} scheduled nothing with requests pending: {plan}")
+                inputs = build_step_inputs(plan, self.kv_cache_manager, self.kv_pool)
+                self.backend.set_metadata(inputs.metadata)
+                logits = self.model.forward_step(inputs.token_ids, inputs.metadata.positions, self.backend,
+                                                 logits_indices=inputs.logits_indices)
+            except BaseException:
+                if plan is not None:
+                    with guard:
+                        sch.rollback(plan)
+                        self.counters.failed_steps += 1
+                raise
+            with guard:
+                self._commit(plan, [plan.scheduled[i] for i in inputs.sampling], inputs.num_logits, logits, t0)
+        finally:
+            guard.uninstall()
 
     def _commit(self, plan, sampling, num_logits: list[int], logits: np.ndarray, t0: float) -> None:
         """After the model call: sample (verify drafts), commit the K/V, append, finish; record the step."""
@@ -493,7 +548,9 @@ class InferenceEngine:
 
     def _sample(self, reqs: list[Request], logits: np.ndarray) -> tuple[list[int], list[str | None]]:
         """One token per request (greedy rows in one argmax), or an error message for a row that fails."""
-        finite = np.isfinite(logits).all(axis=-1) if len(reqs) else np.zeros(0, bool)
+        # A row is finite iff its max and min are (both propagate NaN): two reductions, no boolean matrix.
+        finite = (np.isfinite(logits.max(axis=-1)) & np.isfinite(logits.min(axis=-1))) if len(reqs) \
+            else np.zeros(0, bool)
         if logits.shape[-1] > self.num_sampled_ids:  # a padded vocabulary: never pick an id without a token
             logits = logits.copy()
             logits[:, self.num_sampled_ids:] = -np.inf

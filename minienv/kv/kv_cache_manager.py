@@ -216,6 +216,9 @@ class KVCacheManager:
         self.index = PrefixIndex()
         self.prefix_stats = PrefixCacheStats()
         self.cow_copies = 0
+        #: cached-free blocks, counted as blocks change state (``stats()`` runs after every engine step, so it
+        #: must not scan the index); ``check_invariants`` compares it with a scan
+        self._num_cached_free = 0
         self._requests: dict[RequestId, RequestKV] = {}
         self._listeners: list[Callable[[KVEvent], None]] = []
 
@@ -285,8 +288,8 @@ class KVCacheManager:
         return [(b.block_id, b.block_hash is not None) for b in self.pool.free_block_queue]
 
     def stats(self) -> KVCacheStats:
-        """Counts by state (O(indexed blocks))."""
-        cached_free = sum(1 for entry in self.index if self.pool.blocks[entry.block_id].ref_cnt == 0)
+        """Counts by state (O(1): the cached-free count is kept as blocks change state)."""
+        cached_free = self._num_cached_free
         s = self.prefix_stats
         return KVCacheStats(self.pool.num_blocks, self.block_size, self.pool.num_free_blocks - cached_free,
                             cached_free, self.pool.num_used_blocks, len(self._requests), s.requests, s.queries,
@@ -332,8 +335,10 @@ class KVCacheManager:
         return ids
 
     def _drop_hash(self, block: KVCacheBlock, request_id: RequestId | None) -> None:
-        """Evict one block's cached content: out of the index, hash cleared, counted (the block stays put)."""
+        """Evict one block's cached content: out of the index, hash cleared, counted (the block stays put). Only
+        for a cached-free block (in the free queue, or taken from it by the call evicting it)."""
         evicted_hash, block.block_hash = block.block_hash, None
+        self._num_cached_free -= 1
         self.index.remove(block.block_id)
         self.prefix_stats.evicted_blocks += 1
         self.prefix_stats.evicted_tokens += self.block_size
@@ -343,8 +348,9 @@ class KVCacheManager:
         """Take a reference on prefix-hit blocks: a cached-free one leaves the free queue (O(1)), 0 -> 1."""
         for bid in block_ids:
             block = self.pool.blocks[bid]
-            if block.ref_cnt == 0:
+            if block.ref_cnt == 0:  # cached-free -> in use
                 self.pool.free_block_queue.remove(block)
+                self._num_cached_free -= 1
             block.ref_cnt += 1
             self._emit("hit", bid, request_id, block.block_hash)
 
@@ -434,6 +440,7 @@ class KVCacheManager:
             # A shared original stays in use by its other holders; an indexed one held only by us becomes
             # cached-free, its K/V intact for future hits.
             self.pool.free([last.block_id])
+            self._num_cached_free += last.ref_cnt == 0 and last.block_hash is not None
             req.block_ids[-1] = private
             copies = ((last.block_id, private),)
             self.cow_copies += 1
@@ -572,10 +579,14 @@ class KVCacheManager:
     # ------------------------------------------------------------------ free / evict
     def _release(self, block_ids: Sequence[int], request_id: RequestId) -> None:
         self.pool.release(block_ids)  # ids from this manager's own tables (invariant 1: each is referenced)
-        if self._listeners:
-            for bid in block_ids:
-                if self.pool.blocks[bid].ref_cnt == 0:
-                    self._emit("free", bid, request_id, self.pool.blocks[bid].block_hash)
+        blocks = self.pool.blocks
+        for bid in block_ids:
+            block = blocks[bid]
+            if block.ref_cnt == 0:
+                if block.block_hash is not None:
+                    self._num_cached_free += 1  # in use -> cached-free
+                if self._listeners:
+                    self._emit("free", bid, request_id, block.block_hash)
 
     def free(self, request_id: RequestId) -> list[int]:
         """Release a request's blocks **last block first**; return them in that order.
@@ -644,6 +655,7 @@ class KVCacheManager:
                 holders[bid] += 1
         indexed = {e.block_id: e for e in self.index}
         assert len(indexed) == len(self.index), "a block is indexed twice"
+        assert self._num_cached_free == sum(pool.blocks[b].ref_cnt == 0 for b in indexed), "cached-free count"
         assert self.enable_prefix_caching or not indexed
         for block in pool.blocks:
             assert block.ref_cnt == holders[block.block_id], (

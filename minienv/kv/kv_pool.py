@@ -60,6 +60,7 @@ class KVPool:
     num_kv_heads: int
     head_dim: int
     kv_cache: np.ndarray = field(init=False, repr=False)
+    _checked_slots: object = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
@@ -115,8 +116,11 @@ class KVPool:
             raise ValueError(
                 f"write expects k, v of shape ({n}, {self.num_kv_heads}, {self.head_dim}), got {k.shape}, {v.shape}"
             )
-        if n and (slots.min() < 0 or slots.max() >= self.num_slots):
-            raise IndexError(f"slot out of range [0, {self.num_slots}): {slots.min()}..{slots.max()}")
+        # NOTE: a step writes every layer through one slot array; its range is checked on the first layer only.
+        if slots is not self._checked_slots:
+            if n and (slots.min() < 0 or slots.max() >= self.num_slots):
+                raise IndexError(f"slot out of range [0, {self.num_slots}): {slots.min()}..{slots.max()}")
+            self._checked_slots = slots
         flat = self.kv_cache[layer].reshape(2, self.num_slots, self.num_kv_heads, self.head_dim)
         flat[0, slots] = k
         flat[1, slots] = v

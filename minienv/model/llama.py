@@ -23,7 +23,9 @@ from minienv.model.kv_cache import ContiguousKVCache
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """``weight * x / sqrt(mean(x²) + eps)`` over the last axis (float32, like HF's ``LlamaRMSNorm``)."""
-    variance = np.mean(x * x, axis=-1, keepdims=True)
+    # np.mean's own arithmetic (a float32 sum, then a division by the count) without its Python wrapper, which
+    # costs more than the sum at decode sizes; the bits are np.mean's.
+    variance = np.add.reduce(x * x, axis=-1, keepdims=True) / x.shape[-1]
     return weight * (x / np.sqrt(variance + np.float32(eps)))
 
 
@@ -59,6 +61,27 @@ class LlamaLayer:
     w_down: np.ndarray  # [I, H]
 
 
+class RopeTable:
+    """:func:`rope_cos_sin` for positions ``0 .. P-1``, computed once and grown (doubling) when a step needs a
+    later position, so a step indexes rows instead of evaluating cos and sin. Row ``p`` is bit-identical to
+    ``rope_cos_sin([p])``: the same float32 operations, element by element."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int):
+        self.head_dim, self.theta, self.max_positions = head_dim, theta, max_positions
+        self.cos = self.sin = np.zeros((0, 1, head_dim), dtype=np.float32)
+
+    def __call__(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(cos, sin)`` rows ``[N, 1, head_dim]`` for ``positions`` (non-negative, below ``max_positions``)."""
+        need = int(positions.max()) + 1
+        if need > len(self.cos):
+            size = min(max(need, 2 * len(self.cos), 256), max(need, self.max_positions))
+            self.cos, self.sin = rope_cos_sin(np.arange(size), self.head_dim, self.theta)
+        if len(positions) == 1:  # a decode: a slice is a view, no gather
+            p = int(positions[0])
+            return self.cos[p:p + 1], self.sin[p:p + 1]
+        return self.cos[positions], self.sin[positions]
+
+
 class LlamaModel:
     """The numpy Llama. ``forward(ids)`` is the dense reference; ``forward_step`` runs through a backend.
 
@@ -88,6 +111,7 @@ class LlamaModel:
                 w_down=np.ascontiguousarray(w("mlp.down_proj.weight").T),
             ))
         self.norm = np.asarray(weights["model.norm.weight"], dtype=np.float32)
+        self.rope = RopeTable(config.head_dim, config.rope_theta, config.max_position_embeddings)
         head = self.embed_tokens if config.tie_word_embeddings else weights["lm_head.weight"]
         self.lm_head_t = np.ascontiguousarray(np.asarray(head, dtype=np.float32).T)  # [H, vocab]
 
@@ -115,6 +139,9 @@ class LlamaModel:
     # ------------------------------------------------------------------ validation
     def _check_tokens(self, token_ids: object) -> np.ndarray:
         ids = np.asarray(token_ids)
+        if ids.dtype == np.int64 and ids.ndim == 1 and ids.size:  # the engine's arrays: two reductions, no copies
+            if ids.min() >= 0 and ids.max() < self.config.vocab_size:
+                return ids
         if ids.ndim != 1:
             raise ValueError(f"token_ids must be a 1-D sequence of ints, got shape {ids.shape}")
         if ids.size == 0:
@@ -130,6 +157,9 @@ class LlamaModel:
 
     def _check_positions(self, positions: object, n: int) -> np.ndarray:
         pos = np.asarray(positions)
+        if pos.dtype == np.int64 and pos.shape == (n,) and n:  # the engine's arrays (the general checks below)
+            if pos.min() >= 0 and pos.max() < self.config.max_position_embeddings:
+                return pos
         if pos.shape != (n,) or (n and not np.issubdtype(pos.dtype, np.integer)):
             raise ValueError(f"positions must be {n} integers (one per token), got shape {pos.shape}")
         if pos.min() < 0 or pos.max() >= self.config.max_position_embeddings:
@@ -168,7 +198,7 @@ class LlamaModel:
         c = self.config
         n, hq, hkv, d = len(ids), c.num_attention_heads, c.num_key_value_heads, c.head_dim
         q_end, k_end = hq * d, (hq + hkv) * d
-        cos, sin = rope_cos_sin(pos, d, c.rope_theta)
+        cos, sin = self.rope(pos)  # rows of a table made once (rope_cos_sin's values, bit for bit)
 
         x = self.embed_tokens[ids]  # [N, H]
         backend.begin_step(pos)

@@ -1,0 +1,141 @@
+"""The engine's fast paths against its plain paths, and Ctrl-C handling with one SIGINT handler per step.
+
+* A real SIGINT (``signal.raise_signal``) in each phase of a step: while planning it is held until planning ends,
+  then the plan is rolled back; in the model call it lands at once and the step is rolled back; while committing
+  it is held until the step is complete. Either way the engine's state is consistent and stepping on gives every
+  request its alone output (``minienv.generate``).
+* The scheduler on the KV cache manager's fast paths (``append_slot``, ``find_prefix`` + ``allocate_slots``,
+  ``commit_step``) and on its plain, validated calls produce the same plans, block tables, stats and outputs.
+* The model's precomputed RoPE rows equal ``rope_cos_sin`` bit for bit, and RMSNorm's reduction equals ``np.mean``'s.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from engine_harness import alone, assert_rolled_back, fingerprint
+from minienv.engine import InferenceEngine
+from minienv.kv.kv_cache_manager import KVCacheManager
+from minienv.model.llama import RopeTable, rms_norm, rope_cos_sin
+from minienv.sampling import SamplingParams
+
+PROMPTS = ["To be, or not to be", "ROMEO:", "O Romeo, Romeo", "To be, or not"]
+GREEDY = SamplingParams(max_tokens=24, temperature=0)
+
+needs_default_sigint = pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread()
+    or signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
+    reason="Ctrl-C deferral is only active in the main thread over Python's default SIGINT handler")
+
+
+def _engine(model, tok, **kw):
+    return InferenceEngine(model, tok, kv_budget_tokens=1024, block_size=4, max_num_batched_tokens=16, **kw)
+
+
+def _finish_and_compare(engine, model, tok, ids):
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check_invariants()
+    for rid, prompt in zip(ids, PROMPTS, strict=True):
+        assert tuple(engine.output(rid).token_ids) == alone(model, tok.encode(prompt), GREEDY, tok.eos_token_id)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the step's handler was removed
+
+
+@needs_default_sigint
+@pytest.mark.parametrize("phase", ["plan", "model", "commit"])
+def test_sigint_in_each_phase_of_a_step(model, tok, phase):
+    e = _engine(model, tok)
+    ids = [e.add_request(p, GREEDY) for p in PROMPTS]
+    for _ in range(3):
+        e.step()
+    before = fingerprint(e)
+    reached: list[str] = []
+
+    def interrupt(where: str) -> None:
+        reached.append(where)
+        signal.raise_signal(signal.SIGINT)
+        reached.append(where + " continued")  # held (deferred) interrupts let the phase run on
+
+    if phase == "plan":
+        original = e.scheduler.schedule
+        e.scheduler.schedule = lambda: (lambda plan: (interrupt("plan"), plan)[1])(original())
+    elif phase == "model":
+        original = e.model.forward_step
+
+        class Interrupting:
+            config = model.config
+
+            def forward_step(self, *a, **k):
+                interrupt("model")
+                return original(*a, **k)
+        e.model = Interrupting()
+    else:
+        e.add_step_listener(lambda record: interrupt("commit"))
+
+    with pytest.raises(KeyboardInterrupt):
+        e.step()
+    if phase == "model":
+        assert reached == ["model"]  # raised at once, inside the model call
+        e.model = model
+    else:
+        assert reached == [phase, phase + " continued"]  # held until the phase ended
+    if phase == "plan":
+        e.scheduler.schedule = original
+    if phase == "commit":
+        e._step_listeners.clear()
+        e.check_invariants()  # the step completed before the interrupt was raised
+        assert e.scheduler.num_steps == before["stats"].num_steps + 1
+    else:
+        assert_rolled_back(before, e)
+    _finish_and_compare(e, model, tok, ids)
+
+
+class _PlainManager(KVCacheManager):
+    """minienv's manager driven only through its public, validated calls (its fast paths switched off)."""
+
+    fast_paths = False
+
+
+@pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize("budget", [1024, 48])  # 48 tokens: preemption and eviction
+def test_scheduler_on_fast_paths_equals_plain_paths(model, tok, caching, budget):
+    runs = {}
+    for name, factory in (("fast", None), ("plain", lambda n, b, c: _PlainManager(n, b, enable_prefix_caching=c))):
+        e = InferenceEngine(model, tok, kv_budget_tokens=budget, block_size=4, max_num_batched_tokens=16,
+                            enable_prefix_caching=caching, kv_cache_manager_factory=factory)
+        assert e.kv_cache_manager.fast_paths == (name == "fast")
+        ids = [e.add_request(p, GREEDY) for p in PROMPTS]
+        plans, snaps = [], []
+        while e.has_unfinished_requests():
+            e.step()
+            e.check_invariants()
+            rec = e.history[-1]
+            plans.append([(s.request_id, s.kind, s.num_new_tokens, s.num_computed_tokens, s.token_ids,
+                           s.slot_mapping.tolist(), s.blocks_to_copy) for s in rec.scheduler_output.scheduled])
+            snaps.append((e.kv_cache_manager.snapshot(), rec.stats.num_cached_free_blocks))
+        runs[name] = (plans, snaps, [tuple(e.output(i).token_ids) for i in ids])
+    assert runs["fast"] == runs["plain"]
+    for prompt, out in zip(PROMPTS, runs["fast"][2], strict=True):
+        assert out == alone(model, tok.encode(prompt), GREEDY, tok.eos_token_id)
+
+
+def test_rope_table_rows_equal_rope_cos_sin():
+    table = RopeTable(48, 10000.0, 1024)
+    for positions in ([0], [7], [1023], [0, 5, 300, 1023], list(range(40)), [900, 3]):
+        pos = np.asarray(positions, dtype=np.int64)
+        got, want = table(pos), rope_cos_sin(pos, 48, 10000.0)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert len(table.cos) <= 1024
+
+
+def test_rms_norm_reduction_equals_np_mean():
+    rng = np.random.default_rng(0)
+    for shape in [(1, 192), (7, 192), (3, 5, 64)]:
+        x = rng.standard_normal(shape).astype(np.float32) * 3
+        w = rng.standard_normal(shape[-1]).astype(np.float32)
+        want = w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(1e-5)))
+        assert np.array_equal(rms_norm(x, w, 1e-5), want)
