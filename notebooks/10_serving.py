@@ -219,37 +219,74 @@ assert stream.completion.cached_tokens > 0  # the same prompt again: its full bl
 #
 # A client that stops listening must not keep KV blocks. When a call is cancelled — or its deadline passes — the
 # handler's call ends, and a callback asks the engine thread to abort the request: its blocks are freed before
-# the next step. `GetServerInfo` (`client.server_info()`) shows the blocks in use while a long request runs, then
-# after the cancel:
+# the next step. Below, a request for 400 tokens streams while the notebook reads the server's blocks in use
+# (`client.server_info()`, the `GetServerInfo` call) after every chunk; after 24 chunks the client cancels, and
+# the readings go on until the blocks are back. The chart fills in live (a static image of it follows):
 
 # %%
 import itertools
 import time
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from IPython.display import display
+
+from minienv.viz.static import image_bundle
+
+pio.renderers.default = "plotly_mimetype"  # figures drawn by JupyterLab itself: no CDN, no network
 
 
 def blocks_in_use():
     return client.server_info().num_blocks_in_use
 
 
-def wait_until_idle(timeout=5.0):
-    """Poll the server until no block is in use; the readings, in order."""
+def wait_until_idle(timeout=5.0, on_reading=None):
+    """Read the server's blocks in use until none is (or `timeout` passes); the readings, in order."""
     readings, end = [blocks_in_use()], time.monotonic() + timeout
     while readings[-1] and time.monotonic() < end:
-        time.sleep(0.01)
+        if on_reading:
+            on_reading(readings[-1])
+        time.sleep(0.005)
         readings.append(blocks_in_use())
+    if on_reading:
+        on_reading(readings[-1])
     return readings
 
 
+watch = go.FigureWidget(layout=dict(
+    width=760, height=300, margin=dict(t=50, b=45), title="KV blocks in use on the server",
+    xaxis_title="ms since the request was sent", yaxis_title="blocks in use", yaxis_rangemode="tozero"))
+watch.add_scatter(x=[], y=[], mode="lines+markers", line_shape="hv", name="blocks in use")
+display(watch)
+readings = []  # (ms since the request was sent, blocks in use, "streaming" or "cancelled")
+t0 = time.perf_counter()
+
+
+def record(blocks, phase):
+    readings.append(((time.perf_counter() - t0) * 1e3, blocks, phase))
+    with watch.batch_update():
+        watch.data[0].x, watch.data[0].y = [r[0] for r in readings], [r[1] for r in readings]
+
+
 long_story = client.stream(PROMPT, 400)
-first = [chunk.text for chunk in itertools.islice(long_story, 8)]  # read 8 chunks: the request is running
-during = blocks_in_use()
+for chunk in itertools.islice(long_story, 24):  # the request is running: read its chunks
+    record(blocks_in_use(), "streaming")
 long_story.cancel()  # the client gives up
-after = wait_until_idle()
-print(f"after {len(first)} chunks: {during} blocks in use; cancelled -> {after[-1]} in use "
-      f"(read {len(after)} times); the stream ended quietly: cancelled={long_story.cancelled}")
+cancel_ms = (time.perf_counter() - t0) * 1e3
+wait_until_idle(on_reading=lambda blocks: record(blocks, "cancelled"))
+watch.add_vline(x=cancel_ms, line_dash="dot", line_color="#e15759", annotation_text="cancel()")
+image = image_bundle(watch)
+if image is not None:
+    display(image, raw=True)  # the same chart as a PNG, for readers without a kernel
+streamed = [b for _, b, phase in readings if phase == "streaming"]
+print(f"while streaming: {streamed[0]} -> {max(streamed)} blocks in use; after cancel(): {readings[-1][1]} "
+      f"({sum(phase == 'cancelled' for *_, phase in readings)} readings); the stream ended quietly: "
+      f"cancelled={long_story.cancelled}")
 
 # %%
-assert during >= 2 and after[-1] == 0  # the prompt and its first tokens held blocks; all of them came back
+assert streamed[0] >= 2 and max(streamed) >= streamed[0]  # the prompt's blocks, and more as the output grew
+assert readings[-1][1] == 0  # every block came back
+assert list(watch.data[0].y) == [b for _, b, _ in readings]  # the chart shows exactly these readings
 assert long_story.cancelled and long_story.completion is None and list(long_story) == []
 
 # %% [markdown]
@@ -486,13 +523,10 @@ print("each scene's instance(s):", {scene: [pa_cluster.addresses.index(a) for a 
 # instances:
 
 # %%
-import plotly.graph_objects as go  # noqa: F401 - the figure's types
-import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from minienv.viz.static import show
 
-pio.renderers.default = "plotly_mimetype"  # drawn by JupyterLab itself: no CDN, no network
 RED, BLUE = "#e15759", "#4e79a7"
 
 
