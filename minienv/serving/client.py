@@ -188,13 +188,12 @@ class Stream:
                             return
                         self._call, self.address = self._start(attempt)
                     continue
-                err = ServingError.from_rpc(exc, request_id=self.request_id,
-                                            address=self.address or _served_by(self._call))
+                details = exc.details() or ""
                 if exc.code() == grpc.StatusCode.UNAVAILABLE and received:
-                    err.details += (" (the instance went away after this stream had delivered output; it is not "
-                                    "retried elsewhere, which would repeat that output)")
-                    err.args = (f"{err.code.name}: {err.details}",)
-                raise err from None
+                    details += (" (the instance went away after this stream had delivered output; it is not "
+                                "retried elsewhere, which would repeat that output)")
+                raise ServingError(exc.code(), details, request_id=self.request_id,
+                                   address=self.address or _served_by(self._call)) from None
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -206,7 +205,7 @@ def _split_address(address: str) -> tuple[str, int]:
 
 def balanced_target(addresses: Sequence[str]) -> str:
     """The gRPC target naming every instance: ``ipv4:127.0.0.1:50051,127.0.0.1:50052`` (the ``ipv4`` resolver
-    takes a static list; host names are resolved once, here)."""
+    takes a static list; host names are resolved once, here, to IPv4 addresses)."""
     parts = []
     for a in addresses:
         host, port = _split_address(a)
