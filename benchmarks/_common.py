@@ -170,6 +170,7 @@ def interleaved(
     clock: Callable[[], float] = time.perf_counter,
     warmup: bool = True,
     min_seconds: float = 0.0,
+    before_each: Callable[[], Any] | None = None,
 ) -> dict[str, Timing]:
     """Run every variant once per round, in a seeded order rotated by one each round; time each call.
 
@@ -180,6 +181,8 @@ def interleaved(
         clock: ``time.perf_counter`` (wall) or ``time.thread_time`` (this thread's CPU time: with one BLAS
             thread, the work itself whatever the neighbours do). Wall time is recorded in ``Timing.wall`` too.
         warmup: call each variant once, untimed, before the rounds (first-call allocations, caches).
+        before_each: called untimed before every timed call — e.g. evicting the CPU caches, so that no variant
+            finds its data warm because the variant before it happened to read the same arrays.
 
     Returns:
         name -> :class:`Timing` (``.min`` and ``.median`` seconds per call).
@@ -199,6 +202,8 @@ def interleaved(
     while r < rounds or time.perf_counter() - start < min_seconds:
         k = r % len(names)
         for name in names[k:] + names[:k]:
+            if before_each is not None:
+                before_each()
             w0, c0 = time.perf_counter(), clock()
             res = variants[name]()
             c1, w1 = clock(), time.perf_counter()

@@ -29,7 +29,8 @@ bandwidth, K+V bytes / time, beside this machine's measured ``memcpy`` bandwidth
 that must read all of K and V once.
 
 Same data (the dense slabs are copies of the paged blocks), same process, every path once per round in the
-harness's interleaved rounds (``benchmarks/_common.py``: order rotated each round). Each call is timed on the
+harness's interleaved rounds (``benchmarks/_common.py``: order rotated each round), with the CPU caches evicted
+(a 16 MiB read) before every timed call, so no path inherits data another path warmed. Each call is timed on the
 thread's CPU time (``time.thread_time``: with one BLAS thread, the work itself, whatever the neighbours do) and
 on the wall clock. The ratios use each path's fastest round on the CPU clock; medians and wall-clock ratios are
 in the JSON too. Every path's output is checked against the dense one (within 1e-5).
@@ -104,6 +105,17 @@ def build_case(batch: int, context: int, hq: int, hkv: int, d: int, seed: int = 
     return kv, meta, k_dense, v_dense, q
 
 
+#: read before every timed call: larger than this machine's L2 (2 MiB per core), so every path starts with its
+#: K/V out of L2. Without it the dense variants, which all read the same slabs, found them warm after one another
+#: while the paged kernels read the pool cold (batch 1 x 2048: the same call on the same shapes timed 1.4x apart).
+#: Read, not written: evicting dirty lines would make the next (timed) call pay for their write-back.
+_EVICT = np.ones(16 << 20 >> 2, dtype=np.float32)
+
+
+def evict_caches() -> None:
+    _EVICT.max()
+
+
 def time_interleaved(fns: dict, min_seconds: float, rounds: int, seed: int) -> dict:
     """Per function: (fastest, median) seconds per call on the thread's CPU clock, and the same on the wall clock
     under ``name@wall``, from the harness's interleaved rounds (order rotated each round).
@@ -111,7 +123,8 @@ def time_interleaved(fns: dict, min_seconds: float, rounds: int, seed: int) -> d
     The ratio uses the fastest round: on a shared machine the median mostly measures the neighbours, while the
     minimum is what the code costs when it gets the CPU (both paths get the same chances).
     """
-    t = interleaved(fns, rounds=rounds, seed=seed, clock=time.thread_time, min_seconds=min_seconds)
+    t = interleaved(fns, rounds=rounds, seed=seed, clock=time.thread_time, min_seconds=min_seconds,
+                    before_each=evict_caches)
     out = {name: (x.min, x.median) for name, x in t.items()}
     out.update({f"{name}@wall": (x.wall_min, x.wall_median) for name, x in t.items()})
     return out

@@ -77,6 +77,16 @@ def test_interleaved_warms_up_once_and_keeps_going_until_min_seconds():
     assert len(t["a"].samples) >= 3
 
 
+def test_before_each_runs_untimed_before_every_timed_call():
+    log: list[str] = []
+    t = _common.interleaved({"a": lambda: log.append("a"), "b": lambda: log.append("b")}, rounds=3,
+                            before_each=lambda: log.append("flush"), warmup=True)
+    assert log[:2] in (["a", "b"], ["b", "a"])  # warm-up: no flush
+    timed = log[2:]
+    assert timed[0::2] == ["flush"] * 6 and sorted(timed[1::2]) == ["a"] * 3 + ["b"] * 3
+    assert len(t["a"].samples) == len(t["b"].samples) == 3
+
+
 def test_interleaved_rejects_fewer_than_three_rounds_and_no_variants():
     with pytest.raises(ValueError, match=">= 3 rounds"):
         _common.interleaved({"a": lambda: None}, rounds=2)
