@@ -1,6 +1,6 @@
 """Paged vs dense decode attention (against the strongest dense variant), and block-pool throughput.
 
-    .venv/bin/python benchmarks/bench_paged.py            # full grid, 15 rounds, ~1-2 minutes
+    .venv/bin/python benchmarks/bench_paged.py            # full grid, >= 15 rounds, a few minutes
     .venv/bin/python benchmarks/bench_paged.py --quick    # 3 rounds: checks the script, not the figures
 
 **Decode step, attention only** (one layer, the bundled target model's head shape: ``assets/target/config.json``,
