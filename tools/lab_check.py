@@ -12,10 +12,13 @@ widget/figure has rendered, then reports problems in five groups:
   errors    an error output (a cell raised), or a stderr output holding a Traceback
   unrun     code cells that never ran (Run All stops at the first error)
   widgets   a widget output that is not a rendered live view ("Loading widget...", "Error displaying widget"), or
-            fewer rendered widget views than the committed .ipynb has widget outputs
+            fewer rendered widget views than the committed .ipynb has widget outputs, or a minienv view named in
+            an output's repr (BlockGrid, QueueView, ...) that the live widget does not draw
   plotly    a plotly output without a rendered `.js-plotly-plot`, or fewer plots than the committed .ipynb has
             plotly figures (static `application/vnd.plotly.v1+json` outputs + FigureWidgets)
   console   JS console errors and uncaught page errors (minus the documented allow-list below)
+  controls  a control whose live view does not answer: Step / Reset / ▶ / ■, sliders, text boxes
+            (`tools/lab_controls.py`, run after Run All; `--no-controls` skips it)
 
 and saves a screenshot of the whole notebook.
 
@@ -45,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lab_controls import drive_controls  # noqa: E402
 # Debian's chromium (apt-get install -y chromium). MINIENV_CHROMIUM points at another Chromium/Chrome binary.
 CHROMIUM = os.environ.get("MINIENV_CHROMIUM", "/usr/bin/chromium")
 # The background-networking flags matter on a closed network: without them Chromium keeps trying to reach
@@ -61,6 +66,11 @@ CHROMIUM_ARGS = [
 ]
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+# minienv.viz views (as named in a widget output's text/plain repr) and the CSS class their live widget carries:
+# a view named in the repr but missing from the page was dropped from the live widget (05/06 lost their free queue
+# that way while the static pictures still showed it).
+VIEW_KINDS = [["BlockGrid", "minienv-blockgrid"], ["QueueView", "minienv-queue"],
+              ["BlockTableView", "minienv-blocktables"], ["RequestTimeline", "minienv-timeline"]]
 VIEWPORT = {"width": 1400, "height": 900}
 MAX_SCREENSHOT_HEIGHT = 30000
 STABLE_SECONDS = 8.0  # after Run All: no change in rendered views for this long (and none loading) = settled
@@ -328,7 +338,7 @@ class Result:
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)  # open / run / settle / screenshot / close, seconds
     problems: dict[str, list[str]] = field(default_factory=lambda: {
-        "errors": [], "unrun": [], "widgets": [], "plotly": [], "console": []})
+        "errors": [], "unrun": [], "widgets": [], "plotly": [], "console": [], "controls": []})
     counts: dict = field(default_factory=dict)
     expected: Expected | None = None
     screenshot: Path | None = None
@@ -378,7 +388,7 @@ _JS_STATE = """
 """
 
 _JS_REPORT = """
-([widgetMime, plotlyMime]) => {
+([widgetMime, plotlyMime, viewKinds]) => {
   const panel = window.jupyterapp.shell.currentWidget;
   const nb = panel.content;
   const txt = (el) => (el.textContent || '').replace(/\\s+/g, ' ').trim();
@@ -416,6 +426,12 @@ _JS_REPORT = """
           // "Error displaying widget" text, or ipywidgets' error view ("Click to show javascript error.").
           error: t.startsWith('Error displaying widget') || !!(el && el.querySelector('.jupyter-widgets-error-widget')),
           loading: t.startsWith('Loading widget'),
+          // minienv views: each kind named in the repr (text/plain) must be drawn (its widget carries a class)
+          views: viewKinds.map(([name, cls]) => {
+            const plain = data['text/plain'];
+            const rep = Array.isArray(plain) ? plain.join('') : String(plain || '');
+            return {name, want: rep.split(name + '(').length - 1, got: el ? el.querySelectorAll('.' + cls).length : 0};
+          }).filter(v => v.want > 0),
         });
       }
       if (plotlyMime in data) {
@@ -463,8 +479,9 @@ def _wait(page, predicate, timeout: float, what: str, dialogs: list[str], poll: 
 
 def check_notebook(browser: Browser, server: LabServer, rel_path: str, expected: Expected,
                    screenshot: Path | None = None, run_timeout: float = 180, settle_timeout: float = 30,
-                   prestart_kernel: bool = True) -> Result:
-    """Open `rel_path` (relative to the server root) on a fresh kernel, run all cells, check what renders."""
+                   prestart_kernel: bool = True, controls: bool = True) -> Result:
+    """Open `rel_path` (relative to the server root) on a fresh kernel, run all cells, check what renders; then
+    (``controls``) click / slide / type every control and check that its live view answers (`lab_controls`)."""
     res = Result(name=rel_path, expected=expected)
     t0 = time.monotonic()
     console: list[tuple[str, str, str]] = []  # (phase, kind, text)
@@ -528,7 +545,7 @@ def check_notebook(browser: Browser, server: LabServer, rel_path: str, expected:
         deadline = time.monotonic() + settle_timeout
         last, last_change = None, time.monotonic()
         while True:
-            rep = page.evaluate(_JS_REPORT, [WIDGET_MIME, PLOTLY_MIME])
+            rep = page.evaluate(_JS_REPORT, [WIDGET_MIME, PLOTLY_MIME, VIEW_KINDS])
             visible = [w for w in rep["widgetOutputs"] if not w["hidden"]]
             # still on its way: a widget output saying "Loading widget...", a plotly output not yet drawn
             loading = sum(w["loading"] for w in visible) + sum(not p["plots"] for p in rep["plotlyOutputs"])
@@ -543,7 +560,7 @@ def check_notebook(browser: Browser, server: LabServer, rel_path: str, expected:
                 break
             page.wait_for_timeout(300)
         page.wait_for_timeout(300)  # let a last console error (if any) arrive
-        rep = page.evaluate(_JS_REPORT, [WIDGET_MIME, PLOTLY_MIME])
+        rep = page.evaluate(_JS_REPORT, [WIDGET_MIME, PLOTLY_MIME, VIEW_KINDS])
         _judge(res, rep, expected)
         res.timings["settle"] = time.monotonic() - t_settle
 
@@ -552,6 +569,12 @@ def check_notebook(browser: Browser, server: LabServer, rel_path: str, expected:
             _screenshot(page, screenshot)
             res.screenshot = screenshot
             res.timings["screenshot"] = time.monotonic() - t_shot
+        if controls:
+            t_ctl = time.monotonic()
+            found, problems = drive_controls(page)
+            res.problems["controls"].extend(problems)
+            res.counts["controls"] = {k: sum(c["kind"] == k for c in found) for k in ("stepper", "slider", "text")}
+            res.timings["controls"] = time.monotonic() - t_ctl
     except Exception as e:  # a hang or crash is a failure of this notebook, with a screenshot to look at
         res.problems["errors"].append(f"{type(e).__name__}: {e}")
         if screenshot is not None:
@@ -587,6 +610,11 @@ def _judge(res: Result, rep: dict, expected: Expected) -> None:
         if w["error"] or w["loading"] or not w["rendered"]:
             res.problems["widgets"].append(f"cell {w['cell']} ({w['head']}): widget output is not a live view: "
                                            f"{w['text'] or '<empty>'!r}")
+        for v in w.get("views", []):
+            if w["rendered"] and v["got"] < v["want"]:
+                res.problems["widgets"].append(
+                    f"cell {w['cell']} ({w['head']}): the live view draws {v['got']} {v['name']}, its repr names "
+                    f"{v['want']}")
     rendered = sum(1 for w in visible if w["rendered"] and not w["error"] and not w["loading"])
     if rendered < expected.widget_views:
         res.problems["widgets"].append(
@@ -635,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="*", type=Path, help="notebooks or folders (default: notebooks/)")
     ap.add_argument("--screenshots", type=Path, default=REPO / "tests" / "browser" / "screenshots")
+    ap.add_argument("--no-controls", action="store_true", help="do not drive the controls after Run All")
     args = ap.parse_args(argv)
     missing = missing_dependencies()
     if missing:
@@ -656,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
         for nb in notebooks:
             rel = f"{where[nb.resolve().parent]}/{nb.name}"
             res = check_notebook(browser, server, rel, expected_from_ipynb(nb),
-                                 screenshot=args.screenshots / f"{nb.stem}.png")
+                                 screenshot=args.screenshots / f"{nb.stem}.png", controls=not args.no_controls)
             res.name = str(nb)
             print(res.summary(), flush=True)
             failed += not res.ok

@@ -75,6 +75,9 @@ class Panel(View):
         parts = [v.to_html() if hasattr(v, "to_html") else v.static().data for v in self.views]
         return "<div>" + "".join(f"<div>{p}</div>" for p in parts) + "</div>"
 
+    def parts(self) -> list[View]:
+        return [self] + [p for v in self.views for p in v.parts()]
+
     def __repr__(self) -> str:
         return "Panel(" + ", ".join(repr(v) for v in self.views) + ")"
 

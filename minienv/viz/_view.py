@@ -13,9 +13,26 @@ from . import _style as S
 
 
 class View:
-    """Base of the live views: subclasses set ``self.widget`` and implement ``to_html()``."""
+    """Base of the live views: subclasses set ``self.widget`` and implement ``to_html()``.
+
+    A displayed view puts ``css_class`` on its live widget and on those of the views inside it (``parts()``), so a
+    page can be checked for every view it should show (the browser tier counts them against the ``text/plain``
+    repr, which names the parts).
+    """
 
     widget: Any
+    css_class = "minienv-view"
+
+    def parts(self) -> list["View"]:
+        """This view and every view it contains (composites override it)."""
+        return [self]
+
+    def tag_widgets(self) -> None:
+        """Put each part's ``css_class`` on its live widget (a no-op for widgets without DOM classes)."""
+        for view in self.parts():
+            add_class = getattr(view.widget, "add_class", None)
+            if add_class is not None and view.css_class not in getattr(view.widget, "_dom_classes", ()):
+                add_class(view.css_class)
 
     def to_html(self) -> str:  # pragma: no cover - every subclass defines it
         raise TypeError(f"{type(self).__name__} must define to_html()")
@@ -25,6 +42,7 @@ class View:
         return S.require("IPython.display").HTML(self.to_html())
 
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        self.tag_widgets()
         bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs) or {})
         bundle["text/plain"] = repr(self)
         return bundle
@@ -32,8 +50,6 @@ class View:
 
 class SvgView(View):
     """A view whose static picture is one SVG drawing (``to_svg()``), wrapped in a ``<div class=css_class>``."""
-
-    css_class = "minienv-view"
 
     def to_svg(self) -> str:  # pragma: no cover - every subclass defines it
         raise TypeError(f"{type(self).__name__} must define to_svg()")

@@ -434,6 +434,7 @@ class BlockGrid(SvgView):
             ),
         )
         S.quiet_config(fig)
+        fig.add_class(self.css_class)  # before any display: the page can tell which view this figure is
         return fig
 
     def _redraw(self) -> None:

@@ -288,10 +288,16 @@ class EngineDashboard(View):
             parts.append(self.timeline.to_html())
         return "<div class='minienv-dashboard'>" + "".join(f"<div>{p}</div>" for p in parts) + "</div>"
 
+    def parts(self) -> list[View]:
+        views = [self.kv, self.stepper, self.running_view, self.waiting_view, self.tables, self.stats_view,
+                 self.timeline]
+        return [self] + [p for v in views if v is not None for p in v.parts()]
+
     def __repr__(self) -> str:
         step = self.snapshot.step if self.snapshot is not None else 0
-        return (f"EngineDashboard(requests={len(self.requests)}, step={step}, done={self.done}, "
-                f"grid=BlockGrid(fig=FigureWidget(...)))")
+        parts = ", ".join(repr(v) for v in (self.grid, self.free_queue, self.running_view, self.waiting_view,
+                                            self.tables, self.timeline) if v is not None)
+        return f"EngineDashboard(requests={len(self.requests)}, step={step}, done={self.done}, {parts})"
 
 
 __all__ = ["EngineDashboard", "step_caption"]

@@ -170,8 +170,12 @@ class ManagerView(View):
         parts = [self.grid.to_html()] + ([self.queue.to_html()] if self.queue is not None else [])
         return "<div>" + "".join(f"<div>{p}</div>" for p in parts) + "</div>"
 
+    def parts(self) -> list[View]:
+        return [self, *self.grid.parts(), *(self.queue.parts() if self.queue is not None else [])]
+
     def __repr__(self) -> str:
-        return f"ManagerView({self.mgr!r})"
+        queue = f", queue={self.queue!r}" if self.queue is not None else ""
+        return f"ManagerView({self.mgr!r}, grid={self.grid!r}{queue})"
 
 
 # ====================================================================== the hash chain, drawn

@@ -83,7 +83,7 @@ class QueueView(SvgView):
         self._caption = ""
         self.updates = 0
         widgets = S.require("ipywidgets")
-        self.widget = widgets.HTML(value=self.to_svg())
+        self.widget = widgets.HTML(value=self.to_svg(), _dom_classes=(self.css_class,))
 
     # ------------------------------------------------------------------ state
     @property

@@ -55,7 +55,7 @@ class SpeculationView(SvgView):
         self.rows: list[SpecRow] = []
         self.num_tokens = 0  # tokens in the request's KV after the last row (computed)
         widgets = S.require("ipywidgets")
-        self.widget = widgets.HTML(value=self.to_svg())
+        self.widget = widgets.HTML(value=self.to_svg(), _dom_classes=(self.css_class,))
 
     def update(self, rows: list[SpecRow], *, num_tokens: int) -> None:
         """Show these rows (the last ``max_rows``) and a KV of ``num_tokens`` computed tokens."""

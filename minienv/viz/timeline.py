@@ -168,7 +168,7 @@ class RequestTimeline(SvgView):
             self.widget = self.fig
         else:
             self.fig = None
-            self.widget = S.require("ipywidgets").HTML(value=self.to_svg())
+            self.widget = S.require("ipywidgets").HTML(value=self.to_svg(), _dom_classes=(self.css_class,))
 
     # ------------------------------------------------------------------ state
     @property
@@ -294,6 +294,7 @@ class RequestTimeline(SvgView):
             font=dict(size=11), **self._layout_update()))
         fig.update_xaxes(showgrid=True, gridcolor="#f0f0f0")
         S.quiet_config(fig)
+        fig.add_class(self.css_class)  # before any display: the page can tell which view this figure is
         return fig
 
     def _redraw(self) -> None:

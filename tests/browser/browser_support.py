@@ -82,6 +82,41 @@ SELFTEST_CELLS = [
 SELFTEST_EXPECT = {"widget_views": 4, "plotly_figures": 2}
 
 
+SELFTEST_CONTROLS = "controls.ipynb"
+
+# Controls the checker must drive: a good stepper, slider and text box (no problem), and dead ones it must report,
+# plus a view its repr names that the live widget does not draw. The steppers are built like minienv's Stepper
+# (a box of [Step, Reset, counter] and a caption, above the views), from plain ipywidgets.
+CONTROLS_CELLS = [
+    ("markdown", "Self-test of tools/lab_controls.py: good controls, then dead ones."),
+    ("code", "import ipywidgets as w\n"
+             "def stepper(view, on_step, on_reset):\n"
+             "    counter, status, n = w.Label('step 0'), w.HTML(''), [0]\n"
+             "    step, reset = w.Button(description='Step'), w.Button(description='Reset')\n"
+             "    def do_step(_):\n"
+             "        n[0] += 1; counter.value = f'step {n[0]}'; status.value = f'did step {n[0]}'; on_step(n[0])\n"
+             "    def do_reset(_):\n"
+             "        n[0] = 0; counter.value = 'step 0'; status.value = ''; on_reset()\n"
+             "    step.on_click(do_step); reset.on_click(do_reset)\n"
+             "    return w.VBox([w.VBox([w.HBox([step, reset, counter]), status]), view])"),
+    ("code", "good = w.HTML('count 0')\n"
+             "stepper(good, lambda n: setattr(good, 'value', f'count {n}'), lambda: setattr(good, 'value', 'count 0'))"),
+    ("code", "stepper(w.HTML('never changes'), lambda n: None, lambda: None)  # dead Step: only its counter moves"),
+    ("code", "sticky = w.HTML('v 0')\n"
+             "stepper(sticky, lambda n: setattr(sticky, 'value', f'v {n}'), lambda: None)  # Reset restores nothing"),
+    ("code", "s, out = w.IntSlider(value=0, max=10), w.HTML('0')\n"
+             "s.observe(lambda c: setattr(out, 'value', str(c['new'])), 'value')\nw.VBox([s, out])"),
+    ("code", "w.VBox([w.IntSlider(value=3, max=10), w.HTML('nothing follows the slider')])  # dead slider"),
+    ("code", "t, o = w.Text(value='abc'), w.HTML('ABC')\n"
+             "t.observe(lambda c: setattr(o, 'value', c['new'].upper()), 'value')\nw.VBox([t, o])"),
+    ("code", "class Named:  # its repr names a grid and a queue; the live widget draws neither\n"
+             "    def _repr_mimebundle_(self, **kw):\n"
+             "        b = w.VBox([w.HTML('no views here')])._repr_mimebundle_(**kw)\n"
+             "        b['text/plain'] = 'ManagerView(grid=BlockGrid(...), queue=QueueView(...))'\n"
+             "        return b\nNamed()"),
+]
+
+
 def _notebook(cells) -> dict:
     out = []
     for kind, src in cells:
@@ -99,7 +134,7 @@ def _notebook(cells) -> dict:
 
 
 def write_selftest_notebooks(folder: Path) -> None:
-    for name, cells in [(SELFTEST, SELFTEST_CELLS)]:
+    for name, cells in [(SELFTEST, SELFTEST_CELLS), (SELFTEST_CONTROLS, CONTROLS_CELLS)]:
         nb = _notebook(cells)
         for i, cell in enumerate(nb["cells"]):
             cell["id"] = f"cell-{i}"

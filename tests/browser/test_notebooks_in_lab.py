@@ -10,8 +10,8 @@ land in tests/browser/screenshots/ (git-ignored) -- look at them.
 from __future__ import annotations
 
 import pytest
-from browser_support import (RESULTS, SCREENSHOTS, SELFTEST, SELFTEST_DIR, SELFTEST_EXPECT, lab_check,
-                             notebooks_dir, started)
+from browser_support import (RESULTS, SCREENSHOTS, SELFTEST, SELFTEST_CONTROLS, SELFTEST_DIR, SELFTEST_EXPECT,
+                             lab_check, notebooks_dir, started)
 
 pytestmark = pytest.mark.browser
 
@@ -57,3 +57,22 @@ def test_checker_sees_live_views_and_catches_every_kind_of_failure(lab):
     assert "deliberate console error from the self-test" in p["console"], res.summary()
     assert "no-such-widget-module" in p["console"], res.summary()
     assert not res.ok
+
+
+def test_checker_drives_every_control_and_reports_dead_ones(lab):
+    """Step / Reset, a slider and a text box that answer pass; a Step that changes only its counter, a Reset that
+    restores nothing, a slider nothing follows, and a view named in the repr but not drawn are each reported."""
+    server, browser = started(lab)
+    res = lab_check.check_notebook(browser, server, f"{SELFTEST_DIR}/{SELFTEST_CONTROLS}",
+                                   lab_check.Expected(widget_views=7), screenshot=SCREENSHOTS / "_selftest_controls.png")
+    RESULTS.append(res)
+    print(res.summary())
+    ctl = res.problems["controls"]
+    assert res.counts["controls"] == {"stepper": 3, "slider": 2, "text": 1}, res.summary()
+    assert any(p.startswith("cell 3 (") and "Step did not change the live view" in p for p in ctl), res.summary()
+    assert any(p.startswith("cell 4 (") and "Reset did not restore the first picture" in p for p in ctl), res.summary()
+    assert any(p.startswith("cell 6 (") and "slider to either end did not change" in p for p in ctl), res.summary()
+    assert len(ctl) == 3, res.summary()  # the good stepper (cell 2), slider (cell 5) and text box (cell 7) pass
+    widgets = "\n".join(res.problems["widgets"])
+    assert "cell 8 (" in widgets and "draws 0 QueueView, its repr names 1" in widgets, res.summary()
+    assert "draws 0 BlockGrid, its repr names 1" in widgets, res.summary()

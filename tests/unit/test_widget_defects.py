@@ -214,3 +214,18 @@ def test_timeline_reset_leaves_no_ticks_of_the_previous_run():
     assert tuple(ly.yaxis.tickvals or ()) == () and tuple(ly.xaxis.tickvals) == (0, 1)
     assert list(ly.xaxis.range) == [0, 1] and ly.xaxis.autorange is False and ly.yaxis.autorange is False
     assert all(len(t.x or ()) == 0 for t in tl.fig.data)
+
+
+# ---------------------------------------------------------------------------------------------- what a page must show
+def test_a_displayed_view_names_its_parts_and_tags_their_widgets(parts):
+    """The browser tier compares the views a widget output's repr names with the views drawn on the page (by CSS
+    class), which is how a free queue missing from the live widget gets caught."""
+    view = ManagerView(KVCacheManager(8, 4))
+    assert "QueueView(" in repr(view) and "BlockGrid(" in repr(view)
+    view._repr_mimebundle_()
+    assert "minienv-queue" in view.queue.widget._dom_classes and "minienv-blockgrid" in view.grid.widget._dom_classes
+    dash = dashboard(parts)
+    bundle = dash._repr_mimebundle_()
+    assert bundle["text/plain"].count("QueueView(") == 3  # free queue, running, waiting
+    for name, part in (("BlockTableView(", dash.tables), ("RequestTimeline(", dash.timeline)):
+        assert name in bundle["text/plain"] and part.css_class in part.widget._dom_classes
