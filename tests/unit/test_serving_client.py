@@ -146,6 +146,7 @@ def test_bad_requests_raise_serving_error_with_the_servers_message(cluster, kwar
 
 def test_round_robin_uses_every_instance(cluster):
     with Client(cluster.addresses, routing="round_robin") as client:
+        client.wait_until_serving()  # round_robin picks among connected instances: connect to every one first
         served = {client.generate(PROMPTS[i % len(PROMPTS)], 2).address for i in range(8)}
     assert served == set(cluster.addresses)
 
