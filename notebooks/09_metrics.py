@@ -312,17 +312,15 @@ assert v2 - v1 == 20 * 8  # 8 requests, one token each per step
 # observations between 0.01 and 0.02, and the rank is the 4th of them: 0.01 + 0.01 × 4/4 = **0.02 s**.
 #
 # The answer can only be as fine as the buckets. vLLM's buckets are made for large models on GPUs; minienv's tiny
-# model decodes a token in a couple of milliseconds, so **every** inter-token latency falls into vLLM's first
-# bucket (≤ 10 ms):
+# model decodes a token in a couple of milliseconds, so on an unloaded machine nearly every inter-token latency
+# falls into vLLM's first bucket (≤ 10 ms), and the quantile can only say "somewhere in 0–10 ms" (the count below
+# is wall time, so it varies from run to run and is not asserted):
 
 # %%
 itl = m.histogram_buckets("vllm:inter_token_latency_seconds")
 total = itl[-1][1]
 print(f"{itl[0][1]:.0f} of {total:.0f} inter-token latencies are in the first bucket (le={itl[0][0]} s); "
-      f"histogram_quantile(0.5) would say {0.01 * 0.5 * 1e3:.0f} ms, whatever the truth is (not checked: timing)")
-
-# %%
-assert itl[0][1] >= total / 2  # the median is in the first bucket: from the buckets, "somewhere in 0–10 ms"
+      f"if most are there, histogram_quantile(0.5) says a point inside 0–10 ms, whatever the truth is")
 
 # %% [markdown]
 # ## Serving `/metrics`, and the trap that renames every series
