@@ -548,9 +548,9 @@ class InferenceEngine:
 
     def _sample(self, reqs: list[Request], logits: np.ndarray) -> tuple[list[int], list[str | None]]:
         """One token per request (greedy rows in one argmax), or an error message for a row that fails."""
-        # A row is finite iff its max and min are (both propagate NaN): two reductions, no boolean matrix.
-        finite = (np.isfinite(logits.max(axis=-1)) & np.isfinite(logits.min(axis=-1))) if len(reqs) \
-            else np.zeros(0, bool)
+        # A row is finite iff its float64 sum is: NaN and inf propagate, and float32 values cannot overflow a
+        # float64 sum. One reduction instead of a boolean matrix.
+        finite = np.isfinite(logits.sum(axis=-1, dtype=np.float64)) if len(reqs) else np.zeros(0, bool)
         if logits.shape[-1] > self.num_sampled_ids:  # a padded vocabulary: never pick an id without a token
             logits = logits.copy()
             logits[:, self.num_sampled_ids:] = -np.inf

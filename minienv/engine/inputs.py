@@ -31,17 +31,41 @@ class StepInputs:
     num_logits: list[int]
 
 
+def decode_metadata(block_tables: np.ndarray, context_lens: np.ndarray, slot_mapping: np.ndarray,
+                    block_size: int) -> PagedAttentionMetadata:
+    """The :class:`PagedAttentionMetadata` of a step in which every sequence decodes one token, its derived fields
+    written directly: with every query length 1, sequence ``i``'s token is token ``i`` of the step, row 0 of its
+    sequence, at position ``context_lens[i]``. The general constructor derives the same arrays with cumsum,
+    repeat and checks, which cost more than the rest of a decode step's inputs; the engine's own tables need no
+    checks. ``tests/unit/test_engine_fast_paths.py`` compares every field with the constructor's."""
+    s = len(context_lens)
+    meta = object.__new__(PagedAttentionMetadata)
+    meta.block_tables, meta.context_lens, meta.slot_mapping = block_tables, context_lens, slot_mapping
+    meta.query_lens = np.ones(s, dtype=np.int64)
+    meta.block_size = block_size
+    meta.seq_lens = context_lens + 1
+    meta.query_start_loc = np.arange(s + 1, dtype=np.int64)
+    meta.token_seq_idx = np.arange(s, dtype=np.int64)
+    meta.token_row = np.zeros(s, dtype=np.int64)
+    meta.positions = context_lens.copy()
+    meta.max_query_len, meta.is_decode, meta._plans = 1, True, {}
+    return meta
+
+
 def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool) -> StepInputs:
     sched = plan.scheduled
-    kv_pool.copy_blocks(pair for s in sched for pair in s.blocks_to_copy)
+    if any(s.blocks_to_copy for s in sched):
+        kv_pool.copy_blocks(pair for s in sched for pair in s.blocks_to_copy)
     n = len(sched)
-    meta = PagedAttentionMetadata(
-        pad_block_tables([kv.request(s.request_id).block_ids for s in sched]),
-        np.fromiter((s.num_computed_tokens for s in sched), dtype=np.int64, count=n),
-        np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=n),
-        np.concatenate([s.slot_mapping for s in sched]),
-        kv.block_size,
-    )
+    tables = pad_block_tables([kv.request(s.request_id).block_ids for s in sched])
+    context_lens = np.fromiter((s.num_computed_tokens for s in sched), dtype=np.int64, count=n)
+    slot_mapping = np.concatenate([s.slot_mapping for s in sched])
+    if len(slot_mapping) == n:  # every sequence computes one token: a decode step (the common case)
+        meta = decode_metadata(tables, context_lens, slot_mapping, kv.block_size)
+    else:
+        meta = PagedAttentionMetadata(tables, context_lens,
+                                      np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=n),
+                                      slot_mapping, kv.block_size)
     token_ids = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in sched), dtype=np.int64,
                             count=meta.num_tokens)
     sampling = [i for i, s in enumerate(sched) if s.samples]

@@ -26,12 +26,29 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     # np.mean's own arithmetic (a float32 sum, then a division by the count) without its Python wrapper, which
     # costs more than the sum at decode sizes; the bits are np.mean's.
     variance = np.add.reduce(x * x, axis=-1, keepdims=True) / x.shape[-1]
-    return weight * (x / np.sqrt(variance + np.float32(eps)))
+    variance += np.float32(eps)
+    out = x / np.sqrt(variance, out=variance)
+    out *= weight  # in place: the same products as weight * (...), one temporary fewer
+    return out
 
 
 def silu(x: np.ndarray) -> np.ndarray:
     """``x * sigmoid(x)`` written with tanh, which never overflows."""
     return x * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * x)))
+
+
+def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
+    """``silu(gate) * up`` for ``gate_up = [gate | up]`` (vLLM's ``SiluAndMul``): :func:`silu`'s operations in
+    the same order, done in place on one temporary — the same bits as ``silu(gate) * up``."""
+    inter = gate_up.shape[-1] // 2
+    gate, up = gate_up[..., :inter], gate_up[..., inter:]
+    out = gate * np.float32(0.5)
+    np.tanh(out, out=out)
+    out += np.float32(1.0)
+    out *= np.float32(0.5)
+    out *= gate
+    out *= up
+    return out
 
 
 def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -197,7 +214,7 @@ class LlamaModel:
         pos = self._check_positions(positions, len(ids))
         c = self.config
         n, hq, hkv, d = len(ids), c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        q_end, k_end = hq * d, (hq + hkv) * d
+        k_end = (hq + hkv) * d
         cos, sin = self.rope(pos)  # rows of a table made once (rope_cos_sin's values, bit for bit)
 
         x = self.embed_tokens[ids]  # [N, H]
@@ -205,15 +222,13 @@ class LlamaModel:
         for layer_idx, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = h @ layer.w_qkv
-            q = apply_rope(qkv[:, :q_end].reshape(n, hq, d), cos, sin)
-            k = apply_rope(qkv[:, q_end:k_end].reshape(n, hkv, d), cos, sin)
+            qk = apply_rope(qkv[:, :k_end].reshape(n, hq + hkv, d), cos, sin)  # Q and K heads rotated at once
+            q, k = qk[:, :hq], qk[:, hq:]
             v = qkv[:, k_end:].reshape(n, hkv, d)
             attn = backend.attend(layer_idx, q, k, v)  # [N, Hq, D]
-            x = x + attn.reshape(n, hq * d) @ layer.w_o
+            x += attn.reshape(n, hq * d) @ layer.w_o  # x is this call's own array (the embedding rows' copy)
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            gate_up = h @ layer.w_gate_up
-            inter = gate_up.shape[1] // 2
-            x = x + (silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ layer.w_down
+            x += silu_and_mul(h @ layer.w_gate_up) @ layer.w_down
         backend.end_step()
 
         if logits_indices is not None:

@@ -139,3 +139,28 @@ def test_rms_norm_reduction_equals_np_mean():
         w = rng.standard_normal(shape[-1]).astype(np.float32)
         want = w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(1e-5)))
         assert np.array_equal(rms_norm(x, w, 1e-5), want)
+
+
+def test_decode_metadata_equals_the_general_constructor():
+    """Every field of PagedAttentionMetadata (a field added later included), decode steps of 1..9 sequences."""
+    import dataclasses
+
+    from minienv.engine.inputs import decode_metadata
+    from minienv.kv.block_table import pad_block_tables
+    from minienv.kv.paged_attention import PagedAttentionMetadata
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        s, B = int(rng.integers(1, 10)), int(rng.choice([1, 4, 16]))
+        context = rng.integers(0, 60, s)
+        tables = pad_block_tables([rng.integers(0, 99, -(-(int(c) + 1) // B)).tolist() for c in context])
+        slots = rng.integers(0, 99 * B, s)
+        fast = decode_metadata(tables, context.astype(np.int64), slots.astype(np.int64), B)
+        plain = PagedAttentionMetadata(tables, context, np.ones(s, dtype=np.int64), slots, B)
+        for f in dataclasses.fields(PagedAttentionMetadata):
+            a, b = getattr(fast, f.name), getattr(plain, f.name)
+            if isinstance(b, np.ndarray):
+                assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f.name
+            else:
+                assert a == b and type(a) is type(b), f.name
+        assert fast.num_tokens == plain.num_tokens == s
