@@ -9,14 +9,14 @@ Every server is a real ``python -m minienv serve`` process on 127.0.0.1 (started
 
 **(a) Routing.** A workload of ``--system-prompts`` shared system prompts (~6 blocks each), each request one of them
 plus its own short question, 8 greedy tokens, 16 client threads, with 1, 2 and 4 instances whose KV budget
-(``--kv-budget-tokens``, 1024 = 64 blocks) cannot hold every system prompt beside the running requests. The
-router counts an instance overloaded from 8 requests in flight (the servers' ``--max-num-seqs``: below it a request
-is batched at once, not queued) and twice the others' mean. Round robin (gRPC's own
-``round_robin`` policy over one channel) against prefix-aware routing (the chain hash of the first two full blocks
-picks the instance; least loaded when it is overloaded). Reported per setting: prefix-cache hit rate (prompt
-tokens served from cache / prompt tokens, from the servers' final messages) and throughput (output tokens/s and
-requests/s, from the min and median wall time over the rounds). Round robin shows every instance every system
-prompt; prefix routing shows each instance only its share, so its cache holds them.
+(``--kv-budget-tokens``, 1024 = 64 blocks) cannot hold every system prompt beside the running requests. Three
+policies: round robin (gRPC's own ``round_robin`` policy over one channel); prefix-aware routing (the chain hash of
+the first two full blocks picks the instance; the least-loaded one when that instance has 8 requests in flight —
+the servers' ``--max-num-seqs``, below which a request is batched at once, not queued — and twice the others'
+mean); and prefix routing with no load fallback. Reported per setting: prefix-cache hit rate (prompt tokens served
+from cache / prompt tokens, from the servers' final messages) and throughput (output tokens/s and requests/s, from
+the min and median wall time over the rounds). Round robin shows every instance every system prompt; prefix
+routing shows each instance only its share, so its cache can hold them.
 
 **(b) Load test.** ``--load-requests`` requests (default 1024) of mixed prompt lengths and ``max_tokens``, from 64
 client threads to one instance; ~10 % cancelled after 1-3 chunks, ~10 % with a deadline of 20-300 ms. Checked:
@@ -104,46 +104,58 @@ def check_outputs(jobs: list[Job], result: LoadResult, want: dict) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- (a) routing
+#: the routing variants: how a Client is built for each (name -> routing, router factory or None)
+ROUTINGS = {
+    "round_robin": ("round_robin", None),
+    # gives way to the least-loaded instance from 8 in flight (the servers' --max-num-seqs) and 2x the others' mean
+    "prefix": ("prefix", lambda: PrefixRouter(prefix_blocks=2, overload_min=8)),
+    # affinity only: never overloaded (what the load fallback costs and buys)
+    "prefix_no_fallback": ("prefix", lambda: PrefixRouter(prefix_blocks=2, overload_factor=float("inf"))),
+}
+
+
 def bench_routing(args, rounds: int) -> dict:
     jobs = shared_prefix_jobs(args.routing_requests, args.system_prompts, max_tokens=8, seed=args.seed)
     out: dict = {}
     print(f"\n(a) routing: {len(jobs)} requests over {args.system_prompts} system prompts, 16 client threads, "
           f"per instance --kv-budget-tokens {args.kv_budget_tokens} --max-num-seqs 8; {rounds} rounds")
-    print(f"{'instances':>9} {'routing':>12} {'hit rate':>9} {'tok/s min-t':>12} {'tok/s med':>10} "
-          f"{'req/s med':>10}  requests per instance")
+    print(f"{'instances':>9} {'routing':>18} {'hit rate':>9} {'tok/s min-t':>12} {'tok/s med':>10} "
+          f"{'req/s med':>10}  requests per instance (last round)")
     for n in args.instances:
-        runs: dict[str, list[tuple[float, float, list[int]]]] = {"round_robin": [], "prefix": []}
-        decisions: dict = {}
-        for order in schedule(list(runs), rounds, seed=args.seed):
-            for routing in order:
-                router = PrefixRouter(prefix_blocks=2, overload_min=8) if routing == "prefix" else None
+        names = list(ROUTINGS) if n > 1 else ["round_robin", "prefix"]  # one instance: every policy is the same
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        for order in schedule(names, rounds, seed=args.seed):
+            for name in order:
+                routing, make_router = ROUTINGS[name]
                 with launch(n, serve_args(args.kv_budget_tokens, 8), cwd=REPO) as cluster, \
-                        Client(cluster.addresses, routing=routing, router=router) as client:
+                        Client(cluster.addresses, routing=routing,
+                               router=make_router() if make_router else None) as client:
                     client.wait_until_serving()
                     result = run_load(client, jobs, concurrency=16, time_limit=args.time_limit)
                     done = result.completed()
                     assert not result.lost and len(done) == len(jobs), (result.counts, result.lost)
-                    hit = sum(o.completion.cached_tokens for o in done) / sum(o.completion.prompt_tokens
-                                                                              for o in done)
-                    per = [sum(o.completion.address == a for o in done) for a in cluster.addresses]
-                    runs[routing].append((result.wall_s, hit, per))
-                    if client.router is not None:
-                        decisions = dict(client.router.decisions)
-                    tokens = result.output_tokens
-        for routing, rs in runs.items():
-            walls = [w for w, _, _ in rs]
-            hit = statistics.median(h for _, h, _ in rs)
-            row = {"hit_rate": round(hit, 4), "hit_rates": [round(h, 4) for _, h, _ in rs],
+                    runs[name].append({
+                        "wall": result.wall_s, "tokens": result.output_tokens,
+                        "hit": sum(o.completion.cached_tokens for o in done) / sum(o.completion.prompt_tokens
+                                                                                   for o in done),
+                        "per": [sum(o.completion.address == a for o in done) for a in cluster.addresses],
+                        "decisions": dict(client.router.decisions) if client.router is not None else None})
+        for name, rs in runs.items():
+            walls = [r["wall"] for r in rs]
+            tokens = rs[0]["tokens"]
+            assert all(r["tokens"] == tokens for r in rs)  # greedy: the same outputs every round
+            hit = statistics.median(r["hit"] for r in rs)
+            row = {"hit_rate": round(hit, 4), "hit_rates": [round(r["hit"], 4) for r in rs],
                    "tokens_per_s_min_time": round(tokens / min(walls), 1),
                    "tokens_per_s_median": round(tokens / statistics.median(walls), 1),
                    "requests_per_s_median": round(len(jobs) / statistics.median(walls), 2),
-                   "requests_per_instance_last_round": rs[-1][2]}
-            if routing == "prefix":
-                row["router_decisions_last_round"] = decisions
-            out[f"{n}x_{routing}"] = row
-            print(f"{n:>9} {routing:>12} {hit:>9.1%} {row['tokens_per_s_min_time']:>12.1f} "
-                  f"{row['tokens_per_s_median']:>10.1f} {row['requests_per_s_median']:>10.2f}  {rs[-1][2]}"
-                  + (f"  router: {decisions}" if routing == "prefix" else ""))
+                   "requests_per_instance_last_round": rs[-1]["per"]}
+            if rs[-1]["decisions"] is not None:
+                row["router_decisions_last_round"] = rs[-1]["decisions"]
+            out[f"{n}x_{name}"] = row
+            print(f"{n:>9} {name:>18} {hit:>9.1%} {row['tokens_per_s_min_time']:>12.1f} "
+                  f"{row['tokens_per_s_median']:>10.1f} {row['requests_per_s_median']:>10.2f}  {rs[-1]['per']}"
+                  + (f"  router: {rs[-1]['decisions']}" if rs[-1]["decisions"] is not None else ""))
     return out
 
 
@@ -276,7 +288,8 @@ def bench_kill(args, routing: str, n: int, want_fn) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_args(ap, rounds=3)
-    ap.add_argument("--instances", type=int, nargs="+", default=None, help="routing: instance counts (1 2 4)")
+    ap.add_argument("--instances", type=int, nargs="+", default=None,
+                    help="routing: instance counts (default 1 2 4; quick 2)")
     ap.add_argument("--system-prompts", type=int, default=16)
     ap.add_argument("--routing-requests", type=int, default=None, help="routing workload size (192; quick 48)")
     ap.add_argument("--kv-budget-tokens", type=int, default=1024, help="per instance, routing part (default 1024)")
@@ -287,7 +300,7 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=300.0, help="seconds a load may take before the rest is lost")
     args = ap.parse_args()
     rounds = rounds_of(args)
-    args.instances = args.instances or ([1, 2] if args.quick else [1, 2, 4])
+    args.instances = args.instances or ([2] if args.quick else [1, 2, 4])
     args.routing_requests = args.routing_requests or (48 if args.quick else 192)
     args.load_requests = args.load_requests or (128 if args.quick else 1024)
     args.overhead_requests = args.overhead_requests or (48 if args.quick else 256)
