@@ -1,0 +1,112 @@
+"""Where an engine run's time goes: BLAS, attention, the model's elementwise numpy, the engine's Python.
+
+    # 1. sample a run with native frames (py-spy: `pip install py-spy`; not a minienv dependency)
+    py-spy record --native -r 200 -f raw -o /tmp/run.raw -- \\
+        .venv/bin/python benchmarks/profile_engine.py --run continuous      # or: --run single
+    # 2. split the samples taken inside the engine's run by what they were doing
+    .venv/bin/python benchmarks/profile_engine.py --split /tmp/run.raw
+
+``--run continuous``: 48 seeded requests (prompts of 16-64 tokens, 16-128 greedy output tokens), 16 running at
+once, the bundled model — a continuous-batching run. ``--run single``: one request, 32 prompt tokens, 256 tokens.
+
+``--split`` classifies each sample by its stack (a sample is one moment of the run): **BLAS** if an OpenBLAS frame
+is on it (matrix products: Q/K/V, output, MLP and LM-head projections, and the attention kernel's own products),
+else **attention** (paged attention's gathers, softmax, masks), **model** (RMSNorm, RoPE, SiLU, residual adds,
+embedding rows), or **engine** (scheduler, step inputs, sampling, commit, outputs). Only samples inside
+``InferenceEngine.run`` / ``generate`` count (not imports or model loading). Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+BLAS_MARKERS = ("openblas", "sgemm", "gemv", "cblas", "dgemm", "gemm_")
+
+
+def classify(stack: str) -> str:
+    lower = stack.lower()
+    blas = any(m in lower for m in BLAS_MARKERS)
+    if "PagedAttentionMetadata" in stack or "build_step_inputs" in stack:
+        return "engine: step inputs"
+    if "paged_attention" in stack or "causal_attention" in stack:
+        return "attention: BLAS" if blas else "attention: other (gather, softmax, masks)"
+    if blas:
+        return "BLAS: projections, MLP, LM head"
+    if "forward_step (" in stack:
+        for key, name in (("rms_norm", "RMSNorm"), ("apply_rope", "RoPE"), ("RopeTable", "RoPE"),
+                          ("silu", "SiLU"), ("_check", "input checks")):
+            if key in stack:
+                return f"model: {name}"
+        return "model: other numpy (residuals, embedding, slicing)"
+    for key, name in (("_commit (minienv/engine", "engine: sample, commit, outputs"),
+                      ("schedule (minienv", "engine: scheduler")):
+        if key in stack:
+            return name
+    return "engine: other"
+
+
+def split(path: Path) -> dict:
+    counts: collections.Counter[str] = collections.Counter()
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        stack, n = line.rsplit(" ", 1)
+        if "InferenceEngine.run (" in stack or "InferenceEngine.generate (" in stack:
+            counts[classify(stack)] += int(n)
+    total = sum(counts.values())
+    if not total:
+        raise SystemExit(f"{path}: no samples inside InferenceEngine.run/generate (record with py-spy --native)")
+    shares = {k: round(100 * v / total, 1) for k, v in counts.most_common()}
+    blas = sum(v for k, v in counts.items() if k.startswith("BLAS") or k == "attention: BLAS")
+    return {"samples": total, "percent": shares, "blas_percent": round(100 * blas / total, 1)}
+
+
+def run(kind: str) -> None:
+    import os
+
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from minienv.engine import InferenceEngine
+    from minienv.model import load_model
+    from minienv.sampling import SamplingParams
+    from minienv.tokenizer import load_tokenizer
+
+    model, tok = load_model(), load_tokenizer()
+    rng = np.random.default_rng(0)
+    if kind == "single":
+        engine = InferenceEngine(model, tok, kv_budget_tokens=4096)
+        engine.eos_token_id = None
+        engine.generate([rng.integers(1, tok.vocab_size, 32).tolist()], SamplingParams(max_tokens=256, temperature=0))
+        return
+    engine = InferenceEngine(model, tok, kv_budget_tokens=8192, max_num_seqs=16, max_num_batched_tokens=512)
+    engine.eos_token_id = None
+    for _ in range(48):
+        prompt = rng.integers(1, tok.vocab_size, int(rng.integers(16, 64))).tolist()
+        engine.add_request(prompt, SamplingParams(max_tokens=int(rng.integers(16, 128)), temperature=0))
+    engine.run()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    group = ap.add_mutually_exclusive_group(required=True)
+    group.add_argument("--run", choices=["continuous", "single"], help="the run to sample (under py-spy)")
+    group.add_argument("--split", type=Path, help="a py-spy --native raw file of such a run")
+    args = ap.parse_args()
+    if args.run:
+        run(args.run)
+        return
+    result = split(args.split)
+    for name, pct in result["percent"].items():
+        print(f"{name:52s} {pct:5.1f} %")
+    print(f"{'BLAS in total':52s} {result['blas_percent']:5.1f} %   ({result['samples']} samples)")
+    print(json.dumps({"benchmark": "profile_engine", **result}))
+
+
+if __name__ == "__main__":
+    main()
