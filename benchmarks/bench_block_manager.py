@@ -26,8 +26,8 @@ it. Block hashes: xxhash's 64-bit chain as nano-vllm does when ``xxhash`` is ins
 truncated to 64 bits (the output says which). minienv's side calls what its scheduler calls: ``append_slot`` (the
 decode fast path) per decode, ``find_prefix`` + ``allocate_slots`` per admission, one ``commit_step`` after the
 step's model call (only then are blocks hashed and indexed), ``free``. Both sides produce the slot of every token
-computed (nano-vllm's prefill slots as its ``ModelRunner.prepare_prefill`` computes them); the script checks that
-the two produce the same slots.
+computed, and for a prefill its input ids and positions too (nano-vllm's as its ``ModelRunner.prepare_prefill``
+computes them); the script checks that the two produce the same slots.
 
 Rounds are interleaved in the harness's rotated order (``_common.schedule``), each on a fresh manager built outside
 the timed region; best and median over rounds, on two clocks: this thread's CPU time (the work itself, whatever
@@ -294,7 +294,11 @@ def run_nano(mgr: NanoBlockManager, trace: list[tuple]) -> tuple[float, list[int
             seq = seqs[ev[1]] = NanoSequence(ev[2], B)
             assert mgr.can_allocate(seq)
             mgr.allocate(seq)
-            # the prefill's slots, as nano-vllm's ModelRunner.prepare_prefill computes them
+            # the prefill's input ids, positions and slots, as nano-vllm's ModelRunner.prepare_prefill computes
+            # them (minienv's allocation returns the same three: token_ids, positions, slot_mapping)
+            input_ids = seq.token_ids[seq.num_cached_tokens:]
+            positions = list(range(seq.num_cached_tokens, len(seq)))
+            assert len(input_ids) == len(positions)
             num_cached_blocks = seq.num_cached_tokens // B
             for i in range(num_cached_blocks, seq.num_blocks):
                 start = seq.block_table[i] * B

@@ -105,7 +105,7 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_block_queue)
+        return len(self.free_block_queue._queue)
 
     @property
     def num_used_blocks(self) -> int:
@@ -184,16 +184,19 @@ class BlockPool:
             if block.ref_cnt == 0:
                 queue[bid] = block  # invariant 2
 
-    def release(self, block_ids: Iterable[int]) -> None:
+    def release(self, block_ids: Iterable[int]) -> list[KVCacheBlock]:
         """:meth:`free` for an owner of block tables releasing ids it took from this pool (the KV cache manager):
-        each id names a block its tables hold, so it is in range and referenced, and only that is asserted."""
-        blocks, queue = self.blocks, self.free_block_queue._queue
+        each id names a block its tables hold, so it is in range and referenced, and only that is asserted.
+        Returns the blocks that became free, in order."""
+        blocks, queue, freed = self.blocks, self.free_block_queue._queue, []
         for bid in block_ids:
             block = blocks[bid]
             assert block.ref_cnt > 0, f"block {bid} released more times than it is referenced"
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 queue[bid] = block  # invariant 2
+                freed.append(block)
+        return freed
 
     def incref(self, block_ids: Iterable[int]) -> None:
         """Add a reference to blocks already in use (a fork). Taking a *free* block is the prefix cache's job (it

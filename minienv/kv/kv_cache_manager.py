@@ -39,7 +39,7 @@ from minienv.kv.block_table import BlockTable, cdiv, slot_range
 from minienv.kv.errors import KVBudgetError, KVCacheError
 from minienv.kv.hashing import ROOT_HASH, BlockHash, hash_block_tokens
 from minienv.kv.kv_pool import num_blocks_for_budget
-from minienv.kv.prefix_cache import CachedBlockKey, PrefixCacheStats, PrefixIndex
+from minienv.kv.prefix_cache import CachedBlock, CachedBlockKey, PrefixCacheStats, PrefixIndex
 
 RequestId = Hashable
 
@@ -82,6 +82,9 @@ class RequestKV(BlockTable):
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
+    #: the admission lookup's hash of block ``len(block_hashes)`` (a ``PrefixHit.miss``), used by the commit that
+    #: indexes that block if its key still matches; dropped by a truncation
+    pending_hash: CachedBlock | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,9 @@ class PrefixHit:
     block_ids: tuple[int, ...]
     block_hashes: tuple[BlockHash, ...]
     num_cached_tokens: int
+    #: the first missed full block's hash and key, when the lookup computed them (its admission's commit reuses
+    #: them instead of hashing that block again); None after a hit on every block looked up
+    miss: CachedBlock | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -320,18 +326,19 @@ class KVCacheManager:
     def _lookup(self, ids: list[int]) -> PrefixHit:
         if not self.enable_prefix_caching:
             return PrefixHit((), (), 0)
-        block_ids, hashes = self.index.longest_prefix(ids, self.block_size, self.extra_key,
-                                                      (len(ids) - 1) // self.block_size)
-        return PrefixHit(tuple(block_ids), tuple(hashes), len(block_ids) * self.block_size)
+        block_ids, hashes, miss = self.index.longest_prefix_and_miss(ids, self.block_size, self.extra_key,
+                                                                     (len(ids) - 1) // self.block_size)
+        return PrefixHit(tuple(block_ids), tuple(hashes), len(block_ids) * self.block_size, miss)
 
     # ------------------------------------------------------------------ allocation
     def _take_free_blocks(self, n: int, request_id: RequestId) -> list[int]:
         """``n`` blocks from the head of the free queue, the least recently freed: the token-budget LRU evictor.
         A block that carries a hash is evicted here, in the call that hands it out (invariant 3)."""
         ids = self.pool.allocate(n) if n else []
+        blocks = self.pool.blocks
         for bid in ids:
-            if self.pool.blocks[bid].block_hash is not None:
-                self._drop_hash(self.pool.blocks[bid], request_id)
+            if blocks[bid].block_hash is not None:
+                self._drop_hash(blocks[bid], request_id)
         return ids
 
     def _drop_hash(self, block: KVCacheBlock, request_id: RequestId | None) -> None:
@@ -340,9 +347,11 @@ class KVCacheManager:
         evicted_hash, block.block_hash = block.block_hash, None
         self._num_cached_free -= 1
         self.index.remove(block.block_id)
-        self.prefix_stats.evicted_blocks += 1
-        self.prefix_stats.evicted_tokens += self.block_size
-        self._emit("evict", block.block_id, request_id, evicted_hash)
+        stats = self.prefix_stats
+        stats.evicted_blocks += 1
+        stats.evicted_tokens += self.block_size
+        if self._listeners:
+            self._emit("evict", block.block_id, request_id, evicted_hash)
 
     def _touch(self, block_ids: Sequence[int], request_id: RequestId) -> None:
         """Take a reference on prefix-hit blocks: a cached-free one leaves the free queue (O(1)), 0 -> 1."""
@@ -408,7 +417,7 @@ class KVCacheManager:
             self._touch(hit.block_ids, request_id)  # first: the allocation below must not evict a block just hit
         new_ids = self._take_free_blocks(num_new_blocks, request_id)
         req = RequestKV(self.block_size, list(hit.block_ids) + new_ids, total, request_id, prompt[:total],
-                        n_cached, n_cached, list(hit.block_hashes))
+                        n_cached, n_cached, list(hit.block_hashes), hit.miss)
         self._requests[request_id] = req
         s = self.prefix_stats
         s.requests, s.queries, s.hits = s.requests + 1, s.queries + len(prompt), s.hits + n_cached
@@ -513,9 +522,10 @@ class KVCacheManager:
         """:meth:`commit` for every request a step computed, in order, in one call (the engine's; nothing is
         returned). Per request it is one store unless a block filled. Unknown ids raise before anything changes."""
         requests = self._requests
-        reqs = [requests.get(rid) for rid in request_ids]
-        if None in reqs:
-            raise UnknownRequestError(request_ids[reqs.index(None)], "commit")
+        try:
+            reqs = [requests[rid] for rid in request_ids]
+        except KeyError as exc:
+            raise UnknownRequestError(exc.args[0], "commit") from None
         B, caching = self.block_size, self.enable_prefix_caching
         for req in reqs:
             req.num_computed_tokens = n = req.num_tokens
@@ -526,12 +536,17 @@ class KVCacheManager:
         """Index the request's computed full blocks not yet hashed (the body of :meth:`commit`)."""
         request_id, token_ids, block_ids, hashes = req.request_id, req.token_ids, req.block_ids, req.block_hashes
         B, blocks, extra, index, indexed = self.block_size, self.pool.blocks, self.extra_key, self.index, []
+        pending, req.pending_hash = req.pending_hash, None
         for j in range(len(hashes), req.num_computed_tokens // B):
             parent = hashes[j - 1] if j else ROOT_HASH
             if j and blocks[block_ids[j - 1]].block_hash != parent:
                 break  # the parent is not the indexed block (a collision left it out): the chain stops here
             tokens = tuple(token_ids[j * B:(j + 1) * B])
-            block_hash = hash_block_tokens(parent, tokens, extra)
+            if pending is not None and pending.key == (parent, tokens, extra):
+                block_hash = pending.block_hash  # hashed by the admission's lookup (a miss there)
+            else:
+                block_hash = hash_block_tokens(parent, tokens, extra)
+            pending = None
             bid = block_ids[j]
             entry = index.entry_for_hash(block_hash)
             if entry is None:
@@ -578,15 +593,12 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ free / evict
     def _release(self, block_ids: Sequence[int], request_id: RequestId) -> None:
-        self.pool.release(block_ids)  # ids from this manager's own tables (invariant 1: each is referenced)
-        blocks = self.pool.blocks
-        for bid in block_ids:
-            block = blocks[bid]
-            if block.ref_cnt == 0:
-                if block.block_hash is not None:
-                    self._num_cached_free += 1  # in use -> cached-free
-                if self._listeners:
-                    self._emit("free", bid, request_id, block.block_hash)
+        # ids from this manager's own tables (invariant 1: each is referenced)
+        for block in self.pool.release(block_ids):
+            if block.block_hash is not None:
+                self._num_cached_free += 1  # in use -> cached-free
+            if self._listeners:
+                self._emit("free", block.block_id, request_id, block.block_hash)
 
     def free(self, request_id: RequestId) -> list[int]:
         """Release a request's blocks **last block first**; return them in that order.
@@ -615,6 +627,7 @@ class KVCacheManager:
         dropped = req.block_ids[keep:][::-1]
         self._release(dropped, request_id)
         del req.block_ids[keep:], req.token_ids[num_tokens:], req.block_hashes[num_tokens // self.block_size:]
+        req.pending_hash = None
         req.num_tokens = num_tokens
         req.num_computed_tokens = min(req.num_computed_tokens, num_tokens)
         req.num_cached_tokens = min(req.num_cached_tokens, num_tokens)

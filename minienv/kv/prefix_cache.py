@@ -102,16 +102,24 @@ class PrefixIndex:
         Stops at the first miss: a block is usable only if every block before it is (its K/V attended to them).
         Hashes are computed lazily, so a miss on block 0 costs one sha256.
         """
+        block_ids, hashes, _ = self.longest_prefix_and_miss(token_ids, block_size, extra_key, max_blocks)
+        return block_ids, hashes
+
+    def longest_prefix_and_miss(self, token_ids: Sequence[int], block_size: int, extra_key: bytes, max_blocks: int
+                                ) -> tuple[list[int], list[BlockHash], CachedBlock | None]:
+        """:meth:`longest_prefix`, and the missed block's ``CachedBlock(-1, hash, key)`` when the lookup hashed one
+        (a miss before ``max_blocks``), so an admission's commit need not hash that block again."""
         block_ids: list[int] = []
         hashes: list[BlockHash] = []
         parent = ROOT_HASH
+        by_hash = self._by_hash
         for j in range(max_blocks):
             tokens = tuple(token_ids[j * block_size:(j + 1) * block_size])
             block_hash = hash_block_tokens(parent, tokens, extra_key)
-            block_id = self.get(block_hash, CachedBlockKey(parent, tokens, extra_key))
-            if block_id is None:
-                break
-            block_ids.append(block_id)
+            entry = by_hash.get(block_hash)
+            if entry is None or entry.key != (parent, tokens, extra_key):  # get()'s key check, without a key object
+                return block_ids, hashes, CachedBlock(-1, block_hash, CachedBlockKey(parent, tokens, extra_key))
+            block_ids.append(entry.block_id)
             hashes.append(block_hash)
             parent = block_hash
-        return block_ids, hashes
+        return block_ids, hashes, None

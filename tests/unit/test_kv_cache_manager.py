@@ -592,3 +592,20 @@ def test_slot_range_equals_slot_mapping():
         want = kcm.slot_range(table, start, end, block_size)
         got = np.asarray(table)[np.arange(start, end) // block_size] * block_size + np.arange(start, end) % block_size
         assert want.tolist() == got.tolist() and want.dtype == np.int64
+
+
+def test_commit_reuses_the_lookups_miss_hash_only_for_the_same_block():
+    """The admission's lookup hashed block 0 (a miss); the commit reuses that hash only while the block still holds
+    the tokens it was computed from — a chunked prompt whose next chunk differs is hashed afresh."""
+    from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
+
+    mgr = KVCacheManager(8, B)
+    hit = mgr.find_prefix([1, 2, 3, 4, 5])
+    assert hit.miss is not None and hit.miss.key == (ROOT_HASH, (1, 2, 3, 4), b"")
+    mgr.allocate_slots("a", [1, 2, 3, 4, 5], hit, 2)  # only [1, 2] reserved now
+    mgr.commit("a")
+    mgr.append_slots("a", [9, 9])  # block 0 becomes [1, 2, 9, 9], not the looked-up [1, 2, 3, 4]
+    mgr.commit("a")
+    assert mgr.request("a").block_hashes == [hash_block_tokens(ROOT_HASH, (1, 2, 9, 9))]
+    mgr.check_invariants()
+    assert mgr.lookup([1, 2, 9, 9, 7]).num_cached_tokens == B and mgr.lookup([1, 2, 3, 4, 7]).num_cached_tokens == 0
