@@ -282,8 +282,8 @@ def bench_kill(args, routing: str, n: int, want_fn) -> dict:
         print("  the victim never ran its maximum with requests waiting: the kill did not test failover")
     ok = (mid_run and not result.lost and mismatches == 0 and mid_stream == len(failed) <= max_num_seqs
           and all(v == [0, 0, 0] for v in left.values()))
-    return {"instances": n, "requests": len(jobs), "killed_mid_run": mid_run, "victim_waiting_at_kill": waiting, "completed": len(done),
-            "completed_on_survivors": on_survivors, "failed_unavailable_mid_stream": mid_stream,
+    return {"instances": n, "requests": len(jobs), "killed_mid_run": mid_run, "victim_waiting_at_kill": waiting,
+            "completed": len(done), "completed_on_survivors": on_survivors, "failed_unavailable_mid_stream": mid_stream,
             "failed_other": len(failed) - mid_stream, "lost": len(result.lost), "output_mismatches": mismatches,
             "ok": ok}
 
