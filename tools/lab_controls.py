@@ -6,6 +6,8 @@ Used by `tools/lab_check.py` after Run All (the browser tier). It finds, in the 
   slider    an enabled ipywidgets slider outside a stepper
   text      an enabled text box or text area
 
+(a slider or text box shown beside buttons of its own is a parameter of those buttons and is not driven)
+
 and, for each, checks what the control promises. The *picture* of a control is everything its cell's outputs
 draw except the control itself (text, and the shapes and colours of every SVG element: minienv's SVG views and
 plotly's figures), so a counter that moves while the views stay still does not count as a change.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import time
 
-CHANGE_TIMEOUT = 15.0
+CHANGE_TIMEOUT = 20.0
 POLL = 0.25
 
 # Marks each control with data-mnv-* attributes (so playwright can click it) and lists them.
@@ -59,16 +61,21 @@ _JS_FIND = r"""
       found.push({id, kind: 'stepper', cell: i, head: head(cell), play: hasPlay});
     });
     const inStepper = (el) => steppers.some(s => s.contains(el));
+    // A slider or text box beside buttons of their own (not a stepper's) is a parameter of those buttons (e.g.
+    // "block to corrupt" + Corrupt): moving it alone promises no change, so it is not driven.
+    const output = (el) => el.closest('.jp-OutputArea-output');
+    const hasOwnButtons = (el) => [...output(el).querySelectorAll('button')].some(b => !inStepper(b)
+        && !b.closest('.widget-play, .jupyter-widget-play'));
     area.querySelectorAll('.widget-slider, .jupyter-widget-slider').forEach(s => {
       const handle = s.querySelector('.noUi-handle');
       const target = s.querySelector('.noUi-target');
-      if (!handle || inStepper(s) || (target && target.hasAttribute('disabled'))) return;
+      if (!handle || inStepper(s) || hasOwnButtons(s) || (target && target.hasAttribute('disabled'))) return;
       const id = `c${n++}`;
       s.dataset.mnvRoot = id; handle.dataset.mnvHandle = id;
       found.push({id, kind: 'slider', cell: i, head: head(cell)});
     });
     area.querySelectorAll('.widget-text input, .widget-textarea textarea').forEach(inp => {
-      if (inp.disabled || inStepper(inp)) return;
+      if (inp.disabled || inStepper(inp) || hasOwnButtons(inp)) return;
       const root = inp.closest('.widget-text, .widget-textarea');
       const id = `c${n++}`;
       root.dataset.mnvRoot = id; inp.dataset.mnvInput = id;
@@ -108,6 +115,15 @@ _JS_PICTURE = r"""
 _JS_KERNEL_IDLE = """() => { const p = window.jupyterapp.shell.currentWidget;
   const k = p && p.sessionContext.session && p.sessionContext.session.kernel; return !!k && k.status === 'idle'; }"""
 
+# How many times the kernel has gone busy since the checker started listening (every comm message a control sends
+# makes it busy, then idle): a click has been handled once the count rose and the kernel is idle again.
+_JS_BUSY_COUNT = """() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+  if (!window.__mnvKernel || window.__mnvKernel.kernel !== k) {
+    window.__mnvKernel = {kernel: k, busy: 0};
+    k.statusChanged.connect((_, s) => { if (s === 'busy') window.__mnvKernel.busy += 1; });
+  }
+  return window.__mnvKernel.busy; }"""
+
 
 def _settle(page, id_: str, timeout: float = CHANGE_TIMEOUT) -> str | None:
     """The control's picture once the kernel is idle and the picture has stopped changing."""
@@ -145,8 +161,23 @@ def _first_difference(a: str | None, b: str | None) -> str:
     return f"lengths {len(a)} vs {len(b)}"
 
 
+def _handled(page, before: int, timeout: float = CHANGE_TIMEOUT) -> None:
+    """Wait until the kernel has gone busy since ``before`` (the control's message arrived) and is idle again; a
+    kernel that never goes busy within a few seconds got nothing to do (then just return)."""
+    deadline, started = time.monotonic() + timeout, time.monotonic()
+    while time.monotonic() < deadline:
+        busy = page.evaluate(_JS_BUSY_COUNT) > before
+        if busy and page.evaluate(_JS_KERNEL_IDLE):
+            return
+        if not busy and time.monotonic() - started > 3:
+            return
+        page.wait_for_timeout(POLL * 1000)
+
+
 def _click(page, selector: str) -> None:
-    page.locator(selector).first.click(timeout=5000)
+    before = page.evaluate(_JS_BUSY_COUNT)
+    page.locator(selector).first.click(timeout=CHANGE_TIMEOUT * 1000)
+    _handled(page, before)
 
 
 def check_stepper(page, c: dict) -> list[str]:
@@ -181,7 +212,9 @@ def check_slider(page, c: dict) -> list[str]:
     handle.focus(timeout=5000)
     moved = False
     for key in ("End", "Home"):  # whichever end the handle is not at
+        busy = page.evaluate(_JS_BUSY_COUNT)
         handle.press(key)
+        _handled(page, busy)
         ok, _ = _wait_for(page, id_, lambda p: p != before, timeout=CHANGE_TIMEOUT / 2)
         if ok:
             moved = True
@@ -193,7 +226,9 @@ def check_text(page, c: dict) -> list[str]:
     id_, where = c["id"], f"cell {c['cell']} ({c['head']}): text box"
     before = _settle(page, id_)
     box = page.locator(f'[data-mnv-input="{id_}"]').first
+    busy = page.evaluate(_JS_BUSY_COUNT)
     box.fill("Alas, poor Yorick! 42", timeout=5000)
+    _handled(page, busy)
     ok, _ = _wait_for(page, id_, lambda p: p != before)
     return [] if ok else [f"{where}: typing did not change the live view"]
 
@@ -204,6 +239,7 @@ CHECKS = {"stepper": check_stepper, "slider": check_slider, "text": check_text}
 def drive_controls(page) -> tuple[list[dict], list[str]]:
     """Find and drive every control on the current notebook page: (controls found, problems)."""
     controls = page.evaluate(_JS_FIND)
+    page.evaluate(_JS_BUSY_COUNT)  # start listening to the kernel's status
     problems = []
     for c in controls:
         try:
