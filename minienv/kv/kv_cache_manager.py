@@ -227,6 +227,7 @@ class KVCacheManager:
         self._num_cached_free = 0
         self._requests: dict[RequestId, RequestKV] = {}
         self._listeners: list[Callable[[KVEvent], None]] = []
+        self._fast_paths = self._mirrors_plain_calls()  # a class fact, read by the scheduler every step
 
     @classmethod
     def from_budget(cls, kv_budget_tokens: int, block_size: int, **kwargs) -> "KVCacheManager":
@@ -391,6 +392,9 @@ class KVCacheManager:
         They are the same operations minus the argument checks and (for a decode) the result object; a subclass
         that overrides ``allocate``, ``append_slots`` or ``commit`` (a lab's bug switch, reserved runs) changes
         what they do, so it is driven the plain way."""
+        return self._fast_paths
+
+    def _mirrors_plain_calls(self) -> bool:
         cls = type(self)
         return all(getattr(cls, name) is getattr(KVCacheManager, name) for name in ("allocate", "append_slots", "commit"))
 
