@@ -29,6 +29,11 @@ step's model call (only then are blocks hashed and indexed), ``free``. Both side
 computed, and for a prefill its input ids and positions too (nano-vllm's as its ``ModelRunner.prepare_prefill``
 computes them); the script checks that the two produce the same slots.
 
+The cyclic garbage collector runs as in a real process (``--gc off`` disables it during the runs, as ``timeit``
+does). It matters at large pools: a full collection walks every live object, the pool's block objects included,
+so its cost grows with the pool, and minienv's manager allocates more small objects per admission than
+nano-vllm's (result objects, index entries), so it triggers more collections.
+
 Rounds are interleaved in the harness's rotated order (``_common.schedule``), each on a fresh manager built outside
 the timed region; best and median over rounds, on two clocks: this thread's CPU time (the work itself, whatever
 the neighbours on a shared machine do: the ratios quoted) and wall time. Ends with exactly one JSON line.
@@ -37,6 +42,7 @@ the neighbours on a shared machine do: the ratios quoted) and wall time. Ends wi
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -322,6 +328,7 @@ def measure(num_blocks: int, trace: list[tuple], rounds: int, seed: int) -> dict
     slots: dict[str, list[int]] = {}
     for order in schedule(list(runners), rounds, seed):
         for name in order:
+            gc.collect()  # each run starts from the same collector state
             w, c, slots[name] = runners[name]()
             wall[name].append(w)
             cpu[name].append(c)
@@ -341,12 +348,17 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, nargs="+", default=[1000, 10_000, 100_000])
     ap.add_argument("--requests", type=int, default=600, help="requests in the no-hit trace")
     ap.add_argument("--hit-requests", type=int, default=240, help="requests in the hit trace")
+    ap.add_argument("--gc", choices=["on", "off"], default="on",
+                    help="Python's cyclic garbage collector during the timed runs (off: as timeit does)")
     add_common_args(ap)
     args = ap.parse_args()
     if args.quick:
         args.blocks, args.requests, args.hit_requests = [1000, 10_000], 120, 60
     rounds = rounds_of(args)
     settings = print_settings()
+    if args.gc == "off":
+        gc.disable()
+    print(f"garbage collector during the runs: {args.gc}")
     print(f"nano-vllm hash: {'xxhash xxh64' if xxhash is not None else 'sha256 truncated to 64 bits (no xxhash)'}")
     print(f"trace: {LIVE} live requests, block size {BLOCK_SIZE}, prompt {PROMPT_LEN} + {DECODE_LEN} decode tokens; "
           f"{rounds} interleaved rounds; ops/s best (median), on this thread's CPU time [wall best]")
@@ -366,7 +378,7 @@ def main() -> None:
                   f" {r['best']:>7.2f} ({r['median']:.2f}) [{rw['best']:.2f}] {row['same_slots']}")
     emit_json({"benchmark": "bench_block_manager", "block_size": BLOCK_SIZE, "live_requests": LIVE,
                "prompt_len": PROMPT_LEN, "decode_len": DECODE_LEN, "rounds": rounds,
-               "nano_hash": "xxh64" if xxhash is not None else "sha256-64", **results}, settings)
+               "nano_hash": "xxh64" if xxhash is not None else "sha256-64", "gc": args.gc, **results}, settings)
 
 
 if __name__ == "__main__":
