@@ -61,12 +61,16 @@ class KVPool:
     head_dim: int
     kv_cache: np.ndarray = field(init=False, repr=False)
     _checked_slots: object = field(init=False, repr=False, compare=False, default=None)
+    _slot_views: list = field(init=False, repr=False, compare=False, default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
             setattr(self, name, _positive_int(name, getattr(self, name)))
         shape = (self.num_layers, 2, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_cache = np.zeros(shape, dtype=np.float32)
+        self.kv_cache = np.zeros(shape, dtype=np.float32)  # allocated once, never replaced (views below)
+        slots = self.kv_cache.reshape(self.num_layers, 2, self.num_slots, self.num_kv_heads, self.head_dim)
+        #: per layer, K and V as ``[num_slots, H, D]`` views: a step's write is one first-axis scatter each
+        self._slot_views = [(slots[layer, 0], slots[layer, 1]) for layer in range(self.num_layers)]
 
     @property
     def k_cache(self) -> np.ndarray:
@@ -121,9 +125,9 @@ class KVPool:
             if n and (slots.min() < 0 or slots.max() >= self.num_slots):
                 raise IndexError(f"slot out of range [0, {self.num_slots}): {slots.min()}..{slots.max()}")
             self._checked_slots = slots
-        flat = self.kv_cache[layer].reshape(2, self.num_slots, self.num_kv_heads, self.head_dim)
-        flat[0, slots] = k
-        flat[1, slots] = v
+        k_slots, v_slots = self._slot_views[layer]
+        k_slots[slots] = k
+        v_slots[slots] = v
 
     def copy_blocks(self, blocks_to_copy: Iterable[tuple[int, int]]) -> None:
         """Apply the KV cache manager's copy-on-write copies: block ``dst`` gets block ``src``'s K and V in every
