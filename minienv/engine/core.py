@@ -70,6 +70,9 @@ def _interrupt_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+_MAIN_THREAD_ID = threading.main_thread().ident
+
+
 class _InterruptGuard:
     """Ctrl-C (SIGINT) handling for one engine step: ONE handler for the whole step (installing a handler costs
     two system calls, so not one per phase) that raises at once, as Python's default does, except inside a
@@ -78,20 +81,25 @@ class _InterruptGuard:
     JupyterLab's stop button and a terminal deliver); elsewhere ``install`` does nothing and blocks defer nothing.
     """
 
-    __slots__ = ("_deferring", "_caught", "_previous")
+    __slots__ = ("_deferring", "_caught", "_previous", "_depth")
 
     def __init__(self) -> None:
         self._deferring = self._caught = False
         self._previous: Any = None
+        self._depth = 0
 
-    # NOTE: _signal's functions are signal's without the int <-> Signals enum conversion, which costs more than the
-    # system call; this runs twice per engine step.
+    # NOTE: installs nest: generate() and run() install once around their loop of steps, and each step's own
+    # install is then a counter. _signal's functions are signal's without the int <-> Signals enum conversion.
     def install(self) -> None:
-        if (threading.current_thread() is threading.main_thread()
+        self._depth += 1
+        if (self._depth == 1 and threading.get_ident() == _MAIN_THREAD_ID
                 and _signal.getsignal(signal.SIGINT) is signal.default_int_handler):
             self._previous = _signal.signal(signal.SIGINT, self._handle)
 
     def uninstall(self) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
         if self._previous is not None:
             _signal.signal(signal.SIGINT, self._previous)
             self._previous = None
@@ -335,12 +343,15 @@ class InferenceEngine:
         consumer = Consumer("generate")
         ids = [self._add(tok, text, sp, None, consumer) for tok, text, sp in validate_batch(
             self, prompts, sampling_params)]
+        self._interrupt_guard.install()  # once for the whole loop (each step's install is then a counter)
         try:
             while any(not self.requests[i].is_finished for i in ids):
                 self._engine_step()
         except BaseException:
             self.router.adopt(consumer, self._step_consumer)
             raise
+        finally:
+            self._interrupt_guard.uninstall()
         consumer.pending.clear()
         outs = [make_output(self.requests[i], advance=True) for i in ids]
         for i in ids:
@@ -383,9 +394,13 @@ class InferenceEngine:
         """Step until every request has finished (or ``max_steps``); return the steps run. Final outputs of
         :meth:`add_request` requests are read with :meth:`output`."""
         n = 0
-        while self.scheduler.has_unfinished_requests() and (max_steps is None or n < max_steps):
-            self._engine_step()
-            n += 1
+        self._interrupt_guard.install()  # once for the whole loop (each step's install is then a counter)
+        try:
+            while self.scheduler.has_unfinished_requests() and (max_steps is None or n < max_steps):
+                self._engine_step()
+                n += 1
+        finally:
+            self._interrupt_guard.uninstall()
         self._deliver(self._step_consumer)
         return n
 

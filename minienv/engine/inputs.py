@@ -39,17 +39,29 @@ def decode_metadata(block_tables: np.ndarray, context_lens: np.ndarray, slot_map
     repeat and checks, which cost more than the rest of a decode step's inputs; the engine's own tables need no
     checks. ``tests/unit/test_engine_fast_paths.py`` compares every field with the constructor's."""
     s = len(context_lens)
+    consts = _DECODE_CONSTANTS.get(s)
+    if consts is None:
+        consts = _DECODE_CONSTANTS[s] = tuple(_read_only(a) for a in (
+            np.ones(s, dtype=np.int64), np.arange(s + 1, dtype=np.int64), np.arange(s, dtype=np.int64),
+            np.zeros(s, dtype=np.int64)))
     meta = object.__new__(PagedAttentionMetadata)
     meta.block_tables, meta.context_lens, meta.slot_mapping = block_tables, context_lens, slot_mapping
-    meta.query_lens = np.ones(s, dtype=np.int64)
+    meta.query_lens, meta.query_start_loc, meta.token_seq_idx, meta.token_row = consts
     meta.block_size = block_size
     meta.seq_lens = context_lens + 1
-    meta.query_start_loc = np.arange(s + 1, dtype=np.int64)
-    meta.token_seq_idx = np.arange(s, dtype=np.int64)
-    meta.token_row = np.zeros(s, dtype=np.int64)
     meta.positions = context_lens.copy()
     meta.max_query_len, meta.is_decode, meta._plans = 1, True, {}
     return meta
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+#: per batch size, the decode metadata's arrays that depend on nothing else (query lengths 1, token ``i`` = sequence
+#: ``i``, row 0), shared read-only across steps
+_DECODE_CONSTANTS: dict[int, tuple[np.ndarray, ...]] = {}
 
 
 def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool) -> StepInputs:

@@ -164,3 +164,33 @@ def test_decode_metadata_equals_the_general_constructor():
             else:
                 assert a == b and type(a) is type(b), f.name
         assert fast.num_tokens == plain.num_tokens == s
+
+
+@needs_default_sigint
+def test_generate_installs_one_handler_and_restores_it(model, tok):
+    """generate() holds one SIGINT handler for its whole loop; a Ctrl-C in a model call still lands at once, the
+    step is rolled back, and Python's default handler is back afterwards (also after a normal finish)."""
+    e = _engine(model, tok)
+    calls = {"n": 0}
+    original = model.forward_step
+
+    class InterruptOnce:
+        config = model.config
+
+        def forward_step(self, *a, **k):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                signal.raise_signal(signal.SIGINT)
+            return original(*a, **k)
+    e.model = InterruptOnce()
+    with pytest.raises(KeyboardInterrupt):
+        e.generate(PROMPTS, GREEDY)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    e.check_invariants()
+    e.model = model
+    outs = e.generate(["ROMEO:"], GREEDY)
+    assert tuple(outs[0].token_ids) == alone(model, tok.encode("ROMEO:"), GREEDY, tok.eos_token_id)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    while e.has_unfinished_requests():  # the interrupted requests, handed to step()'s consumer, still finish
+        e.step()
+    e.check_invariants()
