@@ -64,8 +64,8 @@ _JS_FIND = r"""
     // A slider or text box beside buttons of their own (not a stepper's) is a parameter of those buttons (e.g.
     // "block to corrupt" + Corrupt): moving it alone promises no change, so it is not driven.
     const output = (el) => el.closest('.jp-OutputArea-output');
-    const hasOwnButtons = (el) => [...output(el).querySelectorAll('button')].some(b => !inStepper(b)
-        && !b.closest('.widget-play, .jupyter-widget-play'));
+    const hasOwnButtons = (el) => [...output(el).querySelectorAll('button.jupyter-button, button.widget-button')]
+        .some(b => !inStepper(b) && !b.closest('.widget-play, .jupyter-widget-play'));  // not plotly's mode bar
     area.querySelectorAll('.widget-slider, .jupyter-widget-slider').forEach(s => {
       const handle = s.querySelector('.noUi-handle');
       const target = s.querySelector('.noUi-target');

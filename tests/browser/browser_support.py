@@ -104,8 +104,9 @@ CONTROLS_CELLS = [
     ("code", "stepper(w.HTML('never changes'), lambda n: None, lambda: None)  # dead Step: only its counter moves"),
     ("code", "sticky = w.HTML('v 0')\n"
              "stepper(sticky, lambda n: setattr(sticky, 'value', f'v {n}'), lambda: None)  # Reset restores nothing"),
-    ("code", "s, out = w.IntSlider(value=0, max=10), w.HTML('0')\n"
-             "s.observe(lambda c: setattr(out, 'value', str(c['new'])), 'value')\nw.VBox([s, out])"),
+    ("code", "import plotly.graph_objects as go  # a slider driving a FigureWidget (whose mode bar has buttons)\n"
+             "s, fig = w.IntSlider(value=0, max=10), go.FigureWidget(go.Bar(y=[0, 1]))\n"
+             "s.observe(lambda c: setattr(fig.data[0], 'y', [c['new'], 1]), 'value')\nw.VBox([s, fig])"),
     ("code", "w.VBox([w.IntSlider(value=3, max=10), w.HTML('nothing follows the slider')])  # dead slider"),
     ("code", "t, o = w.Text(value='abc'), w.HTML('ABC')\n"
              "t.observe(lambda c: setattr(o, 'value', c['new'].upper()), 'value')\nw.VBox([t, o])"),
