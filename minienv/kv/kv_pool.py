@@ -67,9 +67,13 @@ class KVPool:
         for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
             setattr(self, name, _positive_int(name, getattr(self, name)))
         shape = (self.num_layers, 2, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_cache = np.zeros(shape, dtype=np.float32)  # allocated once, never replaced (views below)
+        self.kv_cache = np.zeros(shape, dtype=np.float32)
+        self._make_slot_views()
+
+    def _make_slot_views(self) -> None:
+        """Per layer, K and V as ``[num_slots, H, D]`` views of ``kv_cache``: a step's write is then one
+        first-axis scatter each."""
         slots = self.kv_cache.reshape(self.num_layers, 2, self.num_slots, self.num_kv_heads, self.head_dim)
-        #: per layer, K and V as ``[num_slots, H, D]`` views: a step's write is one first-axis scatter each
         self._slot_views = [(slots[layer, 0], slots[layer, 1]) for layer in range(self.num_layers)]
 
     @property
@@ -126,6 +130,9 @@ class KVPool:
                 raise IndexError(f"slot out of range [0, {self.num_slots}): {slots.min()}..{slots.max()}")
             self._checked_slots = slots
         k_slots, v_slots = self._slot_views[layer]
+        if k_slots.base is not self.kv_cache:  # a copied pool (its views were copied apart from its array)
+            self._make_slot_views()
+            k_slots, v_slots = self._slot_views[layer]
         k_slots[slots] = k
         v_slots[slots] = v
 
