@@ -213,3 +213,18 @@ def test_kv_pool_write_lands_where_slot_arithmetic_says_also_in_a_copied_pool():
         assert np.array_equal(target.kv_cache[2, 1, blocks, offsets], v)
         assert not target.kv_cache[:2].any()  # other layers untouched
     assert not np.shares_memory(pool.kv_cache, twin.kv_cache)
+
+
+def test_fused_model_ops_equal_their_plain_forms():
+    """SiLU-and-mul in place == silu(gate) * up; Q and K rotated in one call == rotated apart (bit for bit)."""
+    from minienv.model.llama import apply_rope, silu, silu_and_mul
+
+    rng = np.random.default_rng(6)
+    for n in (1, 5):
+        gate_up = rng.standard_normal((n, 2 * 64)).astype(np.float32) * 4
+        assert np.array_equal(silu_and_mul(gate_up), silu(gate_up[:, :64]) * gate_up[:, 64:])
+        q = rng.standard_normal((n, 4, 48)).astype(np.float32)
+        k = rng.standard_normal((n, 2, 48)).astype(np.float32)
+        cos, sin = rope_cos_sin(rng.integers(0, 1000, n), 48, 10000.0)
+        qk = apply_rope(np.concatenate([q, k], axis=1), cos, sin)
+        assert np.array_equal(qk[:, :4], apply_rope(q, cos, sin)) and np.array_equal(qk[:, 4:], apply_rope(k, cos, sin))
