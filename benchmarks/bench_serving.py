@@ -25,11 +25,13 @@ to the in-process engine's for the same prompt, every cancelled or expired strea
 use afterwards. Reported: counts per outcome, client-side p50/p99 time to first token and end-to-end latency.
 
 **(c) Serving overhead.** The load's plain requests (no cancel, no deadline; ``--overhead-requests`` of them) run
-by the in-process engine (``InferenceEngine.generate``, all at once) and over gRPC (64 threads, one fresh
-instance with the same engine options), in interleaved rounds with the order rotated. Overhead = 1 - gRPC tokens/s
-/ in-process tokens/s, from the min times. The client threads share the machine's cores with the server here, so
-the CPU time of the engine's process (this one in-process; the server's, from ``/proc``, over gRPC) is reported
-too: the server's extra CPU per token is the serving cost itself, whatever the neighbours do.
+by the in-process engine (``InferenceEngine.generate``, all at once) and over gRPC (one fresh instance with the same
+engine options, ``max_num_seqs`` + 8 client streams: enough that a request always waits, so the server steps the
+same schedule — the step counts are reported and checked — and few enough that the client process does not take
+the cores), in interleaved rounds with the order rotated. Two figures, each from the min and the median round:
+wall tokens/s (overhead = 1 - gRPC / in-process), and the CPU time per token of the engine's process (this one
+in-process; the server's, from ``/proc``, over gRPC). On a shared machine the wall figure moves with whatever the
+neighbours run; the CPU per token is the serving cost itself (handler threads, protobuf, GIL hand-offs).
 
 **(d) Kill one instance mid-run.** 3 instances (2 with ``--quick``), 4 running requests each and more waiting;
 when the first instance runs its maximum and has requests waiting, it is killed (SIGKILL). Requests it had not
@@ -200,46 +202,61 @@ def process_cpu_s(pid: int) -> float:
 
 
 def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
-    print(f"\n(c) serving overhead: {len(plain)} plain requests, in-process engine vs gRPC (64 threads, 1 instance); "
-          f"{rounds} rounds")
+    # max_num_seqs streams keep every batch full only if a request always waits: a few more than that, and the
+    # server runs the in-process engine's schedule (the step counts are checked equal). Few streams also keep the
+    # client process from taking the cores the server needs.
+    concurrency = ENGINE_ARGS["max_num_seqs"] + 8
+    print(f"\n(c) serving overhead: {len(plain)} plain requests, in-process engine vs gRPC ({concurrency} client "
+          f"streams, 1 instance); {rounds} interleaved rounds")
     params = [SamplingParams(max_tokens=j.max_tokens, temperature=0.0) for j in plain]
     tokens = sum(len(want[(j.prompt, j.max_tokens)]) for j in plain)
-    times: dict[str, list[float]] = {"in_process": [], "grpc": []}
-    cpu: dict[str, list[float]] = {"in_process": [], "grpc": []}  # the engine's process: this one / the server
-    for order in schedule(list(times), rounds, seed=args.seed):
+    runs: dict[str, list[dict]] = {"in_process": [], "grpc": []}  # per round: wall s, CPU s, engine steps
+    for order in schedule(list(runs), rounds, seed=args.seed):
         for name in order:
             if name == "in_process":
                 engine = InferenceEngine(**ENGINE_ARGS)
                 t0, c0 = time.perf_counter(), time.process_time()
                 outs = engine.generate([j.prompt for j in plain], params)
-                times[name].append(time.perf_counter() - t0)
-                cpu[name].append(time.process_time() - c0)
+                runs[name].append({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0,
+                                   "steps": engine.stats.num_steps})
                 assert [tuple(o.token_ids) for o in outs] == [want[(j.prompt, j.max_tokens)] for j in plain]
             else:
                 with launch(1, serve_args(ENGINE_ARGS["kv_budget_tokens"], ENGINE_ARGS["max_num_seqs"]),
                             cwd=REPO) as cluster, Client(cluster.addresses) as client:
                     client.wait_until_serving()
-                    c0 = process_cpu_s(cluster.servers[0].pid)
-                    result = run_load(client, plain, concurrency=64, time_limit=args.time_limit)
-                    cpu[name].append(process_cpu_s(cluster.servers[0].pid) - c0)
+                    pid, steps0 = cluster.servers[0].pid, client.server_info().num_steps
+                    c0 = process_cpu_s(pid)
+                    result = run_load(client, plain, concurrency=concurrency, time_limit=args.time_limit)
+                    cpu = process_cpu_s(pid) - c0
+                    runs[name].append({"wall": result.wall_s, "cpu": cpu,
+                                       "steps": client.server_info().num_steps - steps0})
                     assert len(result.completed()) == len(plain) and check_outputs(plain, result, want) == 0
-                    times[name].append(result.wall_s)
-    tps = {k: tokens / min(v) for k, v in times.items()}
-    tps_med = {k: tokens / statistics.median(v) for k, v in times.items()}
-    overhead = 1 - tps["grpc"] / tps["in_process"]
-    overhead_med = 1 - tps_med["grpc"] / tps_med["in_process"]
-    cpu_overhead = min(cpu["grpc"]) / min(cpu["in_process"]) - 1
-    for k in times:
-        print(f"{k:>11}: {tokens} tokens, {tps[k]:.1f} tokens/s (min time), {tps_med[k]:.1f} (median); "
-              f"engine process CPU {min(cpu[k]):.2f} s (min)")
-    print(f"overhead: {overhead:.1%} fewer tokens/s (min times), {overhead_med:.1%} (median times); target <= 10 %. "
-          f"Server CPU per token: +{cpu_overhead:.1%} over the in-process engine (gRPC handlers, protobuf)")
-    return {"requests": len(plain), "tokens": tokens,
-            "tokens_per_s_min_time": {k: round(v, 1) for k, v in tps.items()},
-            "tokens_per_s_median": {k: round(v, 1) for k, v in tps_med.items()},
-            "overhead_min_time": round(overhead, 4), "overhead_median": round(overhead_med, 4),
-            "engine_process_cpu_s_min": {k: round(min(v), 3) for k, v in cpu.items()},
-            "cpu_overhead_min": round(cpu_overhead, 4)}
+    stats = {}
+    for k, rs in runs.items():
+        walls, cpus = [r["wall"] for r in rs], [r["cpu"] for r in rs]
+        stats[k] = {"tokens_per_s_min_time": tokens / min(walls), "tokens_per_s_median": tokens / statistics.median(walls),
+                    "cpu_ms_per_token_min": 1e3 * min(cpus) / tokens,
+                    "cpu_ms_per_token_median": 1e3 * statistics.median(cpus) / tokens,
+                    "steps": [r["steps"] for r in rs]}
+        print(f"{k:>11}: {tokens} tokens in {stats[k]['steps'][0]} steps; {stats[k]['tokens_per_s_min_time']:.1f} "
+              f"tokens/s (min time), {stats[k]['tokens_per_s_median']:.1f} (median); CPU of the engine's process "
+              f"{stats[k]['cpu_ms_per_token_min']:.3f} ms/token (min), {stats[k]['cpu_ms_per_token_median']:.3f} "
+              f"(median)")
+    ip, g = stats["in_process"], stats["grpc"]
+    overhead = {"wall_min_time": 1 - g["tokens_per_s_min_time"] / ip["tokens_per_s_min_time"],
+                "wall_median": 1 - g["tokens_per_s_median"] / ip["tokens_per_s_median"],
+                "cpu_per_token_min": g["cpu_ms_per_token_min"] / ip["cpu_ms_per_token_min"] - 1,
+                "cpu_per_token_median": g["cpu_ms_per_token_median"] / ip["cpu_ms_per_token_median"] - 1}
+    print(f"overhead (target <= 10 %): {overhead['wall_min_time']:.1%} fewer tokens/s (min times), "
+          f"{overhead['wall_median']:.1%} (median times); the server's CPU per token "
+          f"{overhead['cpu_per_token_min']:+.1%} (min), {overhead['cpu_per_token_median']:+.1%} (median) over the "
+          "in-process engine's (gRPC handlers, protobuf, GIL hand-offs: the serving cost whatever the neighbours do)")
+    same_schedule = len({s for st in stats.values() for s in st["steps"]}) == 1
+    if not same_schedule:
+        print(f"  the step counts differ ({ {k: v['steps'] for k, v in stats.items()} }): not the same schedule")
+    return {"requests": len(plain), "tokens": tokens, "client_streams": concurrency,
+            **{k: {m: (round(v, 4) if isinstance(v, float) else v) for m, v in st.items()} for k, st in stats.items()},
+            "overhead": {k: round(v, 4) for k, v in overhead.items()}, "same_schedule": same_schedule}
 
 
 # ---------------------------------------------------------------------------------------------- (d) kill

@@ -56,7 +56,9 @@ from minienv.serving import minienv_pb2_grpc as pb_grpc
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MinienvEngine"].full_name
 #: trailing metadata key of every Generate call: the address of the instance that served it
 SERVED_BY_KEY = "minienv-served-by"
-_POLL_S = 0.05  # how often a waiting handler checks that its call is still alive
+_POLL_S = 0.05  # how often stop() checks whether in-flight requests have finished
+#: put on a Generate handler's queue when its call ends (cancelled, deadline, done): wakes a handler blocked on it
+_CALL_ENDED = object()
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default receive limit; the HTTP body limit too
 
 
@@ -285,6 +287,30 @@ def _sampling_params(msg: pb.SamplingParams) -> Any:
     return SamplingParams(**kwargs)
 
 
+def _batches(q: "queue.Queue[Any]") -> Iterator[list[Any]]:
+    """Everything on ``q`` in batches: block (no timeout, no polling) until an item comes, then take every item
+    already there. A handler that keeps up gets one item per engine step; one that fell behind (its client is
+    slow, or the GIL went elsewhere) gets all it missed at once and sends them as one message."""
+    while True:
+        items = [q.get()]
+        while True:
+            try:
+                items.append(q.get_nowait())
+            except queue.Empty:
+                break
+        yield items
+
+
+def _chunk(rid: str, outs: list[Any]) -> pb.GenerateResponse:
+    """One chunk message with the new token ids and text of ``outs`` (consecutive outputs of request ``rid``):
+    a consumer that fell behind sends what it missed as one message, not one per engine step."""
+    if len(outs) == 1:
+        return pb.GenerateResponse(request_id=rid, chunk=pb.GenerateChunk(token_ids=outs[0].delta_token_ids,
+                                                                          text=outs[0].delta_text))
+    return pb.GenerateResponse(request_id=rid, chunk=pb.GenerateChunk(
+        token_ids=[t for o in outs for t in o.delta_token_ids], text="".join(o.delta_text for o in outs)))
+
+
 def _complete(out: Any) -> pb.GenerateComplete:
     m = out.metrics
     return pb.GenerateComplete(
@@ -312,24 +338,31 @@ class _Servicer(pb_grpc.MinienvEngineServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad sampling_params: {exc}")
         q: queue.Queue = queue.Queue()
         rid = srv.add_request(prompt, params, q, request_id=request.request_id or None)
-        # Fires when the call ends for any reason (done, cancelled, deadline): a request still running is aborted.
-        context.add_callback(lambda: srv.release(rid, q))
-        while True:
-            try:
-                item = q.get(timeout=_POLL_S)
-            except queue.Empty:
-                if not context.is_active():
+
+        def call_ended() -> None:  # gRPC's thread, when the call ends for any reason (done, cancelled, deadline)
+            q.put(_CALL_ENDED)  # wakes this handler if it is waiting: no polling of context.is_active()
+            srv.release(rid, q)  # a request still running is aborted
+
+        if not context.add_callback(call_ended):  # the call already ended (the client went away)
+            call_ended()
+        for items in _batches(q):
+            pending: list[Any] = []  # outputs of this batch not yet sent
+            for item in items:
+                if item is _CALL_ENDED:
                     return
-                continue
-            if isinstance(item, Refusal):
-                context.abort(item.code, item.message)
-            if isinstance(item, str):  # accepted
-                continue
-            if item.delta_token_ids or item.delta_text:
-                yield pb.GenerateResponse(request_id=rid, chunk=pb.GenerateChunk(
-                    token_ids=list(item.delta_token_ids), text=item.delta_text))
-            if item.finished:
-                yield pb.GenerateResponse(request_id=rid, complete=_complete(item))
+                if isinstance(item, str):  # accepted
+                    continue
+                if isinstance(item, Refusal):
+                    if pending:
+                        yield _chunk(rid, pending)
+                    context.abort(item.code, item.message)
+                pending.append(item)
+                if item.finished:
+                    break
+            if any(o.delta_token_ids or o.delta_text for o in pending):
+                yield _chunk(rid, pending)
+            if pending and pending[-1].finished:
+                yield pb.GenerateResponse(request_id=rid, complete=_complete(pending[-1]))
                 return
 
     def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortResponse:

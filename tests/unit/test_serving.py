@@ -411,3 +411,26 @@ def test_cli_serve_port_in_use_exits_2():
         proc = _cli("--port", str(s.getsockname()[1]))
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 2 and "the port is in use" in err, err
+
+
+def test_a_handler_that_fell_behind_sends_what_it_missed_as_one_chunk():
+    """The engine's real per-step outputs, all queued before the handler reads: one batch, one chunk whose ids and
+    text are the concatenation of the steps' deltas (= the finished output), then the complete message."""
+    import queue
+
+    from minienv.serving.server import _batches, _chunk
+
+    engine = _engine()
+    rid = engine.add_request("Friends, Romans, countrymen", SamplingParams(max_tokens=10, temperature=0.0))
+    q: queue.Queue = queue.Queue()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            q.put(out)
+    outs = next(_batches(q))
+    assert len(outs) == q.qsize() + len(outs) >= 2 and outs[-1].finished and q.empty()
+    msg = _chunk(rid, outs)
+    assert msg.request_id == rid
+    assert list(msg.chunk.token_ids) == list(outs[-1].token_ids)
+    assert msg.chunk.text == outs[-1].text
+    one = _chunk(rid, outs[:1])  # a handler that keeps up: one step's delta
+    assert list(one.chunk.token_ids) == list(outs[0].delta_token_ids) and one.chunk.text == outs[0].delta_text
