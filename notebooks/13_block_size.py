@@ -443,7 +443,7 @@ for trace in traces:
     print("   ", rec.reasoning.split("; ")[0])
 
 # %% [markdown]
-# ## Exercise: predict the fragmentation
+# ## Exercise 1: predict the fragmentation
 #
 # Write `predict_fragmentation(lengths, B)`: `lengths` is a list of `(prompt_len, output_len)` pairs; return the
 # share of allocated KV slots that hold no token, **summed over every step** of serving them (no sharing, room for
@@ -478,7 +478,86 @@ except AssertionError as err:
     print("rejected:", err)
 
 # %% [markdown]
-# (A solution is in `solutions/13_block_size.py`.)
+# <details><summary>Hint 1</summary>
+#
+# Loop over the requests, and for each over the lengths `l` it has at its steps: `range(p, p + o)`. Add up two
+# numbers across everything — empty slots and allocated slots — and divide once at the end (a mean of per-step
+# ratios weighs a short request like a long one).
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# At length `l`, allocated is `blocks(l, B) * B` and empty is `empty_tail(l, B)` — the two functions at the top of
+# this notebook.
+# </details>
+#
+# ## Exercise 2: choose a block size by its cost
+#
+# The sweep scored each block size with one number `J`. Build a smaller one yourself, in token slots, and let it
+# choose. Write `block_size_cost(requests, B, entry_cost)`: `requests` is a list of
+# `(prompt_len, output_len, shared_len)` — `shared_len` prompt tokens are a prefix an earlier request already has
+# in the cache. Per request, at its final length `L = prompt_len + output_len`, the cost counts
+#
+# 1. **empty slots**: `ceil(L / B) × B − L` (0 when the last block is exactly full);
+# 2. **recomputed shared tokens**: a shared prefix hits in **whole blocks only** — the tokens past its last full
+#    block are computed again,
+# 3. and **never the prompt's last token**: at most `prompt_len − 1` shared tokens can hit (the engine computes
+#    the last one to sample from it — trap 1 above);
+# 4. **table entries**: `entry_cost` for each of the request's `ceil(L / B)` block-table entries;
+# 5. **summed over all the requests**, as one number.
+#
+# `check_block_size_cost` tries one case per rule (each with one
+#    term non-zero), then 300 random ones; when it passes, the next cell lets your cost choose a block size for the
+#    three traces.
+
+# %%
+from minienv.exercises import PASSED
+from minienv.exercises.block_size import check_block_size_cost, pick_block_size
+
+
+def block_size_cost(requests, B, entry_cost):
+    """Empty slots + recomputed shared tokens + entry_cost per table entry, summed over the requests."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+cost_verdict = check_block_size_cost(block_size_cost)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# The cell under "Build it small" at the top of this notebook already defines `blocks`, `empty_tail` and
+# `prefix_hit`: the cost of one request is `empty_tail(L, B) + (shared − prefix_hit(shared, prompt_len, B)) +
+# entry_cost × blocks(L, B)`.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# The hit is `min(shared_len, prompt_len − 1) // B * B` — cap first, then round **down** to whole blocks. Use the
+# final length `prompt_len + output_len` for the blocks and the empty tail, not the prompt's.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Test your function on one request at a time before summing: `block_size_cost([(16, 16, 16)], 8, 0)` is 8 (only
+# 15 of the 16 shared tokens may hit, so one block of 8).
+# </details>
+#
+# Once it passes, your cost picks a block size per trace. A cheap table entry favours small blocks; an expensive
+# one pushes the pick up until empty tails and lost hits cost more than the entries saved:
+
+# %%
+if cost_verdict == PASSED:
+    for trace in traces:
+        stats = bs.length_stats(trace)
+        reqs = list(zip(stats.prompt_lens, stats.output_lens, stats.shared_prefix_lens))
+        picks = {e: pick_block_size(block_size_cost, reqs, bs.BLOCK_SIZES, e) for e in (0.25, 4, 64)}
+        print(f"{trace.name:<22} your cost picks " + ", ".join(f"B={b} at entry_cost {e}" for e, b in picks.items()))
+else:
+    print("(solve exercise 2 to see which block size your cost picks for each trace)")
+
+# %% [markdown]
+# (Solutions are in `solutions/13_block_size.py`.)
 #
 # ## Where this lives in vLLM / SGLang
 #

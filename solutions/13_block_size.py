@@ -1,4 +1,5 @@
-"""Solution of notebook 13's exercise: predict the internal fragmentation of a trace at block size b."""
+"""Solutions of notebook 13's exercises: predict the internal fragmentation of a trace at block size b, and the
+cost of a block size for a set of requests."""
 
 from __future__ import annotations
 
@@ -17,3 +18,20 @@ def predict_fragmentation(lengths: list[tuple[int, int]], block_size: int) -> fl
             allocated += slots
             wasted += slots - n
     return wasted / allocated
+
+
+def block_size_cost(requests: list[tuple[int, int, int]], B: int, entry_cost: float) -> float:
+    """Empty slots + recomputed shared tokens + ``entry_cost`` per block-table entry, summed over the requests.
+
+    Each request is ``(prompt_len, output_len, shared_len)``. At its final length ``L = prompt_len + output_len`` it
+    holds ``ceil(L / B)`` blocks (that many table entries), the last one ``ceil(L / B) * B - L`` slots empty. Of its
+    ``shared_len`` shared prompt tokens only whole blocks hit, and never the prompt's last token (it is computed to
+    sample the first output token): ``min(shared_len, prompt_len - 1) // B * B``; the rest is recomputed.
+    """
+    cost = 0.0
+    for prompt_len, output_len, shared_len in requests:
+        length = prompt_len + output_len
+        blocks = -(-length // B)
+        hit = min(shared_len, prompt_len - 1) // B * B
+        cost += (blocks * B - length) + (shared_len - hit) + entry_cost * blocks
+    return cost

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from minienv.exercises import NOT_IMPLEMENTED, PASSED, ExerciseFailed
+from minienv.exercises import block_size as ex13
 from minienv.exercises import engine as ex08
 from minienv.exercises import kv_memory as ex03
 from minienv.exercises import lru_eviction as ex06
@@ -291,6 +292,22 @@ def _run_keyed_by_index(engine, prompts, params):
     return texts
 
 
+def _cost_with(length="final", exact_full_wastes=False, hit="floor", cap=True, entries="blocks", combine=sum):
+    """``block_size_cost`` with one planted mistake (the defaults are the right rule)."""
+    def fn(requests, b, entry_cost):
+        costs = []
+        for p, o, s in requests:
+            n = p + o if length == "final" else p
+            blocks = -(-n // b)
+            empty = b - n % b if exact_full_wastes else blocks * b - n
+            usable = min(s, p - 1) if cap else s
+            hits = {"floor": usable // b * b, "ceil": -(-usable // b) * b, "all": s}[hit]
+            table = {"blocks": blocks, "request": 1, "none": 0}[entries]
+            costs.append(empty + (s - hits) + entry_cost * table)
+        return combine(costs)
+    return fn
+
+
 # notebook, check, solution / stub name, [(wrong answer, words its failure must contain), ...]
 WRONG = [
     ("00_tour", ex00.check_next_blocks, "next_blocks", [
@@ -424,6 +441,18 @@ WRONG = [
         (_pick(short_by_hash=True), "shorter than one block"),
         (lambda prompt, loads, b, m: len(loads), "return an instance index"),
     ]),
+    ("13_block_size", ex13.check_block_size_cost, "block_size_cost", [
+        (_cost_with(length="prompt"), "at the final length (prompt + output)"),
+        (_cost_with(exact_full_wastes=True), "0 when exactly full"),
+        (_cost_with(hit="all"), "hits in whole blocks only"),
+        (_cost_with(hit="ceil"), "hits in whole blocks only"),
+        (_cost_with(cap=False), "the prompt's last token is never a hit"),
+        (_cost_with(entries="none"), "every block-table entry costs entry_cost"),
+        (_cost_with(entries="request"), "every block-table entry costs entry_cost"),
+        (_cost_with(combine=lambda c: sum(c) / len(c)), "summed over all the requests"),
+        (_cost_with(combine=lambda c: c[-1]), "summed over all the requests"),
+        (_cost_with(combine=lambda c: [sum(c)]), "return one number"),
+    ]),
 ]
 
 CASES = [(nb, check, name, wrong, words) for nb, check, name, wrongs in WRONG for wrong, words in wrongs]
@@ -533,3 +562,20 @@ def test_plan_reference_is_the_scheduler_rule():
             assert [got.get(r, 0) for r in order] == want
             compared += 1
     assert compared > 5
+
+
+# Chapters whose first exercise is checked in the chapter's own test file (tests/unit/test_block_size.py, ...):
+# every exercise they ship, and at least two hints each.
+LATER_CHAPTERS = [
+    ("13_block_size", ("check_fragmentation_prediction(predict_fragmentation)",
+                       "check_block_size_cost(block_size_cost)")),
+]
+
+
+@pytest.mark.parametrize("notebook, calls", LATER_CHAPTERS, ids=[nb for nb, _ in LATER_CHAPTERS])
+def test_later_chapters_have_two_exercises_and_hints(notebook, calls):
+    source = (REPO / "notebooks" / f"{notebook}.py").read_text()
+    for call in calls:
+        assert call in source, f"{notebook} never runs {call}"
+    assert source.count("<details>") >= 2 * len(calls), f"{notebook}: fewer than two hints per exercise"
+    assert "# --- solution" not in source and "_solution(" not in source, f"{notebook} ships a solution"
