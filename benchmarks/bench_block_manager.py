@@ -30,9 +30,12 @@ computed, and for a prefill its input ids and positions too (nano-vllm's as its 
 computes them); the script checks that the two produce the same slots.
 
 The cyclic garbage collector runs as in a real process (``--gc off`` disables it during the runs, as ``timeit``
-does). It matters at large pools: a full collection walks every live object, the pool's block objects included,
-so its cost grows with the pool, and minienv's manager allocates more small objects per admission than
-nano-vllm's (result objects, index entries), so it triggers more collections.
+does), and the table shows how many collections of each generation a trace triggered on each side (the most any
+round needed). A collection is triggered by *surviving* container objects (tuples, lists, objects: allocations minus
+deallocations), and a full one walks every live object, the pool's included; so a manager that keeps one small object per
+indexed block pays for collections whose cost grows with the pool. Each manager is built, then ``gc.collect()``
+moves its pool to the oldest generation (where a running server's pool is) before the clocks start. minienv's prefix
+index stores only ints and bytes (never tracked), so its trace, like nano-vllm's, triggers next to none.
 
 Rounds are interleaved in the harness's rotated order (``_common.schedule``), each on a fresh manager built outside
 the timed region; best and median over rounds, on two clocks: this thread's CPU time (the work itself, whatever
@@ -320,20 +323,39 @@ def measure(num_blocks: int, trace: list[tuple], rounds: int, seed: int) -> dict
     Both clocks: wall, and this thread's CPU time (the work itself, whatever the neighbours on a shared machine
     do); ratios are minienv / nano-vllm in ops/s, so > 1 means minienv is faster."""
     runners = {
-        "minienv": lambda: run_minienv(KVCacheManager(num_blocks, BLOCK_SIZE), trace),
-        "nano": lambda: run_nano(NanoBlockManager(num_blocks, BLOCK_SIZE), trace),
+        "minienv": (lambda: KVCacheManager(num_blocks, BLOCK_SIZE), run_minienv),
+        "nano": (lambda: NanoBlockManager(num_blocks, BLOCK_SIZE), run_nano),
     }
     wall: dict[str, list[float]] = {k: [] for k in runners}
     cpu: dict[str, list[float]] = {k: [] for k in runners}
+    collections: dict[str, list[list[int]]] = {k: [] for k in runners}  # per run: [gen0, gen1, gen2]
     slots: dict[str, list[int]] = {}
     for order in schedule(list(runners), rounds, seed):
         for name in order:
-            gc.collect()  # each run starts from the same collector state
-            w, c, slots[name] = runners[name]()
+            build, run = runners[name]
+            manager = build()
+            # Each run starts from the same collector state, the pool already in the oldest generation (where a
+            # running server's is): the collections that promote a new pool's objects are the construction's cost.
+            gc.collect()
+            counts = [0, 0, 0]
+
+            def count(phase: str, info: dict, counts: list[int] = counts) -> None:
+                if phase == "start":
+                    counts[info["generation"]] += 1
+
+            gc.callbacks.append(count)  # counts the trace's collections only
+            try:
+                w, c, slots[name] = run(manager, trace)
+            finally:
+                gc.callbacks.remove(count)
+            del manager
             wall[name].append(w)
             cpu[name].append(c)
+            collections[name].append(counts)
     ops = sum(ev[0] != "step" for ev in trace)
     out: dict = {"num_blocks": num_blocks, "ops": ops, "same_slots": slots["minienv"] == slots["nano"]}
+    for name, per_run in collections.items():  # the most any run needed, per generation
+        out[f"{name}_gc_collections"] = [max(run[g] for run in per_run) for g in range(3)]
     for clock, times in (("cpu", cpu), ("wall", wall)):
         for name, ts in times.items():
             out[f"{name}_ops_per_s_{clock}"] = {"best": ops / min(ts), "median": ops / statistics.median(ts)}
@@ -367,7 +389,8 @@ def main() -> None:
         trace = make_trace(n_req, hits=hits)
         results[label] = []
         print(f"\n{label}: {sum(ev[0] != 'step' for ev in trace)} events ({n_req} requests)")
-        print(f"{'blocks':>8} {'minienv ops/s':>30} {'nano-vllm ops/s':>30} {'minienv / nano':>22} same slots")
+        print(f"{'blocks':>8} {'minienv ops/s':>30} {'nano-vllm ops/s':>30} {'minienv / nano':>22} same slots"
+              "  gc collections per trace, gen0/1/2 (minienv | nano)")
         for nb in args.blocks:
             row = measure(nb, trace, rounds, args.seed)
             results[label].append(row)
@@ -375,7 +398,9 @@ def main() -> None:
             r, rw = row["minienv_over_nano_cpu"], row["minienv_over_nano_wall"]
             print(f"{nb:>8} {m['best']:>10,.0f} ({m['median']:>8,.0f}) [{row['minienv_ops_per_s_wall']['best']:>8,.0f}]"
                   f" {n['best']:>10,.0f} ({n['median']:>8,.0f}) [{row['nano_ops_per_s_wall']['best']:>8,.0f}]"
-                  f" {r['best']:>7.2f} ({r['median']:.2f}) [{rw['best']:.2f}] {row['same_slots']}")
+                  f" {r['best']:>7.2f} ({r['median']:.2f}) [{rw['best']:.2f}] {str(row['same_slots']):>10}"
+                  f"  {'/'.join(map(str, row['minienv_gc_collections']))} | "
+                  f"{'/'.join(map(str, row['nano_gc_collections']))}")
     emit_json({"benchmark": "bench_block_manager", "block_size": BLOCK_SIZE, "live_requests": LIVE,
                "prompt_len": PROMPT_LEN, "decode_len": DECODE_LEN, "rounds": rounds,
                "nano_hash": "xxh64" if xxhash is not None else "sha256-64", "gc": args.gc, **results}, settings)

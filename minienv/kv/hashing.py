@@ -41,14 +41,40 @@ def make_extra_key(model_id: str = "", *, cache_salt: str | None = None, dtype: 
 def hash_block_tokens(parent_hash: BlockHash, token_ids: Sequence[int], extra_key: bytes = b"") -> BlockHash:
     """One link of the chain: ``sha256(VERSION | parent | len(extra)|extra | n|tokens as little-endian int64)``.
     Fixed-width and length-prefixed, so no two inputs share a byte string on any platform or in any process."""
+    return hash_block_key(block_key_bytes(parent_hash, token_ids, extra_key))
+
+
+def hash_block_key(key_bytes: bytes) -> BlockHash:
+    """The block hash of an encoded key (:func:`block_key_bytes`): for callers that keep the key bytes too."""
+    return hashlib.sha256(key_bytes).digest()
+
+
+def block_key_bytes(parent_hash: BlockHash, token_ids: Sequence[int], extra_key: bytes = b"") -> bytes:
+    """The bytes :func:`hash_block_tokens` hashes. The encoding is injective, so equal bytes <=> equal
+    ``(parent_hash, token_ids, extra_key)``: the prefix index stores these as each entry's key (one flat
+    ``bytes`` object, which the cyclic garbage collector never tracks) and compares them on every hit."""
     if len(parent_hash) != 32:
         raise ValueError(f"parent_hash must be 32 sha256 bytes, got {len(parent_hash)} bytes")
     n = len(token_ids)
     packer = _INT64S.get(n) or _INT64S.setdefault(n, struct.Struct(f"<{n}q"))
-    # One sha256 call over the joined bytes: the same bytes as one update per field, packed without a numpy array
+    # One join over the fields: the same bytes as one sha256 update per field, packed without a numpy array
     # (this runs once per full block on the engine's path, so its constant matters).
-    return hashlib.sha256(b"".join((HASH_VERSION, parent_hash, len(extra_key).to_bytes(4, "little"), extra_key,
-                                    n.to_bytes(4, "little"), packer.pack(*token_ids)))).digest()
+    return b"".join((HASH_VERSION, parent_hash, len(extra_key).to_bytes(4, "little"), extra_key,
+                     n.to_bytes(4, "little"), packer.pack(*token_ids)))
+
+
+def parse_block_key_bytes(key: bytes) -> tuple[BlockHash, tuple[int, ...], bytes]:
+    """``(parent_hash, token_ids, extra_key)`` back from :func:`block_key_bytes`' encoding."""
+    at = len(HASH_VERSION)
+    if key[:at] != HASH_VERSION:
+        raise ValueError("not a block key of this hash version")
+    parent_hash, at = key[at:at + 32], at + 32
+    n_extra = int.from_bytes(key[at:at + 4], "little")
+    extra_key, at = key[at + 4:at + 4 + n_extra], at + 4 + n_extra
+    n = int.from_bytes(key[at:at + 4], "little")
+    if len(key) != at + 4 + 8 * n:
+        raise ValueError(f"a block key of {n} tokens must be {at + 4 + 8 * n} bytes, got {len(key)}")
+    return parent_hash, struct.unpack_from(f"<{n}q", key, at + 4), extra_key
 
 
 #: ``n`` little-endian int64s, by ``n``: ``np.asarray(ids, "<i8").tobytes()`` without the array.

@@ -37,9 +37,9 @@ import numpy as np
 from minienv.kv.block_pool import BlockPool, KVCacheBlock
 from minienv.kv.block_table import BlockTable, cdiv, slot_range
 from minienv.kv.errors import KVBudgetError, KVCacheError
-from minienv.kv.hashing import ROOT_HASH, BlockHash, hash_block_tokens
+from minienv.kv.hashing import ROOT_HASH, BlockHash, block_key_bytes, hash_block_key
 from minienv.kv.kv_pool import num_blocks_for_budget
-from minienv.kv.prefix_cache import CachedBlock, CachedBlockKey, PrefixCacheStats, PrefixIndex
+from minienv.kv.prefix_cache import CachedBlock, PrefixCacheStats, PrefixIndex
 
 RequestId = Hashable
 
@@ -347,7 +347,7 @@ class KVCacheManager:
         for a cached-free block (in the free queue, or taken from it by the call evicting it)."""
         evicted_hash, block.block_hash = block.block_hash, None
         self._num_cached_free -= 1
-        self.index.remove(block.block_id)
+        self.index.discard(block.block_id)
         stats = self.prefix_stats
         stats.evicted_blocks += 1
         stats.evicted_tokens += self.block_size
@@ -545,27 +545,28 @@ class KVCacheManager:
             parent = hashes[j - 1] if j else ROOT_HASH
             if j and blocks[block_ids[j - 1]].block_hash != parent:
                 break  # the parent is not the indexed block (a collision left it out): the chain stops here
-            tokens = tuple(token_ids[j * B:(j + 1) * B])
-            if pending is not None and pending.key == (parent, tokens, extra):
+            tokens = token_ids[j * B:(j + 1) * B]
+            key_bytes = block_key_bytes(parent, tokens, extra)
+            if pending is not None and pending.key == (parent, tuple(tokens), extra):
                 block_hash = pending.block_hash  # hashed by the admission's lookup (a miss there)
             else:
-                block_hash = hash_block_tokens(parent, tokens, extra)
+                block_hash = hash_block_key(key_bytes)
             pending = None
             bid = block_ids[j]
-            entry = index.entry_for_hash(block_hash)
-            if entry is None:
+            indexed_bid = index.block_for_hash(block_hash)
+            if indexed_bid is None:
                 if blocks[bid].block_hash is None:
-                    index.insert(bid, block_hash, CachedBlockKey(parent, tokens, extra))
+                    index.insert_key_bytes(bid, block_hash, key_bytes)
                     blocks[bid].block_hash = block_hash  # invariant 2
                     indexed.append(bid)
                     if self._listeners:
                         self._emit("cache", bid, request_id, block_hash)
-            elif entry.block_id != bid:
-                if entry.key != (parent, tokens, extra):
+            elif indexed_bid != bid:
+                if index.key_bytes_for_hash(block_hash) != key_bytes:
                     hashes.append(block_hash)
                     break  # a genuine collision: this block (and so its children) stays out of the index
-                self._touch([entry.block_id], request_id)  # deduplicate: hold the indexed copy, release ours
-                block_ids[j] = entry.block_id
+                self._touch([indexed_bid], request_id)  # deduplicate: hold the indexed copy, release ours
+                block_ids[j] = indexed_bid
                 self._release([bid], request_id)
             hashes.append(block_hash)
         return indexed

@@ -1,10 +1,10 @@
 """The prefix index: block hash -> the one physical block holding that prefix's K/V (vLLM's ``BlockHashToBlockMap``).
 
 Only the index: refcounts, the free queue and eviction live in :mod:`minienv.kv.kv_cache_manager`, which keeps the
-index in step with the pool. Each entry stores, beside its block id, the :class:`CachedBlockKey` its hash came from
-(parent hash, token ids, extra key), and a lookup returns a block only if the stored key *equals* the query's. So a
-hash collision, forced or astronomically unlikely, can only cost a cache miss, never wrong K/V — for one tuple
-comparison of ``block_size`` ints per hit block.
+index in step with the pool. Each entry stores, beside its block id, the key its hash came from (parent hash, token
+ids, extra key; a :class:`CachedBlockKey`, stored as the bytes that were hashed), and a lookup returns a block only
+if the stored key *equals* the query's. So a hash collision, forced or astronomically unlikely, can only cost a
+cache miss, never wrong K/V — for one comparison of ~``8 * block_size`` bytes per hit block.
 
 Invariants: at most one block per hash and one hash per block (``_by_hash`` and ``_by_block`` are inverse maps);
 an entry's hash is its key's :meth:`CachedBlockKey.block_hash`.
@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
-from minienv.kv.hashing import ROOT_HASH, BlockHash, hash_block_tokens
+from minienv.kv.hashing import (ROOT_HASH, BlockHash, block_key_bytes, hash_block_key,
+                                 parse_block_key_bytes)
 
 
 class CachedBlockKey(NamedTuple):
@@ -29,7 +30,7 @@ class CachedBlockKey(NamedTuple):
     extra_key: bytes
 
     def block_hash(self) -> BlockHash:
-        return hash_block_tokens(self.parent_hash, self.token_ids, self.extra_key)
+        return hash_block_key(block_key_bytes(self.parent_hash, self.token_ids, self.extra_key))
 
 
 class CachedBlock(NamedTuple):
@@ -53,47 +54,86 @@ class PrefixCacheStats:
 
 
 class PrefixIndex:
-    """``block hash -> CachedBlock`` and its inverse, with a key check on every lookup. All operations O(1)."""
+    """``block hash -> block id`` and its inverse, with a key check on every lookup. All operations O(1).
 
-    __slots__ = ("_by_hash", "_by_block")
+    Stored flat, as three dicts of ``int`` and ``bytes`` (a hash's key is its :func:`block_key_bytes` encoding,
+    the very bytes that were hashed), not as one :class:`CachedBlock` per entry: the index lives as long as the
+    engine and grows by one entry per computed full block, and every tuple or object in it would be one more
+    object Python's cyclic garbage collector counts toward its next collection and walks in each full one. Ints
+    and bytes are never tracked, so a large index costs the collector nothing. :class:`CachedBlock` entries are
+    built on demand for readers (``entry_for_hash``, iteration); they are equal to what was inserted.
+    """
+
+    __slots__ = ("_by_hash", "_by_block", "_keys")
 
     def __init__(self) -> None:
-        self._by_hash: dict[BlockHash, CachedBlock] = {}
-        self._by_block: dict[int, CachedBlock] = {}
+        self._by_hash: dict[BlockHash, int] = {}
+        self._by_block: dict[int, BlockHash] = {}
+        self._keys: dict[BlockHash, bytes] = {}  # hash -> block_key_bytes(parent, tokens, extra)
 
     def __len__(self) -> int:
         return len(self._by_hash)
 
     def __iter__(self) -> Iterator[CachedBlock]:
-        return iter(self._by_hash.values())
+        return (self._entry(h, bid) for h, bid in list(self._by_hash.items()))
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self._by_hash
 
+    def _entry(self, block_hash: BlockHash, block_id: int) -> CachedBlock:
+        return CachedBlock(block_id, block_hash, CachedBlockKey(*parse_block_key_bytes(self._keys[block_hash])))
+
     def get(self, block_hash: BlockHash, key: CachedBlockKey) -> int | None:
         """The block holding ``key``'s K/V, or None: a hash hit whose stored key differs is a miss."""
-        entry = self._by_hash.get(block_hash)
-        return entry.block_id if entry is not None and entry.key == key else None
+        return self.get_by_key_bytes(block_hash, block_key_bytes(*key))
+
+    def get_by_key_bytes(self, block_hash: BlockHash, key_bytes: bytes) -> int | None:
+        """:meth:`get` with the key already encoded (:func:`block_key_bytes`)."""
+        block_id = self._by_hash.get(block_hash)
+        return block_id if block_id is not None and self._keys[block_hash] == key_bytes else None
 
     def entry_for_hash(self, block_hash: BlockHash) -> CachedBlock | None:
-        return self._by_hash.get(block_hash)
+        block_id = self._by_hash.get(block_hash)
+        return None if block_id is None else self._entry(block_hash, block_id)
 
     def entry_for_block(self, block_id: int) -> CachedBlock | None:
-        return self._by_block.get(block_id)
+        block_hash = self._by_block.get(block_id)
+        return None if block_hash is None else self._entry(block_hash, block_id)
+
+    def block_for_hash(self, block_hash: BlockHash) -> int | None:
+        """The block indexed under ``block_hash`` (no key check, no entry object), or None."""
+        return self._by_hash.get(block_hash)
+
+    def key_bytes_for_hash(self, block_hash: BlockHash) -> bytes | None:
+        return self._keys.get(block_hash)
 
     def insert(self, block_id: int, block_hash: BlockHash, key: CachedBlockKey) -> bool:
         """Index ``block_id`` under ``block_hash``; False (and no change) if the hash or the block is taken."""
+        return self.insert_key_bytes(block_id, block_hash, block_key_bytes(*key))
+
+    def insert_key_bytes(self, block_id: int, block_hash: BlockHash, key_bytes: bytes) -> bool:
+        """:meth:`insert` with the key already encoded (:func:`block_key_bytes`)."""
         if block_hash in self._by_hash or block_id in self._by_block:
             return False
-        self._by_hash[block_hash] = self._by_block[block_id] = CachedBlock(block_id, block_hash, key)
+        self._by_hash[block_hash] = block_id
+        self._by_block[block_id] = block_hash
+        self._keys[block_hash] = key_bytes
         return True
 
     def remove(self, block_id: int) -> CachedBlock | None:
         """Drop ``block_id``'s entry (an eviction); return it, or None if the block was not indexed."""
-        entry = self._by_block.pop(block_id, None)
-        if entry is not None:
-            del self._by_hash[entry.block_hash]
-        return entry
+        block_hash = self._by_block.pop(block_id, None)
+        if block_hash is None:
+            return None
+        del self._by_hash[block_hash]
+        return CachedBlock(block_id, block_hash,
+                           CachedBlockKey(*parse_block_key_bytes(self._keys.pop(block_hash))))
+
+    def discard(self, block_id: int) -> None:
+        """:meth:`remove` without building the removed entry (the manager's eviction)."""
+        block_hash = self._by_block.pop(block_id, None)
+        if block_hash is not None:
+            del self._by_hash[block_hash], self._keys[block_hash]
 
     def longest_prefix(self, token_ids: Sequence[int], block_size: int, extra_key: bytes,
                        max_blocks: int) -> tuple[list[int], list[BlockHash]]:
@@ -112,14 +152,15 @@ class PrefixIndex:
         block_ids: list[int] = []
         hashes: list[BlockHash] = []
         parent = ROOT_HASH
-        by_hash = self._by_hash
+        by_hash, keys = self._by_hash, self._keys
         for j in range(max_blocks):
-            tokens = tuple(token_ids[j * block_size:(j + 1) * block_size])
-            block_hash = hash_block_tokens(parent, tokens, extra_key)
-            entry = by_hash.get(block_hash)
-            if entry is None or entry.key != (parent, tokens, extra_key):  # get()'s key check, without a key object
-                return block_ids, hashes, CachedBlock(-1, block_hash, CachedBlockKey(parent, tokens, extra_key))
-            block_ids.append(entry.block_id)
+            tokens = token_ids[j * block_size:(j + 1) * block_size]
+            key_bytes = block_key_bytes(parent, tokens, extra_key)
+            block_hash = hash_block_key(key_bytes)  # hashing.hash_block_tokens(parent, tokens, extra_key)
+            block_id = by_hash.get(block_hash)
+            if block_id is None or keys[block_hash] != key_bytes:  # get()'s key check
+                return block_ids, hashes, CachedBlock(-1, block_hash, CachedBlockKey(parent, tuple(tokens), extra_key))
+            block_ids.append(block_id)
             hashes.append(block_hash)
             parent = block_hash
         return block_ids, hashes, None

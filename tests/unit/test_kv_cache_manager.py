@@ -275,12 +275,13 @@ def test_other_bad_input_leaves_state_unchanged():
 # ------------------------------------------------- known prefix-cache bugs of real engines, one test each
 def test_vllm_12621_forced_hash_collision_cannot_serve_wrong_blocks(monkeypatch):
     """hash(None) was constant in 3.12 -> forced collisions. Force every hash equal: hits must still be right."""
-    const = lambda parent, tokens, extra=b"": b"\x42" * 32  # noqa: E731
-    monkeypatch.setattr(kcm, "hash_block_tokens", const)
-    monkeypatch.setattr(prefix_cache, "hash_block_tokens", const)
+    const = lambda key_bytes: b"\x42" * 32  # noqa: E731
+    monkeypatch.setattr(kcm, "hash_block_key", const)
+    monkeypatch.setattr(prefix_cache, "hash_block_key", const)
     mgr = KVCacheManager(16, B)
     run(mgr, "a", list(range(9)))
     b = run(mgr, "b", list(range(50, 59)))
+    assert mgr.request("a").block_hashes[0] == mgr.request("b").block_hashes[0] == const(b""), "collision forced"
     assert b.num_cached_tokens == 0, "a colliding hash with different tokens must be a miss"
     assert set(mgr.block_ids("a")).isdisjoint(mgr.block_ids("b"))
     c = run(mgr, "c", list(range(9)))

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 
 import pytest
 
 from minienv.kv import prefix_cache
-from minienv.kv.hashing import ROOT_HASH, hash_block_chain, hash_block_tokens, make_extra_key
-from minienv.kv.prefix_cache import CachedBlockKey, PrefixIndex
+from minienv.kv.hashing import (ROOT_HASH, block_key_bytes, hash_block_chain, hash_block_key, hash_block_tokens,
+                                make_extra_key, parse_block_key_bytes)
+from minienv.kv.prefix_cache import CachedBlock, CachedBlockKey, PrefixIndex
 
 
 def test_hash_is_sha256_bytes_and_deterministic():
@@ -93,3 +95,42 @@ def test_longest_prefix_stops_at_first_miss():
 
 def test_module_exposes_index_names():
     assert prefix_cache.PrefixIndex is PrefixIndex
+
+
+@pytest.mark.parametrize("parent, tokens, extra", [
+    (ROOT_HASH, (), b""), (ROOT_HASH, (1, 2, 3), b""), (b"\x07" * 32, (0, 2**63 - 1, 5), make_extra_key("m")),
+    (ROOT_HASH, (1,), b"x" * 300)])
+def test_block_key_bytes_round_trips_and_is_what_the_hash_hashes(parent, tokens, extra):
+    key = block_key_bytes(parent, list(tokens), extra)
+    assert parse_block_key_bytes(key) == (parent, tokens, extra)
+    assert hash_block_key(key) == hash_block_tokens(parent, tokens, extra) == CachedBlockKey(parent, tokens,
+                                                                                             extra).block_hash()
+
+
+def test_block_key_bytes_differ_for_different_keys_of_the_same_total_length():
+    """The index compares these bytes instead of the keys: fields that shift between token ids and the extra key
+    (or the extra key's length) must never encode alike."""
+    keys = [(ROOT_HASH, (1, 2), b"ab" * 4), (ROOT_HASH, (1, 2, 0x6261626162616261), b""),
+            (ROOT_HASH, (0x6261626162616261, 1, 2), b""), (b"\x00" * 32, (1, 2), b"ab" * 4)]
+    encoded = [block_key_bytes(*k) for k in keys]
+    assert len(set(encoded)) == len(keys)
+    assert [parse_block_key_bytes(e) for e in encoded] == keys
+    with pytest.raises(ValueError):
+        parse_block_key_bytes(encoded[0][:-1])
+
+
+def test_index_entries_read_back_equal_and_hold_nothing_the_garbage_collector_tracks():
+    idx = PrefixIndex()
+    toks = list(range(40))
+    hashes = hash_block_chain(toks, 4)
+    parents = [ROOT_HASH] + hashes
+    keys = [CachedBlockKey(parents[j], tuple(toks[4 * j:4 * j + 4]), b"m") for j in range(10)]
+    for j, key in enumerate(keys):
+        assert idx.insert(100 + j, hashes[j], key)
+    assert sorted(idx) == [CachedBlock(100 + j, hashes[j], keys[j]) for j in range(10)]
+    assert idx.entry_for_block(103) == idx.entry_for_hash(hashes[3]) == CachedBlock(103, hashes[3], keys[3])
+    stored = [obj for table in (idx._by_hash, idx._by_block, idx._keys) for obj in gc.get_referents(table)]
+    assert len(stored) == 60 and not any(gc.is_tracked(obj) for obj in stored)
+    assert idx.remove(103) == CachedBlock(103, hashes[3], keys[3]) and idx.entry_for_block(103) is None
+    idx.discard(104)
+    assert idx.entry_for_hash(hashes[4]) is None and len(idx) == 8
