@@ -344,7 +344,7 @@ for name, ok in trap.items():
 assert all(trap.values()) and len(trap) == 7
 
 # %% [markdown]
-# ## Exercise: which record goes next?
+# ## Exercise 1: which record goes next?
 #
 # A store is full and must evict one record. Write `next_victim(records)`: given `(key, parent_key, last_access)`
 # of every stored record (`parent_key` is `ROOT_HASH` for a sequence's first block; a larger `last_access` is more
@@ -362,7 +362,68 @@ def next_victim(records):
 print(check_next_victim(next_victim))
 
 # %% [markdown]
-# The reference solution is in `solutions/11_persistent_kv.py` — try it yourself first.
+# <details><summary>Hint 1</summary>
+#
+# First find the records that may go at all: a record is a **leaf** if no stored record names it as its
+# `parent_key`. Build the set of parent keys once.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Among the leaves, the least recently used goes: the smallest `last_access`. `min` over `(last_access, key)`
+# pairs gives it.
+# </details>
+#
+# ## Exercise 2: what does a restarted engine load?
+#
+# A fresh engine admits a prompt. Its local prefix cache already holds the first `num_local_tokens` (a multiple
+# of the block size — 0 right after a restart). Write `num_tokens_to_load(prompt, num_local_tokens, verified,
+# block_size, fingerprint)` → how many **more** prompt tokens come from the tier; the engine computes the rest.
+# `verified` is the set of keys whose records are stored *and* pass every check (a corrupt record counts as
+# absent — block 20 in the live cell above). The rules:
+#
+# 1. use the tier's keys, `block_keys(prompt, block_size, fingerprint)`: chain hashes with the model fingerprint,
+#    so another model's records never match (and notebook 05's local-cache keys are not tier keys);
+# 2. walk from the first block and stop at the first block that is not verified: a chain cannot skip a block;
+# 3. never load the prompt's last token: at most `(len(prompt) − 1) // block_size` blocks (the engine must compute
+#    something to get logits to sample from);
+# 4. count only the tokens beyond the local hit: the verified run, in tokens, minus `num_local_tokens`;
+# 5. and a local hit longer than the tier's run loads nothing — never a negative count.
+#
+# `check_num_tokens_to_load` tries one case per rule, then 200 random prompts; the test suite shows that the same
+# rule is what the real engine loads after a record is corrupted.
+
+# %%
+from minienv.exercises.persistent_kv import check_num_tokens_to_load
+
+
+def num_tokens_to_load(prompt, num_local_tokens, verified, block_size, fingerprint):
+    """Prompt tokens to load from the tier beyond the local prefix-cache hit."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+check_num_tokens_to_load(num_tokens_to_load)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `block_keys(prompt, block_size, fingerprint, max_blocks=(len(prompt) - 1) // block_size)` gives exactly the keys
+# that may be loaded (rules 1 and 3); it is imported above from `minienv.kv_tier`.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Count the keys in order while they are in `verified`, and `break` at the first one that is not — do not keep
+# counting after a gap.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# The run is in blocks: multiply by `block_size`, subtract `num_local_tokens`, and take `max(0, …)`.
+# </details>
+#
+# The reference solutions are in `solutions/11_persistent_kv.py` — try them yourself first.
 
 # %% [markdown]
 # ## Where this lives in vLLM / LMCache / SGLang

@@ -17,6 +17,7 @@ import pytest
 
 from minienv.exercises import NOT_IMPLEMENTED, PASSED, ExerciseFailed
 from minienv.exercises import block_size as ex13
+from minienv.exercises import persistent_kv as ex11
 from minienv.exercises import engine as ex08
 from minienv.exercises import kv_memory as ex03
 from minienv.exercises import lru_eviction as ex06
@@ -28,7 +29,7 @@ from minienv.exercises import serving as ex10
 from minienv.exercises import tokenizer as ex01
 from minienv.exercises import tour as ex00
 from minienv.kv import OutOfBlocksError
-from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
+from minienv.kv.hashing import ROOT_HASH, hash_block_chain, hash_block_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -308,6 +309,31 @@ def _cost_with(length="final", exact_full_wastes=False, hit="floor", cap=True, e
     return fn
 
 
+def _load_with(keys="tier", stop=True, cap_last=True, local="subtract", unit="tokens"):
+    """``num_tokens_to_load`` with one planted mistake (the defaults are the right rule)."""
+    from minienv.kv_tier import block_keys
+
+    def fn(prompt, num_local, verified, b, fp):
+        n_blocks = (len(prompt) - 1) // b if cap_last else len(prompt) // b
+        if keys == "tier":
+            ks = block_keys(prompt[:n_blocks * b], b, fp)
+        elif keys == "local":  # notebook 05's keys: no fingerprint
+            ks = hash_block_chain(prompt[:n_blocks * b], b)
+        else:  # each block keyed alone, not chained
+            ks = [block_keys(prompt[j * b:(j + 1) * b], b, fp)[0] for j in range(n_blocks)]
+        run = 0
+        for k in ks:
+            if k in verified:
+                run += 1
+            elif stop:
+                break
+        tokens = run * b if unit == "tokens" else run
+        if local == "ignore":
+            return tokens
+        return tokens - num_local if local == "raw" else max(0, tokens - num_local)
+    return fn
+
+
 # notebook, check, solution / stub name, [(wrong answer, words its failure must contain), ...]
 WRONG = [
     ("00_tour", ex00.check_next_blocks, "next_blocks", [
@@ -441,6 +467,16 @@ WRONG = [
         (_pick(short_by_hash=True), "shorter than one block"),
         (lambda prompt, loads, b, m: len(loads), "return an instance index"),
     ]),
+    ("11_persistent_kv", ex11.check_num_tokens_to_load, "num_tokens_to_load", [
+        (_load_with(keys="local"), "the model fingerprint"),
+        (_load_with(keys="unchained"), "chain hashes"),
+        (_load_with(stop=False), "stop at the first block that is not verified"),
+        (_load_with(cap_last=False), "never load the prompt's last token"),
+        (_load_with(local="ignore"), "only the tokens beyond the local hit"),
+        (_load_with(local="raw"), "never a negative count"),
+        (_load_with(unit="blocks"), "count tokens (blocks × block_size), not blocks"),
+        (lambda prompt, n, v, b, fp: float(_load_with()(prompt, n, v, b, fp)), "return one int"),
+    ]),
     ("13_block_size", ex13.check_block_size_cost, "block_size_cost", [
         (_cost_with(length="prompt"), "at the final length (prompt + output)"),
         (_cost_with(exact_full_wastes=True), "0 when exactly full"),
@@ -567,6 +603,7 @@ def test_plan_reference_is_the_scheduler_rule():
 # Chapters whose first exercise is checked in the chapter's own test file (tests/unit/test_block_size.py, ...):
 # every exercise they ship, and at least two hints each.
 LATER_CHAPTERS = [
+    ("11_persistent_kv", ("check_next_victim(next_victim)", "check_num_tokens_to_load(num_tokens_to_load)")),
     ("13_block_size", ("check_fragmentation_prediction(predict_fragmentation)",
                        "check_block_size_cost(block_size_cost)")),
 ]
@@ -579,3 +616,28 @@ def test_later_chapters_have_two_exercises_and_hints(notebook, calls):
         assert call in source, f"{notebook} never runs {call}"
     assert source.count("<details>") >= 2 * len(calls), f"{notebook}: fewer than two hints per exercise"
     assert "# --- solution" not in source and "_solution(" not in source, f"{notebook} ships a solution"
+
+
+def test_tokens_to_load_reference_is_what_a_restarted_engine_loads(tmp_path):
+    """The rule num_tokens_to_load states is what the real engine does on a restart — also with a refused record."""
+    from engine_harness import bundled
+    from minienv.engine import InferenceEngine
+    from minienv.kv_tier import SQLiteStore, block_keys
+    from minienv.lab.kv_tier_lab import serve_with_tier
+
+    model, tok = bundled()
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, 2000, 100)]  # 6 full blocks + 4 tokens
+    serve_with_tier(model, tok, prompt, tmp_path)  # computes and stores
+    fingerprint = InferenceEngine(model, tok, kv_tier=tmp_path).kv_tier.fingerprint
+    keys = block_keys(prompt, 16, fingerprint)
+    store = SQLiteStore(tmp_path)
+    stored = {record[0] for record in store.records()}
+    raw = store.raw(keys[2])
+    store.overwrite_raw(keys[2], raw[:200] + bytes([raw[200] ^ 0xFF]) + raw[201:])  # block 2 will be refused
+    store.close()
+    refused = serve_with_tier(model, tok, prompt, tmp_path)
+    assert refused.loaded_tokens == ex11.num_tokens_to_load_reference(prompt, 0, stored - {keys[2]}, 16,
+                                                                        fingerprint) == 32
+    again = serve_with_tier(model, tok, prompt, tmp_path)  # block 2 was recomputed and stored again
+    assert again.loaded_tokens == ex11.num_tokens_to_load_reference(prompt, 0, stored, 16, fingerprint) == 96
+    assert again.token_ids == refused.token_ids
