@@ -233,7 +233,7 @@ def bench_decode(shape: dict, min_seconds: float, rounds: int, seed: int, tile_b
             fns["paged"]()
             auto_kernel = auto_kernel_of(meta, hkv, d, tile_bytes, ws)
             fns["gather"]()
-            tiles = meta._plans[(hkv, d, tile_bytes, id(wss["gather"]))][0]  # the gather kernel's tile plan
+            tiles = meta._plans[(hkv, d, tile_bytes, id(wss["gather"]))].tiles  # the gather kernel's tile plan
 
             def gather_only():  # the gather kernel's copies alone (views cost nothing): its price for paging
                 for t in tiles:

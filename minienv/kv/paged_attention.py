@@ -17,7 +17,9 @@ property tests hold both to the dense reference:
   ``[tokens, H, D]`` — then run :func:`batched_attention`, the very same math as over contiguous per-sequence
   caches. The batch is walked in *tiles* of sequences sized to stay in the L2 cache (``tile_bytes``), so the
   copy is still hot when attention reads it. In numpy that copy costs about as much as the attention itself. A
-  lone sequence whose blocks are one physical run needs no copy at all: it is read through a view.
+  lone sequence whose blocks are one physical run needs no copy at all: it is read through a view. A step's
+  decodes and prefill chunks are attended as two groups (a decode is never padded to a chunk's length), and a
+  decode group of several tiles is walked shortest first (:class:`TilePlan`).
 * **in place** (decode steps whose blocks are not shared and lie in a compact range of the pool): no K/V copy.
   Attention is a sum over keys, so it can be computed *per block*, reading every block where it lies and
   staying in pool order: each block's K times its owner's query (``[G, D] @ [D, B]`` per block and head), each
@@ -165,46 +167,58 @@ def causal_hidden_mask(
     return np.arange(num_keys)[None, None, :] > last_visible[:, :, None]
 
 
+def hidden_bias(hidden: np.ndarray | None) -> np.ndarray | None:
+    """:func:`causal_hidden_mask`'s ``[S, Q, T]`` as an additive float32 mask ``[S, 1, 1, Q, T]``: ``-inf`` where
+    a key is hidden, 0 elsewhere (None stays None). Adding it to the scores is one contiguous broadcast add — about
+    half the cost of ``np.copyto(..., where=hidden)`` — with the same result (``x + -inf == -inf`` for finite x)."""
+    if hidden is None:
+        return None
+    bias = np.zeros(hidden.shape, dtype=np.float32)
+    bias[hidden] = -np.inf
+    return bias[:, None, None]
+
+
 def batched_attention(
     q: np.ndarray,
     k: np.ndarray,
     v: np.ndarray,
     hidden: np.ndarray | None = None,
     out: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal GQA attention for S sequences over *contiguous* per-sequence K/V, padded to a common length.
 
-    ``q [S, Q, Hq, D]``, ``k, v [S, T, Hkv, D]``, ``hidden [S, Q, T]`` from :func:`causal_hidden_mask` (None: no
-    mask). Query head ``h`` reads KV head ``h // (Hq // Hkv)``. Returns ``[S, Q, Hq, D]`` (into ``out`` if given).
+    ``q [S, Q, Hq, D]``, ``k, v [S, T, Hkv, D]``; the keys each query must not see are given either as
+    ``hidden [S, Q, T]`` from :func:`causal_hidden_mask` or as its additive form ``bias`` from :func:`hidden_bias`
+    (cheaper; the paged kernel makes it once per step); neither: no mask. Query head ``h`` reads KV head
+    ``h // (Hq // Hkv)``. Returns ``[S, Q, Hq, D]`` (into ``out`` if given).
 
     This is the dense baseline *and* the inner kernel of paged attention: the paged path only differs in how
     ``k, v`` were produced (gathered from blocks), so paged == dense holds by construction and the benchmark's
     ratio measures the cost of paging alone.
     """
     s, qn, hq, d = q.shape
-    t, hkv = k.shape[1], k.shape[2]
+    hkv = k.shape[2]
     group = hq // hkv
+    if bias is None and hidden is not None:
+        bias = hidden_bias(hidden)
     scale = np.float32(1.0 / np.sqrt(d))
     # [S, Hkv, G*Q, D]: query heads sharing a KV head become extra rows of one matmul (GQA without repeating K/V);
     # the softmax scale is folded into q, the smallest operand.
     if qn == 1:
         qg = q.reshape(s, hkv, group, d) * scale
-        if t >= MATVEC_MIN_KEYS:
-            return _decode_matvec(qg, k, v, hidden, out)
-    else:
-        qg = (q * scale).reshape(s, qn, hkv, group, d).transpose(0, 2, 3, 1, 4).reshape(s, hkv, group * qn, d)
-    scores = np.matmul(qg, k.transpose(0, 2, 3, 1))  # [S, Hkv, G*Q, T]; matmul reads each head's K [T, D] in place
-    if hidden is not None:
-        np.copyto(scores.reshape(s, hkv, group, qn, t), np.float32(-np.inf), where=hidden[:, None, None])
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    if qn == 1:
         if out is None:
             out = np.empty((s, 1, hq, d), dtype=np.float32)
-        np.matmul(scores, v.transpose(0, 2, 1, 3), out=out.reshape(s, hkv, group, d))
-        return out
-    o = np.matmul(scores, v.transpose(0, 2, 1, 3))  # [S, Hkv, G*Q, D]
+        return _decode_attention(qg, k, v, bias, out.reshape(s, hkv, group, d)).reshape(s, 1, hq, d)
+    qg = (q * scale).reshape(s, qn, hkv, group, d).transpose(0, 2, 3, 1, 4).reshape(s, hkv, group * qn, d)
+    t = k.shape[1]
+    scores = np.matmul(qg, k.transpose(0, 2, 3, 1))  # [S, Hkv, G*Q, T]; matmul reads each head's K [T, D] in place
+    if bias is not None:
+        s5 = scores.reshape(s, hkv, group, qn, t)
+        np.add(s5, bias, out=s5)
+    sums = _exp_rows(scores)
+    o = np.matmul(scores, v.transpose(0, 2, 1, 3))  # [S, Hkv, G*Q, D], unnormalised
+    o /= sums
     res = o.reshape(s, hkv, group, qn, d).transpose(0, 3, 1, 2, 4).reshape(s, qn, hq, d)
     if out is None:
         return res
@@ -212,27 +226,44 @@ def batched_attention(
     return out
 
 
-def _decode_matvec(
-    qg: np.ndarray, k: np.ndarray, v: np.ndarray, hidden: np.ndarray | None, out: np.ndarray | None
-) -> np.ndarray:
-    """Decode attention as matrix-vector products: ``scores[g] = K [T, D] @ q[g]``, ``out[g] = p[g] @ V [T, D]``.
+def _exp_rows(scores: np.ndarray) -> np.ndarray:
+    """The softmax numerator in place: ``scores = exp(scores - rowmax)``; returns the row sums ``[..., 1]``.
 
-    ``qg [S, Hkv, G, D]`` (already scaled), ``k, v [S, T, Hkv, D]``, ``hidden [S, 1, T]`` or None. BLAS reads
-    each head's K and V where they lie (row stride ``Hkv * D``), with no packing. Same math as
-    :func:`batched_attention`'s matrix-matrix decode branch, so the two agree to float32 rounding (5e-7 in the
-    tests). (``K @ qᵀ`` with K as the left operand of a matrix-matrix product was also tried: fast at head dim 64,
-    no faster than ``q @ Kᵀ`` at head dim 48.)
+    The division by the sum is left to the caller, who applies it to the attention *output* (``[.., D]`` per
+    row instead of ``[.., T]``): ``(p / s) @ V == (p @ V) / s`` up to float32 rounding. One max and one sum
+    reduction per call, over every sequence and head of the batch at once.
     """
-    s, hkv, group, d = qg.shape
-    scores = np.matmul(k.transpose(0, 2, 1, 3)[:, :, None], qg[..., None])[..., 0]  # [S, Hkv, G, T]
-    if hidden is not None:
-        np.copyto(scores, np.float32(-np.inf), where=hidden[:, None])
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    if out is None:
-        out = np.empty((s, 1, hkv * group, d), dtype=np.float32)
-    np.matmul(scores[..., None, :], v.transpose(0, 2, 1, 3)[:, :, None], out=out.reshape(s, hkv, group, 1, d))
+    return np.add.reduce(scores, axis=-1, keepdims=True)
+
+
+def _decode_attention(
+    qg: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None, out: np.ndarray
+) -> np.ndarray:
+    """Decode attention, one query per sequence: ``qg [S, Hkv, G, D]`` (already scaled), ``k, v [S, T, Hkv, D]``,
+    ``bias [S, 1, 1, 1, T]`` or None; writes ``out [S, Hkv, G, D]``.
+
+    Below ``MATVEC_MIN_KEYS`` keys: ``q [G, D] @ Kᵀ [D, T]`` per sequence and head (matrix-matrix). From there,
+    matrix-vector products, ``scores[g] = K [T, D] @ q[g]``, ``out[g] = p[g] @ V [T, D]``: BLAS reads each head's
+    K and V where they lie (row stride ``Hkv * D``), with no packing. The same dot products, so the two forms agree
+    to float32 rounding (5e-7 in the tests). (``K @ qᵀ`` with K as the left operand of a matrix-matrix product was
+    also tried: fast at head dim 64, no faster than ``q @ Kᵀ`` at head dim 48.)
+    """
+    s, hkv, group, d = qg.shape
+    t = k.shape[1]
+    if t >= MATVEC_MIN_KEYS:
+        scores = np.matmul(k.transpose(0, 2, 1, 3)[:, :, None], qg[..., None])[..., 0]  # [S, Hkv, G, T]
+    else:
+        scores = np.matmul(qg, k.transpose(0, 2, 3, 1))  # [S, Hkv, G, T]
+    if bias is not None:
+        np.add(scores, bias.reshape(s, 1, 1, t), out=scores)
+    sums = _exp_rows(scores)
+    if t >= MATVEC_MIN_KEYS:
+        np.matmul(scores[..., None, :], v.transpose(0, 2, 1, 3)[:, :, None], out=out[..., None, :])
+    else:
+        np.matmul(scores, v.transpose(0, 2, 1, 3), out=out)
+    out /= sums
     return out
 
 
@@ -277,14 +308,15 @@ def gather_kv(kv_layer: np.ndarray, block_tables: np.ndarray, out: np.ndarray | 
 
 @dataclass(frozen=True)
 class _Tile:
-    """A group of consecutive sequences attended together (their gathered K/V fit in ``tile_bytes``)."""
+    """A group of sequences attended together (their gathered K/V fit in ``tile_bytes``): positions
+    ``s0:s1`` of the step's tile order (:class:`TilePlan`), i.e. the step's sequences ``order[s0:s1]``."""
 
     s0: int
     s1: int
     block_tables: np.ndarray  # [n, nb], trimmed to the blocks these sequences use
     gather_buf: np.ndarray  # [2, n, nb, B, Hkv, D] view of the workspace: np.take writes here
     kv: np.ndarray  # the same memory as [2, n, nb*B, Hkv, D]: per-sequence contiguous K and V
-    hidden: np.ndarray | None  # causal / length mask [n, Q, nb*B]
+    bias: np.ndarray | None  # additive causal / length mask [n, 1, 1, Q, nb*B] (hidden_bias), None: no mask
     run_start: int | None = None  # one sequence whose blocks are physically consecutive: view them, no copy
 
     def kv_of(self, kv_layer: np.ndarray) -> np.ndarray:
@@ -296,36 +328,126 @@ class _Tile:
         return self.kv
 
 
+@dataclass(frozen=True)
+class TilePlan:
+    """How a step's sequences are walked, planned once per step and reused by every layer.
+
+    Sequences decoding one token (the ``decode`` group) and sequences with a prefill chunk (the ``prefill``
+    group) are attended separately: a mixed step would otherwise pad every decode's single query to the longest
+    chunk (a 64-token chunk among 15 decodes made 16 x 64 query rows for 79 real ones). Decode tiles index
+    positions of ``decode_rows``, prefill tiles positions of ``prefill_seqs``.
+
+    A decode group too big for one tile is walked *shortest first*: each tile pads its sequences only to its
+    own longest, so a batch of mixed lengths gathers (and attends over) fewer padding blocks than tiles of
+    consecutive sequences, which each pad to whatever long sequence they happen to contain.
+    """
+
+    decode_tiles: list[_Tile]
+    prefill_tiles: list[_Tile]
+    use_views: bool  # every tile a contiguous run of the pool: no copy at all
+    #: the step's token rows of the decode group, in tile order; None: the step is all decodes, in its own order
+    decode_rows: np.ndarray | None
+    #: a step of decodes only, walked in another order: ``out = take(tile-order out, decode_inverse)``
+    decode_inverse: np.ndarray | None
+    prefill_seqs: np.ndarray  # sequences of the prefill group, in tile order
+    prefill_rows: np.ndarray  # the step's token rows of the prefill group ...
+    prefill_pad: tuple[np.ndarray, np.ndarray]  # ... and where each sits in the padded [P, max_q] query block
+    prefill_max_q: int
+
+    @property
+    def tiles(self) -> list[_Tile]:
+        return self.decode_tiles + self.prefill_tiles
+
+
+def _tile_bounds(nbs: np.ndarray, per_block: int, tile_bytes: int, ascending: bool) -> list[tuple[int, int]]:
+    """Tiles of consecutive entries of ``nbs`` (blocks per sequence, in tile order), each as many sequences as
+    keep ``n * max(nbs in tile) * per_block`` within ``tile_bytes`` (at least one)."""
+    s = len(nbs)
+    if not ascending:  # one tile size for all, from the longest sequence
+        step = max(1, min(s, tile_bytes // (int(nbs.max()) * per_block)))
+        return [(s0, min(s, s0 + step)) for s0 in range(0, s, step)]
+    bounds, s0 = [], 0
+    for j, nb in enumerate(nbs.tolist()):  # ascending: a tile's longest is its last
+        if j > s0 and (j - s0 + 1) * nb * per_block > tile_bytes:
+            bounds.append((s0, j))
+            s0 = j
+    bounds.append((s0, s))
+    return bounds
+
+
+def _plan_group(meta: PagedAttentionMetadata, seqs: np.ndarray | None, sort: bool, hkv: int, d: int, tile_bytes: int) -> tuple[np.ndarray | None, list[tuple]]:
+    """Tiles of one group of sequences (``seqs``; None: all, in order): ``(order, [(s0, s1, idx, nb), ...])``.
+    ``order`` is the group's sequences in tile order when sorted by length (else None); ``idx`` selects a tile's
+    sequences from the metadata's arrays."""
+    b = meta.block_size
+    per_block = 2 * b * hkv * d * 4
+    nbs = -(-(meta.seq_lens if seqs is None else meta.seq_lens[seqs]) // b)
+    order = None
+    if sort and len(nbs) > 1 and len(nbs) * int(nbs.max()) * per_block > tile_bytes:
+        perm = np.argsort(nbs, kind="stable")
+        order = perm if seqs is None else seqs[perm]
+        nbs = nbs[perm]
+    ids = order if order is not None else seqs
+    tiles = []
+    for s0, s1 in _tile_bounds(nbs, per_block, tile_bytes, ascending=order is not None):
+        tiles.append((s0, s1, slice(s0, s1) if ids is None else ids[s0:s1], int(nbs[s0:s1].max())))
+    return order, tiles
+
+
 def plan_tiles(
     meta: PagedAttentionMetadata, num_kv_heads: int, head_dim: int, tile_bytes: int, workspace: Workspace
-) -> list[_Tile]:
+) -> TilePlan:
     """Split the step's sequences into tiles and precompute each tile's tables, buffers and mask.
 
     Done once per step (cached on the metadata): every layer of the model reuses it, so per-layer work is only
-    gather + attention. Tiles hold consecutive sequences, as many as keep the gathered K+V within
-    ``tile_bytes`` (at least one sequence per tile), so the copy is still in cache when attention reads it.
+    gather + attention. A tile holds as many sequences as keep the gathered K+V within ``tile_bytes`` (at least
+    one sequence per tile), so the copy is still in cache when attention reads it. Decodes and prefill chunks
+    are planned as separate groups, decodes shortest first when they need several tiles (see :class:`TilePlan`).
     """
-    b = meta.block_size
-    s = meta.num_seqs
-    max_q = meta.max_query_len
-    per_seq = 2 * cdiv(int(meta.seq_lens.max()), b) * b * num_kv_heads * head_dim * 4
-    step = max(1, min(s, tile_bytes // per_seq))
-    bounds = [(s0, min(s, s0 + step)) for s0 in range(0, s, step)]
-    nbs = [cdiv(int(meta.seq_lens[s0:s1].max()), b) for s0, s1 in bounds]
-    size = max(2 * (s1 - s0) * nb * b * num_kv_heads * head_dim for (s0, s1), nb in zip(bounds, nbs))
-    flat = workspace.get(size)
-    tiles = []
-    for (s0, s1), nb in zip(bounds, nbs):  # once per step, one iteration per tile
+    b, hkv, d = meta.block_size, num_kv_heads, head_dim
+    if meta.is_decode:
+        order, decode = _plan_group(meta, None, True, hkv, d, tile_bytes)
+        prefill = []
+        decode_rows = inverse = order
+        if order is not None:
+            inverse = np.empty_like(order)
+            inverse[order] = np.arange(len(order))
+        pf_seqs = pf_rows = np.zeros(0, dtype=np.int64)
+        pf_pad = (pf_rows, pf_rows)
+        pf_max_q = 0
+    else:
+        single = meta.query_lens == 1
+        d_seqs, pf_seqs = np.flatnonzero(single), np.flatnonzero(~single)
+        decode = []
+        decode_rows = inverse = None
+        if len(d_seqs):
+            order, decode = _plan_group(meta, d_seqs, True, hkv, d, tile_bytes)
+            decode_rows = meta.query_start_loc[order if order is not None else d_seqs]
+        pf_max_q = int(meta.query_lens[pf_seqs].max())
+        _, prefill = _plan_group(meta, pf_seqs, False, hkv, d, tile_bytes)
+        # the prefill group's tokens, and where each lands in the padded [P, max_q] query block
+        pf_tok = np.flatnonzero(~single[meta.token_seq_idx])
+        pos_in_group = np.empty(meta.num_seqs, dtype=np.int64)
+        pos_in_group[pf_seqs] = np.arange(len(pf_seqs))
+        pf_rows = pf_tok
+        pf_pad = (pos_in_group[meta.token_seq_idx[pf_tok]], meta.token_row[pf_tok])
+    groups = [(t, 1) for t in decode] + [(t, pf_max_q) for t in prefill]
+    per_block_floats = 2 * b * hkv * d
+    flat = workspace.get(max((s1 - s0) * nb * per_block_floats for (s0, s1, _, nb), _ in groups))
+    made = []
+    for (s0, s1, idx, nb), max_q in groups:  # once per step, one iteration per tile
         n = s1 - s0
-        buf = flat[: 2 * n * nb * b * num_kv_heads * head_dim].reshape(2, n, nb, b, num_kv_heads, head_dim)
-        hidden = causal_hidden_mask(meta.context_lens[s0:s1], meta.query_lens[s0:s1], max_q, nb * b)
-        table = np.ascontiguousarray(meta.block_tables[s0:s1, :nb])
+        buf = flat[: n * nb * per_block_floats].reshape(2, n, nb, b, hkv, d)
+        bias = hidden_bias(causal_hidden_mask(meta.context_lens[idx], meta.query_lens[idx], max_q, nb * b))
+        table = np.ascontiguousarray(meta.block_tables[idx, :nb])
         # A lone sequence whose blocks are consecutive physical ids (typical after a prefill from a fresh pool)
         # is already a contiguous slab of the pool: no gather needed.
         run = n == 1 and bool(np.all(np.diff(table[0]) == 1))
-        tiles.append(_Tile(s0, s1, table, buf, buf.reshape(2, n, nb * b, num_kv_heads, head_dim), hidden,
-                           int(table[0, 0]) if run else None))
-    return tiles
+        made.append(_Tile(s0, s1, table, buf, buf.reshape(2, n, nb * b, hkv, d), bias,
+                          int(table[0, 0]) if run else None))
+    nd = len(decode)
+    return TilePlan(made[:nd], made[nd:], all(t.run_start is not None for t in made), decode_rows, inverse,
+                    pf_seqs, pf_rows, pf_pad, pf_max_q)
 
 
 @dataclass(frozen=True)
@@ -458,13 +580,12 @@ def inplace_decode_attention(q: np.ndarray, kv_layer: np.ndarray, plan: _Inplace
     return out.reshape(s, hq, d)
 
 
-def _tile_plan(meta: PagedAttentionMetadata, hkv: int, d: int, tile_bytes: int, workspace: Workspace):
-    """(tiles, every tile is a contiguous run), planned once per step and workspace, reused by every layer."""
+def _tile_plan(meta: PagedAttentionMetadata, hkv: int, d: int, tile_bytes: int, workspace: Workspace) -> TilePlan:
+    """The step's :class:`TilePlan` for this workspace, planned on first use and reused by every layer."""
     key = (hkv, d, tile_bytes, id(workspace))
     planned = meta._plans.get(key)
     if planned is None:
-        tiles = plan_tiles(meta, hkv, d, tile_bytes, workspace)
-        planned = meta._plans[key] = (tiles, all(t.run_start is not None for t in tiles))
+        planned = meta._plans[key] = plan_tiles(meta, hkv, d, tile_bytes, workspace)
     return planned
 
 
@@ -499,7 +620,7 @@ def auto_kernel_of(meta: PagedAttentionMetadata, hkv: int, d: int, tile_bytes: i
                    workspace: Workspace | None = None) -> str:
     """What ``kernel="auto"`` runs for this step: "views" (every tile a contiguous run: gather without a copy),
     "inplace" or "gather". For benchmarks and teaching; plans the step if it was not planned yet."""
-    _, use_views = _tile_plan(meta, hkv, d, tile_bytes, workspace if workspace is not None else Workspace())
+    use_views = _tile_plan(meta, hkv, d, tile_bytes, workspace if workspace is not None else Workspace()).use_views
     return "views" if use_views else _auto_choice(meta, hkv, d, use_views)
 
 
@@ -522,30 +643,39 @@ def paged_attention(
     hkv = kv_layer.shape[3]
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    tiles, use_views = _tile_plan(meta, hkv, d, tile_bytes, workspace)
-    chosen = _auto_choice(meta, hkv, d, use_views) if kernel == "auto" else kernel
+    plan = _tile_plan(meta, hkv, d, tile_bytes, workspace)
+    chosen = _auto_choice(meta, hkv, d, plan.use_views) if kernel == "auto" else kernel
     if chosen == "inplace":
         # auto's plan was built when it chose (force=False); an explicit "inplace" plans regardless of size
-        plan = _inplace_plan(meta, hkv, d, force=kernel == "inplace")
-        if plan is not None:
-            return inplace_decode_attention(q, kv_layer, plan, workspace)
-    if meta.is_decode:
-        q4 = q.reshape(n, 1, hq, d)  # one query per sequence, already in sequence order: no scatter
-        if len(tiles) == 1:  # the common small-batch decode: one gather (or view), one attention
-            tile = tiles[0]
+        inplace = _inplace_plan(meta, hkv, d, force=kernel == "inplace")
+        if inplace is not None:
+            return inplace_decode_attention(q, kv_layer, inplace, workspace)
+    g = hq // hkv
+    od = None
+    if plan.decode_tiles:  # one query per sequence: no padding
+        qd = q if plan.decode_rows is None else np.take(q, plan.decode_rows, axis=0)  # tile order
+        nd = len(qd)
+        qg = qd.reshape(nd, hkv, g, d) * np.float32(1.0 / np.sqrt(d))  # scaled once for every tile
+        od = np.empty((nd, hkv, g, d), dtype=np.float32)
+        for tile in plan.decode_tiles:  # one iteration unless the group's K/V outgrows the cache
             kv = tile.kv_of(kv_layer)
-            return batched_attention(q4, kv[0], kv[1], tile.hidden).reshape(n, hq, d)
-        q_pad = q4
-    else:
-        q_pad = np.zeros((meta.num_seqs, meta.max_query_len, hq, d), dtype=q.dtype)
-        q_pad[meta.token_seq_idx, meta.token_row] = q
-    out = np.empty(q_pad.shape, dtype=np.float32)
-    for tile in tiles:  # one iteration unless the batch's K/V outgrows the cache
+            _decode_attention(qg[tile.s0:tile.s1], kv[0], kv[1], tile.bias, od[tile.s0:tile.s1])
+        od = od.reshape(nd, hq, d)
+        if meta.is_decode:
+            return od if plan.decode_inverse is None else np.take(od, plan.decode_inverse, axis=0)
+    # a step with prefill chunks: its chunk queries padded to the longest chunk, causal masks per tile
+    pos, row = plan.prefill_pad
+    q_pad = np.zeros((len(plan.prefill_seqs), plan.prefill_max_q, hq, d), dtype=np.float32)
+    q_pad[pos, row] = q[plan.prefill_rows]
+    o_pad = np.empty(q_pad.shape, dtype=np.float32)
+    for tile in plan.prefill_tiles:
         kv = tile.kv_of(kv_layer)
-        batched_attention(q_pad[tile.s0:tile.s1], kv[0], kv[1], tile.hidden, out=out[tile.s0:tile.s1])
-    if meta.is_decode:
-        return out.reshape(n, hq, d)
-    return out[meta.token_seq_idx, meta.token_row]
+        batched_attention(q_pad[tile.s0:tile.s1], kv[0], kv[1], out=o_pad[tile.s0:tile.s1], bias=tile.bias)
+    out = np.empty((n, hq, d), dtype=np.float32)
+    out[plan.prefill_rows] = o_pad[pos, row]
+    if od is not None:
+        out[plan.decode_rows] = od
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- backend

@@ -91,7 +91,9 @@ def test_paged_attention_equals_dense(seed, block_size, num_seqs, hkv, group, he
     if decode:
         query_lens = [1] * num_seqs
     else:
-        query_lens = data.draw(st.lists(st.integers(1, 12), min_size=num_seqs, max_size=num_seqs))
+        # about half the sequences decode: mixed steps (decodes beside prefill chunks) are the engine's usual ones
+        query_lens = data.draw(st.lists(st.one_of(st.just(1), st.integers(1, 12)), min_size=num_seqs,
+                                        max_size=num_seqs))
     kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
         rng, block_size, context_lens, query_lens, hkv, group, head_dim, scramble)
     kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
@@ -129,11 +131,44 @@ def test_batched_decode_of_different_lengths_uses_one_gather_per_tile():
     ws = Workspace()
     got = paged_attention(q, kv.kv_cache[0], meta, ws, kernel="gather")
     np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
-    ((tiles, use_views),) = meta._plans.values()
-    assert len(tiles) == 1 and not use_views  # a small batch is one tile: one np.take, one attention call
+    (plan,) = meta._plans.values()
+    assert len(plan.tiles) == 1 and not plan.use_views  # a small batch is one tile: one np.take, one attention call
     buf = ws.buffer
     paged_attention(q, kv.kv_cache[0], meta, ws, kernel="gather")
     assert ws.buffer is buf  # the workspace is reused, not reallocated
+
+
+def test_a_mixed_step_attends_its_decodes_unpadded_beside_its_prefill_chunks():
+    """Decodes of a mixed step form their own group (one query row each), not rows padded to the longest chunk."""
+    rng = np.random.default_rng(3)
+    kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
+        rng, 4, [9, 0, 30, 5, 17], [1, 11, 1, 6, 1], hkv=2, group=2, head_dim=8, scramble=3)
+    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+    got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), kernel="gather")
+    np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
+    (plan,) = meta._plans.values()
+    assert plan.decode_rows.tolist() == [0, 12, 19]  # the decodes' token rows (tokens 0, 1+11, 1+11+1+6)
+    assert plan.prefill_seqs.tolist() == [1, 3] and plan.prefill_max_q == 11
+    assert [t.kv.shape[1] for t in plan.decode_tiles] == [3]
+
+
+def test_a_decode_batch_of_several_tiles_is_walked_shortest_first():
+    """Each tile pads only to its own longest sequence: fewer blocks gathered than tiles in batch order."""
+    rng = np.random.default_rng(4)
+    lens = [70, 3, 60, 5, 40, 2, 65, 7]
+    kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
+        rng, 4, lens, [1] * len(lens), hkv=2, group=2, head_dim=8, scramble=5)
+    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+    tile_bytes = 2 * 18 * 4 * 2 * 8 * 4 * 2  # two sequences of 18 blocks
+    got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), tile_bytes, kernel="gather")
+    np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
+    (plan,) = meta._plans.values()
+    blocks = [-(-(n + 1) // 4) for n in lens]  # each sequence holds its context and the new token
+    assert plan.decode_rows.tolist() == np.argsort(blocks, kind="stable").tolist()
+    assert (plan.decode_rows[plan.decode_inverse] == np.arange(len(lens))).all()
+    gathered = sum(t.block_tables.size for t in plan.decode_tiles)
+    in_batch_order = sum(-(-(max(lens[i:i + 2]) + 1) // 4) * 2 for i in range(0, len(lens), 2))
+    assert gathered < in_batch_order
 
 
 def test_inplace_decode_reads_blocks_where_they_lie():
@@ -170,9 +205,9 @@ def test_a_sequence_whose_blocks_are_consecutive_is_attended_without_a_copy():
     q = rng.standard_normal((1, 2 * hkv, d), dtype=np.float32)
     ws = Workspace()
     got = paged_attention(q, kv.kv_cache[0], meta, ws, kernel="auto")
-    ((tiles, use_views),) = [v for key, v in meta._plans.items() if isinstance(key[0], int)]  # the tile plan
-    assert use_views and tiles[0].run_start == 2 and ws.buffer.size == 2 * 4 * b * hkv * d  # buffer planned ...
-    assert np.shares_memory(tiles[0].kv_of(kv.kv_cache[0]), kv.kv_cache)  # ... but the K/V read is a view
+    (plan,) = [v for key, v in meta._plans.items() if isinstance(key[0], int)]  # the tile plan
+    assert plan.use_views and plan.tiles[0].run_start == 2 and ws.buffer.size == 2 * 4 * b * hkv * d  # buffer planned ...
+    assert np.shares_memory(plan.tiles[0].kv_of(kv.kv_cache[0]), kv.kv_cache)  # ... but the K/V read is a view
     np.testing.assert_allclose(got, causal_attention(q, k, v, np.array([12])), atol=1e-5, rtol=0)
 
 
