@@ -10,7 +10,7 @@ Every server is a real ``python -m minienv serve`` process on 127.0.0.1 (started
 **(a) Routing.** A workload of ``--system-prompts`` shared system prompts (~6 blocks each), each request one of them
 plus its own short question, 8 greedy tokens, 16 client threads, with 1, 2 and 4 instances whose KV budget
 (``--kv-budget-tokens``, 1024 = 64 blocks) cannot hold every system prompt beside the running requests. Three
-policies: round robin (gRPC's own ``round_robin`` policy over one channel); prefix-aware routing (the chain hash of
+policies (``--quick``: the first two): round robin (gRPC's own ``round_robin`` policy over one channel); prefix-aware routing (the chain hash of
 the first two full blocks picks the instance; the least-loaded one when that instance has 8 requests in flight —
 the servers' ``--max-num-seqs``, below which a request is batched at once, not queued — and twice the others'
 mean); and prefix routing with no load fallback. Reported per setting: prefix-cache hit rate (prompt tokens served
@@ -124,7 +124,8 @@ def bench_routing(args, rounds: int) -> dict:
     print(f"{'instances':>9} {'routing':>18} {'hit rate':>9} {'tok/s min-t':>12} {'tok/s med':>10} "
           f"{'req/s med':>10}  requests per instance (last round)")
     for n in args.instances:
-        names = list(ROUTINGS) if n > 1 else ["round_robin", "prefix"]  # one instance: every policy is the same
+        # one instance: every policy is the same; --quick: the two policies the lesson compares
+        names = list(ROUTINGS) if n > 1 and not args.quick else ["round_robin", "prefix"]
         runs: dict[str, list[dict]] = {name: [] for name in names}
         for order in schedule(names, rounds, seed=args.seed):
             for name in order:
@@ -190,15 +191,29 @@ def bench_load(args, jobs: list[Job], want: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- (c) overhead
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; nan elsewhere)."""
+def process_cpu_s(pid: int, stat: str | None = None) -> float:
+    """User + system CPU seconds of process ``pid`` (or of the task whose ``stat`` file is given) so far (Linux
+    ``/proc``; nan elsewhere)."""
     import os
 
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(stat or f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each thread of process ``pid`` so far (Linux ``/proc``; {} elsewhere)."""
+    import os
+
+    out = {}
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            out[int(tid)] = process_cpu_s(pid, f"/proc/{pid}/task/{tid}/stat")
+    except OSError:
+        pass
+    return out
 
 
 def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
@@ -225,10 +240,12 @@ def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
                             cwd=REPO) as cluster, Client(cluster.addresses) as client:
                     client.wait_until_serving()
                     pid, steps0 = cluster.servers[0].pid, client.server_info().num_steps
-                    c0 = process_cpu_s(pid)
+                    c0, t0 = process_cpu_s(pid), thread_cpu_s(pid)
                     result = run_load(client, plain, concurrency=concurrency, time_limit=args.time_limit)
-                    cpu = process_cpu_s(pid) - c0
-                    runs[name].append({"wall": result.wall_s, "cpu": cpu,
+                    cpu, t1 = process_cpu_s(pid) - c0, thread_cpu_s(pid)
+                    # the engine thread does most of the work: the busiest thread of the run is it
+                    per_thread = sorted((t1[t] - t0.get(t, 0.0) for t in t1), reverse=True) or [float("nan")]
+                    runs[name].append({"wall": result.wall_s, "cpu": cpu, "engine_thread_cpu": per_thread[0],
                                        "steps": client.server_info().num_steps - steps0})
                     assert len(result.completed()) == len(plain) and check_outputs(plain, result, want) == 0
     stats = {}
@@ -238,19 +255,34 @@ def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
                     "cpu_ms_per_token_min": 1e3 * min(cpus) / tokens,
                     "cpu_ms_per_token_median": 1e3 * statistics.median(cpus) / tokens,
                     "steps": [r["steps"] for r in rs]}
+        if k == "grpc":  # the split: the engine thread's own CPU, and every other thread's (gRPC, protobuf)
+            eng = [r["engine_thread_cpu"] for r in rs]
+            rest = [r["cpu"] - r["engine_thread_cpu"] for r in rs]
+            stats[k].update({"engine_thread_cpu_ms_per_token_min": 1e3 * min(eng) / tokens,
+                             "engine_thread_cpu_ms_per_token_median": 1e3 * statistics.median(eng) / tokens,
+                             "other_threads_cpu_ms_per_token_min": 1e3 * min(rest) / tokens,
+                             "other_threads_cpu_ms_per_token_median": 1e3 * statistics.median(rest) / tokens})
         print(f"{k:>11}: {tokens} tokens in {stats[k]['steps'][0]} steps; {stats[k]['tokens_per_s_min_time']:.1f} "
               f"tokens/s (min time), {stats[k]['tokens_per_s_median']:.1f} (median); CPU of the engine's process "
               f"{stats[k]['cpu_ms_per_token_min']:.3f} ms/token (min), {stats[k]['cpu_ms_per_token_median']:.3f} "
               f"(median)")
     ip, g = stats["in_process"], stats["grpc"]
+    print(f"{'':>11}  the server's CPU split: engine thread {g['engine_thread_cpu_ms_per_token_min']:.3f} ms/token "
+          f"(min), {g['engine_thread_cpu_ms_per_token_median']:.3f} (median); all other threads (gRPC, protobuf) "
+          f"{g['other_threads_cpu_ms_per_token_min']:.3f} (min), {g['other_threads_cpu_ms_per_token_median']:.3f} "
+          "(median)")
     overhead = {"wall_min_time": 1 - g["tokens_per_s_min_time"] / ip["tokens_per_s_min_time"],
                 "wall_median": 1 - g["tokens_per_s_median"] / ip["tokens_per_s_median"],
                 "cpu_per_token_min": g["cpu_ms_per_token_min"] / ip["cpu_ms_per_token_min"] - 1,
-                "cpu_per_token_median": g["cpu_ms_per_token_median"] / ip["cpu_ms_per_token_median"] - 1}
+                "cpu_per_token_median": g["cpu_ms_per_token_median"] / ip["cpu_ms_per_token_median"] - 1,
+                "engine_thread_cpu_per_token_min": (g["engine_thread_cpu_ms_per_token_min"]
+                                                    / ip["cpu_ms_per_token_min"] - 1)}
     print(f"overhead (target <= 10 %): {overhead['wall_min_time']:.1%} fewer tokens/s (min times), "
           f"{overhead['wall_median']:.1%} (median times); the server's CPU per token "
           f"{overhead['cpu_per_token_min']:+.1%} (min), {overhead['cpu_per_token_median']:+.1%} (median) over the "
-          "in-process engine's (gRPC handlers, protobuf, GIL hand-offs: the serving cost whatever the neighbours do)")
+          "in-process engine's (gRPC handlers, protobuf, GIL hand-offs: the serving cost whatever the neighbours do), "
+          f"of which the engine thread {overhead['engine_thread_cpu_per_token_min']:+.1%} (min; it shares the cores "
+          "with the client process and the server's other threads)")
     same_schedule = len({s for st in stats.values() for s in st["steps"]}) == 1
     if not same_schedule:
         print(f"  the step counts differ ({ {k: v['steps'] for k, v in stats.items()} }): not the same schedule")
@@ -311,19 +343,19 @@ def main() -> int:
     ap.add_argument("--instances", type=int, nargs="+", default=None,
                     help="routing: instance counts (default 1 2 4; quick 2)")
     ap.add_argument("--system-prompts", type=int, default=16)
-    ap.add_argument("--routing-requests", type=int, default=None, help="routing workload size (192; quick 48)")
+    ap.add_argument("--routing-requests", type=int, default=None, help="routing workload size (192; quick 32)")
     ap.add_argument("--kv-budget-tokens", type=int, default=1024, help="per instance, routing part (default 1024)")
     ap.add_argument("--parts", default="routing,load,overhead,kill",
                     help="which parts to run, comma-separated (default: all: routing,load,overhead,kill)")
-    ap.add_argument("--load-requests", type=int, default=None, help="load test size (1024; quick 128)")
-    ap.add_argument("--overhead-requests", type=int, default=None, help="overhead workload (256; quick 48)")
+    ap.add_argument("--load-requests", type=int, default=None, help="load test size (1024; quick 96)")
+    ap.add_argument("--overhead-requests", type=int, default=None, help="overhead workload (256; quick 32)")
     ap.add_argument("--time-limit", type=float, default=300.0, help="seconds a load may take before the rest is lost")
     args = ap.parse_args()
     rounds = rounds_of(args)
     args.instances = args.instances or ([2] if args.quick else [1, 2, 4])
-    args.routing_requests = args.routing_requests or (48 if args.quick else 192)
-    args.load_requests = args.load_requests or (128 if args.quick else 1024)
-    args.overhead_requests = args.overhead_requests or (48 if args.quick else 256)
+    args.routing_requests = args.routing_requests or (32 if args.quick else 192)
+    args.load_requests = args.load_requests or (96 if args.quick else 1024)
+    args.overhead_requests = args.overhead_requests or (32 if args.quick else 256)
     settings = print_settings()
     t_start = time.perf_counter()
 

@@ -1,12 +1,15 @@
 """minienv's server: one :class:`~minienv.engine.InferenceEngine` behind ``minienv.v1.MinienvEngine`` (gRPC) and,
 optionally, the OpenAI-compatible HTTP API (:mod:`minienv.serving.openai_api`) — both on the same engine thread.
 
-The engine is not thread-safe, and gRPC runs each call on a thread of its pool. So exactly one thread — the
-*engine thread* — ever touches the engine (vLLM's ``EngineCore`` loop, SGLang's scheduler process, in one
-process): handlers hand it *commands* through a queue (add this request, abort that one, read the stats), and it
-steps the engine whenever a request is unfinished. Every request has its own output queue, registered with the
-engine thread when the request is added; after each ``engine.step()`` the engine thread puts each output on its
-request's queue, so a handler receives only its own outputs and never waits on another request's client. Both
+The engine is not thread-safe, so exactly one thread — the *engine thread* — ever touches the engine (vLLM's
+``EngineCore`` loop, SGLang's scheduler process, in one process): handlers hand it *commands* through a queue (add
+this request, abort that one, read the stats), and it steps the engine whenever a request is unfinished. The gRPC
+handlers are coroutines of ``grpc.aio`` on one asyncio loop, in a thread of its own (not a pool thread per stream):
+Python runs one thread at a time, and every thread that wakes takes the interpreter lock from the engine thread,
+so the fewer wake-ups per step, the less serving costs. Every request has its own output queue (an asyncio queue
+of that loop), registered with the engine thread when the request is added; after each ``engine.step()`` the
+engine thread hands the step's outputs to the loop in one call, which puts each on its request's queue: a handler
+receives only its own outputs and never waits on another request's client, and the loop wakes once per step. Both
 front ends go through the same two doors: :meth:`EngineServer.add_request` (admission: availability, the prompt's
 length, then the engine's own checks, answered by an accepted id or a :class:`Refusal`) and
 :meth:`EngineServer.release` (the call ended: abort what is still running).
@@ -35,18 +38,19 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import ssl
 import threading
 import time
 import uuid
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from minienv.serving import minienv_pb2 as pb
@@ -57,8 +61,6 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MinienvEngine"].full_name
 #: trailing metadata key of every Generate call: the address of the instance that served it
 SERVED_BY_KEY = "minienv-served-by"
 _POLL_S = 0.05  # how often stop() checks whether in-flight requests have finished
-#: put on a Generate handler's queue when its call ends (cancelled, deadline, done): wakes a handler blocked on it
-_CALL_ENDED = object()
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default receive limit; the HTTP body limit too
 
 
@@ -179,6 +181,28 @@ class _EngineThread:
             raise value
         return value
 
+    async def call_async(self, fn: Callable[[Any], Any], timeout: float = 10.0) -> Any:
+        """:meth:`call` for a coroutine: the event loop is not blocked while the engine thread runs ``fn``."""
+        aio_loop = asyncio.get_running_loop()
+        reply: asyncio.Future = aio_loop.create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            if not reply.done():
+                reply.set_result(value) if ok else reply.set_exception(value)
+
+        def command(engine: Any) -> None:
+            try:
+                result = (True, fn(engine))
+            except Exception as exc:  # noqa: BLE001 - handed back to the caller
+                result = (False, exc)
+            try:
+                aio_loop.call_soon_threadsafe(settle, *result)
+            except RuntimeError:  # the loop closed meanwhile: nobody is waiting
+                pass
+
+        self.submit(command)
+        return await asyncio.wait_for(reply, timeout)
+
     def stop(self) -> None:
         self._stop.set()
         self.submit(lambda engine: None)  # wake it
@@ -193,8 +217,8 @@ class _EngineThread:
             self.load_error = exc
             self.loaded.set()
             return
+        self._on_loaded()  # health SERVING before `loaded`: whoever waited for the load sees it serving
         self.loaded.set()
-        self._on_loaded()
         engine = self.engine
         while not self._stop.is_set():
             busy = engine.has_unfinished_requests()
@@ -216,17 +240,30 @@ class _EngineThread:
                 except Exception as exc:  # noqa: BLE001 - the step rolled back; fail its requests, keep serving
                     self._fail_all(engine, f"the engine step failed: {type(exc).__name__}: {exc}")
                     continue
-                for out in outs:
-                    self._route(out)
+                self._route(outs)
         self._fail_all(engine, "the server stopped")
 
-    def _route(self, out: Any) -> None:
-        q = self._streams.get(out.request_id)
-        if q is None:
-            return
-        q.put(out)
-        if out.finished:
-            del self._streams[out.request_id]
+    def _route(self, outs: list[Any]) -> None:
+        """Put each output on its request's sink. Sinks of an asyncio loop (see :class:`AsyncSink`) get theirs in
+        one ``call_soon_threadsafe`` per loop and step: the loop's thread wakes once per step, not once per
+        request — each wake-up costs a hand-off of the GIL away from this thread."""
+        by_loop: dict[Any, list[tuple[Any, Any]]] = {}
+        for out in outs:
+            q = self._streams.get(out.request_id)
+            if q is None:
+                continue
+            if out.finished:
+                del self._streams[out.request_id]
+            loop = getattr(q, "loop", None)
+            if loop is None:
+                q.put(out)
+            else:
+                by_loop.setdefault(loop, []).append((q.queue, out))
+        for loop, pairs in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, pairs)
+            except RuntimeError:  # that loop has closed (its front end stopped): nobody is waiting
+                pass
 
     def _fail_all(self, engine: Any, message: str) -> None:
         for rid, q in list(self._streams.items()):
@@ -274,6 +311,35 @@ class _EngineThread:
         return len(self._streams)
 
 
+def _put_all(pairs: list[tuple[asyncio.Queue, Any]]) -> None:
+    for q, item in pairs:
+        q.put_nowait(item)
+
+
+class AsyncSink:
+    """An :class:`OutputSink` whose items arrive on an asyncio queue of ``loop``. ``put`` (the engine thread, or
+    the caller of :meth:`EngineServer.add_request`) never blocks and runs no code of the loop; the engine thread
+    delivers a step's outputs for all of one loop's sinks in one go (it looks for ``loop`` and ``queue``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the server stopped; nobody is waiting
+            pass
+
+    async def batch(self) -> list[Any]:
+        """Wait for the next item, then take every item already there: one per step for a handler that keeps
+        up, all it missed for one that fell behind."""
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        return items
+
+
 def _sampling_params(msg: pb.SamplingParams) -> Any:
     """The proto's sampling parameters -> :class:`~minienv.SamplingParams` (unset fields: its defaults)."""
     from minienv.sampling import SamplingParams
@@ -285,20 +351,6 @@ def _sampling_params(msg: pb.SamplingParams) -> Any:
     if msg.stop:
         kwargs["stop"] = list(msg.stop)
     return SamplingParams(**kwargs)
-
-
-def _batches(q: "queue.Queue[Any]") -> Iterator[list[Any]]:
-    """Everything on ``q`` in batches: block (no timeout, no polling) until an item comes, then take every item
-    already there. A handler that keeps up gets one item per engine step; one that fell behind (its client is
-    slow, or the GIL went elsewhere) gets all it missed at once and sends them as one message."""
-    while True:
-        items = [q.get()]
-        while True:
-            try:
-                items.append(q.get_nowait())
-            except queue.Empty:
-                break
-        yield items
 
 
 def _chunk(rid: str, outs: list[Any]) -> pb.GenerateResponse:
@@ -321,60 +373,61 @@ def _complete(out: Any) -> pb.GenerateComplete:
 
 
 class _Servicer(pb_grpc.MinienvEngineServicer):
+    """The RPCs, as coroutines on the server's event loop (one thread for every call; see :class:`EngineServer`)."""
+
     def __init__(self, server: "EngineServer"):
         self.server = server
 
-    def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext,
+                       ) -> AsyncIterator[pb.GenerateResponse]:
         srv = self.server
         context.set_trailing_metadata(((SERVED_BY_KEY, srv.address),))  # which instance, for a balanced client
-        srv.check_available(context)
+        refusal = srv.refusal()
+        if refusal is not None:
+            await context.abort(refusal.code, refusal.message)
         which = request.WhichOneof("prompt")
         if which is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the request has no prompt: set text or token_ids")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the request has no prompt: set text or token_ids")
         prompt: Any = request.text if which == "text" else list(request.token_ids.ids)
         try:
             params = _sampling_params(request.sampling_params)
         except (ValueError, TypeError) as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad sampling_params: {exc}")
-        q: queue.Queue = queue.Queue()
-        rid = srv.add_request(prompt, params, q, request_id=request.request_id or None)
-
-        def call_ended() -> None:  # gRPC's thread, when the call ends for any reason (done, cancelled, deadline)
-            q.put(_CALL_ENDED)  # wakes this handler if it is waiting: no polling of context.is_active()
-            srv.release(rid, q)  # a request still running is aborted
-
-        if not context.add_callback(call_ended):  # the call already ended (the client went away)
-            call_ended()
-        for items in _batches(q):
-            pending: list[Any] = []  # outputs of this batch not yet sent
-            for item in items:
-                if item is _CALL_ENDED:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad sampling_params: {exc}")
+        sink = AsyncSink(asyncio.get_running_loop())
+        rid = srv.add_request(prompt, params, sink, request_id=request.request_id or None)
+        try:
+            while True:
+                pending: list[Any] = []  # outputs of this batch not yet sent
+                for item in await sink.batch():
+                    if isinstance(item, str):  # accepted
+                        continue
+                    if isinstance(item, Refusal):
+                        if pending:
+                            yield _chunk(rid, pending)
+                        await context.abort(item.code, item.message)
+                    pending.append(item)
+                    if item.finished:
+                        break
+                if any(o.delta_token_ids or o.delta_text for o in pending):
+                    yield _chunk(rid, pending)
+                if pending and pending[-1].finished:
+                    yield pb.GenerateResponse(request_id=rid, complete=_complete(pending[-1]))
                     return
-                if isinstance(item, str):  # accepted
-                    continue
-                if isinstance(item, Refusal):
-                    if pending:
-                        yield _chunk(rid, pending)
-                    context.abort(item.code, item.message)
-                pending.append(item)
-                if item.finished:
-                    break
-            if any(o.delta_token_ids or o.delta_text for o in pending):
-                yield _chunk(rid, pending)
-            if pending and pending[-1].finished:
-                yield pb.GenerateResponse(request_id=rid, complete=_complete(pending[-1]))
-                return
+        finally:  # done, cancelled, deadline (gRPC cancels this coroutine), client gone: abort if still running
+            srv.release(rid, sink)
 
-    def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortResponse:
-        self.server.check_loaded(context)
+    async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
+        await self.server.check_loaded(context)
         loop = self.server.engine_thread
-        if not loop.call(lambda engine: loop.abort(engine, request.request_id)):
-            context.abort(grpc.StatusCode.NOT_FOUND,
-                          f"no unfinished request with id {request.request_id!r} (finished, aborted or never seen)")
+        if not await loop.call_async(lambda engine: loop.abort(engine, request.request_id)):
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no unfinished request with id {request.request_id!r} (finished, aborted or never "
+                                "seen)")
         return pb.AbortResponse()
 
-    def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.ServicerContext) -> pb.GetModelInfoResponse:
-        self.server.check_loaded(context)
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext,
+                           ) -> pb.GetModelInfoResponse:
+        await self.server.check_loaded(context)
         engine = self.server.engine_thread.engine
         c = engine.model.config  # immutable after loading: safe to read from any thread
         return pb.GetModelInfoResponse(
@@ -382,13 +435,13 @@ class _Servicer(pb_grpc.MinienvEngineServicer):
             num_layers=c.num_hidden_layers, max_position_embeddings=c.max_position_embeddings,
             eos_token_id=-1 if engine.eos_token_id is None else engine.eos_token_id)
 
-    def GetServerInfo(self, request: pb.GetServerInfoRequest, context: grpc.ServicerContext,
-                      ) -> pb.GetServerInfoResponse:
+    async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext,
+                            ) -> pb.GetServerInfoResponse:
         from minienv import __version__
 
         srv = self.server
-        srv.check_loaded(context)
-        s = srv.engine_thread.call(lambda engine: engine.stats)
+        await srv.check_loaded(context)
+        s = await srv.engine_thread.call_async(lambda engine: engine.stats)
         return pb.GetServerInfoResponse(
             version=__version__, serving=not srv.draining, draining=srv.draining, num_running=s.num_running,
             num_waiting=s.num_waiting, max_waiting=srv.engine_thread.max_waiting, num_blocks=s.num_blocks,
@@ -404,7 +457,6 @@ class EngineServer:
         engine_factory: returns the :class:`~minienv.engine.InferenceEngine` to serve (called once).
         host, port: where to listen; loopback by default, port 0 picks a free port (see :attr:`port`).
         max_waiting: most requests waiting for admission; one more gets ``RESOURCE_EXHAUSTED``.
-        max_workers: gRPC handler threads (each open ``Generate`` stream holds one).
         model_name: what ``GetModelInfo`` and ``/v1/models`` report (and what an HTTP request's ``model`` must be).
         http_port: also serve the OpenAI-compatible HTTP API on this port (0 picks a free one; see
             :attr:`http_port`); None (the default) serves gRPC only. Needs Starlette and uvicorn (the serve extra).
@@ -417,14 +469,13 @@ class EngineServer:
     """
 
     def __init__(self, engine_factory: Callable[[], Any], *, host: str = "127.0.0.1", port: int = 0,
-                 max_waiting: int = 64, max_workers: int = 32, model_name: str = "minienv",
+                 max_waiting: int = 64, model_name: str = "minienv",
                  http_port: int | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  tls: TLSConfig | None = None):
         for name, value in (("port", port), ("http_port", 0 if http_port is None else http_port)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
                 raise ValueError(f"{name} must be an int in [0, 65535] (0 picks a free port), got {value!r}")
-        for name, value in (("max_waiting", max_waiting), ("max_workers", max_workers),
-                            ("max_message_bytes", max_message_bytes)):
+        for name, value in (("max_waiting", max_waiting), ("max_message_bytes", max_message_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if not isinstance(host, str) or not host:
@@ -436,30 +487,19 @@ class EngineServer:
         self.draining = False
         self.started_at = time.monotonic()
         self.started_at_wall = time.time()  # what /v1/models reports as `created`
-        self.health = health.HealthServicer(experimental_non_blocking=True)
         self.engine_thread = _EngineThread(engine_factory, max_waiting, self._set_serving)
-        # NOTE: gRPC sets SO_REUSEPORT by default, so a second server would silently share a port in use.
-        self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-                                 options=[("grpc.so_reuseport", 0),
-                                          ("grpc.max_receive_message_length", max_message_bytes)])
-        pb_grpc.add_MinienvEngineServicer_to_server(_Servicer(self), self._grpc)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            self._grpc)
-        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        # Every RPC is a coroutine on one asyncio loop, on a thread of its own: one thread wakes per engine step
+        # for all streams (see _EngineThread._route), instead of one pool thread per stream, each taking the GIL
+        # from the engine thread in turn.
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="minienv-grpc", daemon=True)
+        self._loop_thread.start()
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            if tls is None:
-                self.port = self._grpc.add_insecure_port(address)
-            else:
-                creds = grpc.ssl_server_credentials([(tls.key_file.read_bytes(), tls.cert_file.read_bytes())])
-                self.port = self._grpc.add_secure_port(address, creds)
-        except RuntimeError:  # grpcio >= 1.55 raises instead of returning 0
-            self.port = 0
-        if self.port == 0:
-            raise ServerBindError(f"cannot listen on {address}: the port is in use, or {host!r} is not an address "
-                                  "of this machine")
+            self.port = self._on_loop(self._build_grpc(address))
+        except BaseException:
+            self._close_loop()
+            raise
         self.http: Any = None
         if http_port is not None:
             from minienv.serving.openai_api import HttpServer  # Starlette + uvicorn: only when asked for
@@ -475,9 +515,47 @@ class EngineServer:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    async def _build_grpc(self, address: str) -> int:
+        """On the loop: the gRPC server, its services and its port (health NOT_SERVING until the engine loads)."""
+        self.health = health_aio.HealthServicer()
+        # NOTE: gRPC sets SO_REUSEPORT by default, so a second server would silently share a port in use.
+        self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+                                              ("grpc.max_receive_message_length", self.max_message_bytes)])
+        pb_grpc.add_MinienvEngineServicer_to_server(_Servicer(self), self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            self._grpc)
+        await self._set_health_async(health_pb2.HealthCheckResponse.NOT_SERVING)
+        try:
+            if self.tls is None:
+                port = self._grpc.add_insecure_port(address)
+            else:
+                creds = grpc.ssl_server_credentials([(self.tls.key_file.read_bytes(),
+                                                      self.tls.cert_file.read_bytes())])
+                port = self._grpc.add_secure_port(address, creds)
+        except RuntimeError:  # grpcio >= 1.55 raises instead of returning 0
+            port = 0
+        if port == 0:
+            raise ServerBindError(f"cannot listen on {address}: the port is in use, or {self.host!r} is not an "
+                                  "address of this machine")
+        return port
+
+    def _on_loop(self, coro: Any, timeout: float = 30.0) -> Any:
+        """Run ``coro`` on the server's loop from another thread; its result (or exception)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def _close_loop(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(timeout=10)
+        if not self._loop_thread.is_alive():
+            self._loop.close()
+
     def start(self) -> "EngineServer":
         """Start serving gRPC (health: NOT_SERVING), then build the engine on the engine thread (then SERVING)."""
-        self._grpc.start()
+        self._on_loop(self._grpc.start())
         if self.http is not None:
             self.http.start()
         self.engine_thread.thread.start()
@@ -497,6 +575,8 @@ class EngineServer:
     def stop(self, grace: float = 5.0) -> None:
         """Drain: health NOT_SERVING, new requests UNAVAILABLE; in-flight ones get up to ``grace`` seconds to
         finish, then are aborted (their streams end with ``UNAVAILABLE``); then the server and thread stop."""
+        if self._loop.is_closed():  # stopped already
+            return
         self.draining = True
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         loop = self.engine_thread
@@ -509,7 +589,8 @@ class EngineServer:
             loop.thread.join(timeout=10)
         if self.http is not None:
             self.http.stop()
-        self._grpc.stop(grace=1.0).wait()
+        self._on_loop(self._grpc.stop(grace=1.0))
+        self._close_loop()
 
     # ------------------------------------------------------------------ the shared path of both front ends
     def refusal(self) -> Refusal | None:
@@ -549,22 +630,24 @@ class EngineServer:
         loop = self.engine_thread
         loop.submit(lambda engine: loop.abort_if_live(engine, request_id, sink))
 
-    def check_loaded(self, context: grpc.ServicerContext) -> None:
+    async def check_loaded(self, context: grpc.aio.ServicerContext) -> None:
         loop = self.engine_thread
         if loop.load_error is not None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"the model failed to load: {loop.load_error}")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the model failed to load: {loop.load_error}")
         if loop.engine is None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry when health says SERVING")
-
-    def check_available(self, context: grpc.ServicerContext) -> None:
-        refusal = self.refusal()
-        if refusal is not None:
-            context.abort(refusal.code, refusal.message)
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                "the model is still loading; retry when health says SERVING")
 
     def _set_serving(self) -> None:
         if not self.draining:
             self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     def _set_health(self, status: int) -> None:
+        """From any thread but the loop's: the health service's status, set on the loop (and waited for)."""
+        if self._loop.is_closed():  # stopped while the engine was loading
+            return
+        self._on_loop(self._set_health_async(status))
+
+    async def _set_health_async(self, status: int) -> None:
         for name in ("", SERVICE_NAME):
-            self.health.set(name, status)
+            await self.health.set(name, status)

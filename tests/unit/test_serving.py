@@ -415,19 +415,23 @@ def test_cli_serve_port_in_use_exits_2():
 
 def test_a_handler_that_fell_behind_sends_what_it_missed_as_one_chunk():
     """The engine's real per-step outputs, all queued before the handler reads: one batch, one chunk whose ids and
-    text are the concatenation of the steps' deltas (= the finished output), then the complete message."""
-    import queue
+    text are the concatenation of the steps' deltas (= the finished output)."""
+    import asyncio
 
-    from minienv.serving.server import _batches, _chunk
+    from minienv.serving.server import AsyncSink, _chunk
 
     engine = _engine()
     rid = engine.add_request("Friends, Romans, countrymen", SamplingParams(max_tokens=10, temperature=0.0))
-    q: queue.Queue = queue.Queue()
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            q.put(out)
-    outs = next(_batches(q))
-    assert len(outs) == q.qsize() + len(outs) >= 2 and outs[-1].finished and q.empty()
+
+    async def run() -> tuple[list, bool]:
+        sink = AsyncSink(asyncio.get_running_loop())
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                sink.queue.put_nowait(out)
+        return await sink.batch(), sink.queue.empty()
+
+    outs, drained = asyncio.run(run())
+    assert drained and len(outs) >= 2 and outs[-1].finished
     msg = _chunk(rid, outs)
     assert msg.request_id == rid
     assert list(msg.chunk.token_ids) == list(outs[-1].token_ids)
