@@ -12,6 +12,17 @@ Invariants (``check_invariants`` and the stateful test):
 1. ``num_free_blocks + num_used_blocks == num_blocks``;
 2. a block is in the free queue **iff** its refcount is 0;
 3. every operation either succeeds completely or raises before changing anything.
+
+**The garbage collector.** Each block is one small object, so a pool of ``n`` blocks is ``n`` objects that Python's
+cyclic collector walks in every *full* collection (measured: about +7 ms per full collection at 100 k blocks on a
+2-core machine, vs about +0.7 ms for two plain lists of ``n`` ints; nano-vllm's blocks, which each hold a list,
+cost about +9 ms). It is kept so because the blocks do no harm between full collections, and full ones are rare:
+one runs only once the objects that survived since the last one reach a quarter of all long-lived objects, and
+the KV cache manager's own work leaves next to nothing behind (its prefix index holds only ints and bytes, its
+per-request objects die with the request) — a benchmark trace of 20 k manager operations triggers no collection at
+all. Parallel lists of refcounts and hashes would save those milliseconds at the price of the object every
+notebook and view reads (``pool.blocks[b].ref_cnt``). ``gc.freeze()`` after building an engine would exempt the
+blocks too, but it freezes every object of the process: an application's decision, not this module's.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ import numpy as np
 from minienv.kv.block_pool import BlockPool, KVCacheBlock
 from minienv.kv.block_table import BlockTable, cdiv, slot_range
 from minienv.kv.errors import KVBudgetError, KVCacheError
-from minienv.kv.hashing import ROOT_HASH, BlockHash, block_key_bytes, hash_block_key
+from minienv.kv.hashing import ROOT_HASH, BlockHash, block_key_encoder, hash_block_key
 from minienv.kv.kv_pool import num_blocks_for_budget
 from minienv.kv.prefix_cache import CachedBlock, PrefixCacheStats, PrefixIndex
 
@@ -87,7 +87,7 @@ class RequestKV(BlockTable):
     pending_hash: CachedBlock | None = field(default=None, compare=False, repr=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PrefixHit:
     """The cached run of full blocks of a prompt, and how many tokens it covers."""
 
@@ -99,7 +99,7 @@ class PrefixHit:
     miss: CachedBlock | None = field(default=None, compare=False, repr=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SlotAllocation:
     """What a step needs to compute ``token_ids`` of one request: their ``positions``, their pool slots
     (``slot_mapping``), the copy-on-write ``blocks_to_copy`` to apply first, and an admission's prefix hit."""
@@ -170,7 +170,7 @@ class KVCacheStats:
         return self.num_in_use / self.num_blocks
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class KVEvent:
     """``kind``: ``"evict"`` (a cached block's hash dropped as it is reused), ``"cache"`` (a full block indexed),
     ``"hit"`` (a request took a cached block), ``"cow"`` (``src_block_id`` copied to ``block_id`` before a write)
@@ -541,12 +541,13 @@ class KVCacheManager:
         request_id, token_ids, block_ids, hashes = req.request_id, req.token_ids, req.block_ids, req.block_hashes
         B, blocks, extra, index, indexed = self.block_size, self.pool.blocks, self.extra_key, self.index, []
         pending, req.pending_hash = req.pending_hash, None
+        encode = block_key_encoder(B, extra)
         for j in range(len(hashes), req.num_computed_tokens // B):
             parent = hashes[j - 1] if j else ROOT_HASH
             if j and blocks[block_ids[j - 1]].block_hash != parent:
                 break  # the parent is not the indexed block (a collision left it out): the chain stops here
             tokens = token_ids[j * B:(j + 1) * B]
-            key_bytes = block_key_bytes(parent, tokens, extra)
+            key_bytes = encode(parent, tokens)
             if pending is not None and pending.key == (parent, tuple(tokens), extra):
                 block_hash = pending.block_hash  # hashed by the admission's lookup (a miss there)
             else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
-from minienv.kv.hashing import (ROOT_HASH, BlockHash, block_key_bytes, hash_block_key,
+from minienv.kv.hashing import (ROOT_HASH, BlockHash, block_key_bytes, block_key_encoder, hash_block_key,
                                  parse_block_key_bytes)
 
 
@@ -153,9 +153,10 @@ class PrefixIndex:
         hashes: list[BlockHash] = []
         parent = ROOT_HASH
         by_hash, keys = self._by_hash, self._keys
+        encode = block_key_encoder(block_size, extra_key)
         for j in range(max_blocks):
             tokens = token_ids[j * block_size:(j + 1) * block_size]
-            key_bytes = block_key_bytes(parent, tokens, extra_key)
+            key_bytes = encode(parent, tokens)
             block_hash = hash_block_key(key_bytes)  # hashing.hash_block_tokens(parent, tokens, extra_key)
             block_id = by_hash.get(block_hash)
             if block_id is None or keys[block_hash] != key_bytes:  # get()'s key check

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import gc
+import struct
 import subprocess
 import sys
 
 import pytest
 
 from minienv.kv import prefix_cache
-from minienv.kv.hashing import (ROOT_HASH, block_key_bytes, hash_block_chain, hash_block_key, hash_block_tokens,
-                                make_extra_key, parse_block_key_bytes)
+from minienv.kv.hashing import (ROOT_HASH, block_key_bytes, block_key_encoder, hash_block_chain, hash_block_key,
+                                hash_block_tokens, make_extra_key, parse_block_key_bytes)
 from minienv.kv.prefix_cache import CachedBlock, CachedBlockKey, PrefixIndex
 
 
@@ -134,3 +135,15 @@ def test_index_entries_read_back_equal_and_hold_nothing_the_garbage_collector_tr
     assert idx.remove(103) == CachedBlock(103, hashes[3], keys[3]) and idx.entry_for_block(103) is None
     idx.discard(104)
     assert idx.entry_for_hash(hashes[4]) is None and len(idx) == 8
+
+
+@pytest.mark.parametrize("block_size, extra", [(1, b""), (4, b""), (16, make_extra_key("m", cache_salt="s"))])
+def test_block_key_encoder_equals_block_key_bytes(block_size, extra):
+    encode = block_key_encoder(block_size, extra)
+    parent = ROOT_HASH
+    for j in range(3):
+        tokens = list(range(j * block_size, (j + 1) * block_size))
+        assert encode(parent, tokens) == block_key_bytes(parent, tokens, extra)
+        parent = hash_block_tokens(parent, tokens, extra)
+    with pytest.raises(struct.error):  # only full blocks of block_size tokens
+        encode(ROOT_HASH, list(range(block_size + 1)))
