@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_block_manager.py [--blocks 1000 10000 100000] [--rounds 5] [--quick]
                                                         [--requests 600] [--hit-requests 240] [--blas-threads 1]
+                                                        [--gc on|off] [--young-pool]
 
 Only bookkeeping is timed (no model, no K/V arrays). Both managers replay the same trace of events, the work an
 engine asks of its block manager, step by step:
@@ -31,11 +32,13 @@ computes them); the script checks that the two produce the same slots.
 
 The cyclic garbage collector runs as in a real process (``--gc off`` disables it during the runs, as ``timeit``
 does), and the table shows how many collections of each generation a trace triggered on each side (the most any
-round needed). A collection is triggered by *surviving* container objects (tuples, lists, objects: allocations minus
-deallocations), and a full one walks every live object, the pool's included; so a manager that keeps one small object per
-indexed block pays for collections whose cost grows with the pool. Each manager is built, then ``gc.collect()``
-moves its pool to the oldest generation (where a running server's pool is) before the clocks start. minienv's prefix
-index stores only ints and bytes (never tracked), so its trace, like nano-vllm's, triggers next to none.
+round needed). A collection is triggered by *surviving* container objects (tuples, lists, objects: allocations
+minus deallocations), and a full one walks every live object, the pool's included; so a manager that keeps one
+small object per indexed block pays for collections whose cost grows with the pool. minienv's prefix index stores
+only ints and bytes (never tracked), so its traces, like nano-vllm's, trigger next to none. Each manager is built,
+then ``gc.collect()`` moves its pool to the oldest generation (where a running server's pool is) before the clocks
+start; ``--young-pool`` collects before building instead, so the trace also pays the collections a brand-new pool
+costs (its objects' first promotions), whichever side triggers them.
 
 Rounds are interleaved in the harness's rotated order (``_common.schedule``), each on a fresh manager built outside
 the timed region; best and median over rounds, on two clocks: this thread's CPU time (the work itself, whatever
@@ -318,7 +321,7 @@ def run_nano(mgr: NanoBlockManager, trace: list[tuple]) -> tuple[float, list[int
     return time.perf_counter() - w0, time.thread_time() - c0, slots
 
 
-def measure(num_blocks: int, trace: list[tuple], rounds: int, seed: int) -> dict:
+def measure(num_blocks: int, trace: list[tuple], rounds: int, seed: int, young_pool: bool = False) -> dict:
     """Interleaved rounds in the harness's rotated order; a fresh manager per run, built before the clocks start.
     Both clocks: wall, and this thread's CPU time (the work itself, whatever the neighbours on a shared machine
     do); ratios are minienv / nano-vllm in ops/s, so > 1 means minienv is faster."""
@@ -333,10 +336,14 @@ def measure(num_blocks: int, trace: list[tuple], rounds: int, seed: int) -> dict
     for order in schedule(list(runners), rounds, seed):
         for name in order:
             build, run = runners[name]
-            manager = build()
-            # Each run starts from the same collector state, the pool already in the oldest generation (where a
-            # running server's is): the collections that promote a new pool's objects are the construction's cost.
-            gc.collect()
+            if young_pool:  # the pool's objects still in the young generations: the first collections walk them
+                gc.collect()
+                manager = build()
+            else:
+                manager = build()
+                # Each run starts from the same collector state, the pool already in the oldest generation (where
+                # a running server's is): collections that promote a new pool's objects are the construction's.
+                gc.collect()
             counts = [0, 0, 0]
 
             def count(phase: str, info: dict, counts: list[int] = counts) -> None:
@@ -372,6 +379,9 @@ def main() -> None:
     ap.add_argument("--hit-requests", type=int, default=240, help="requests in the hit trace")
     ap.add_argument("--gc", choices=["on", "off"], default="on",
                     help="Python's cyclic garbage collector during the timed runs (off: as timeit does)")
+    ap.add_argument("--young-pool", action="store_true",
+                    help="collect before building each manager, not after: the trace starts with a brand-new pool "
+                         "whose objects the collector has not yet moved to its oldest generation")
     add_common_args(ap)
     args = ap.parse_args()
     if args.quick:
@@ -380,7 +390,8 @@ def main() -> None:
     settings = print_settings()
     if args.gc == "off":
         gc.disable()
-    print(f"garbage collector during the runs: {args.gc}")
+    print(f"garbage collector during the runs: {args.gc}; each pool "
+          f"{'brand-new (young)' if args.young_pool else 'moved to the oldest generation before the clocks start'}")
     print(f"nano-vllm hash: {'xxhash xxh64' if xxhash is not None else 'sha256 truncated to 64 bits (no xxhash)'}")
     print(f"trace: {LIVE} live requests, block size {BLOCK_SIZE}, prompt {PROMPT_LEN} + {DECODE_LEN} decode tokens; "
           f"{rounds} interleaved rounds; ops/s best (median), on this thread's CPU time [wall best]")
@@ -392,7 +403,7 @@ def main() -> None:
         print(f"{'blocks':>8} {'minienv ops/s':>30} {'nano-vllm ops/s':>30} {'minienv / nano':>22} same slots"
               "  gc collections per trace, gen0/1/2 (minienv | nano)")
         for nb in args.blocks:
-            row = measure(nb, trace, rounds, args.seed)
+            row = measure(nb, trace, rounds, args.seed, args.young_pool)
             results[label].append(row)
             m, n = row["minienv_ops_per_s_cpu"], row["nano_ops_per_s_cpu"]
             r, rw = row["minienv_over_nano_cpu"], row["minienv_over_nano_wall"]
@@ -403,7 +414,8 @@ def main() -> None:
                   f"{'/'.join(map(str, row['nano_gc_collections']))}")
     emit_json({"benchmark": "bench_block_manager", "block_size": BLOCK_SIZE, "live_requests": LIVE,
                "prompt_len": PROMPT_LEN, "decode_len": DECODE_LEN, "rounds": rounds,
-               "nano_hash": "xxh64" if xxhash is not None else "sha256-64", "gc": args.gc, **results}, settings)
+               "nano_hash": "xxh64" if xxhash is not None else "sha256-64", "gc": args.gc,
+               "young_pool": args.young_pool, **results}, settings)
 
 
 if __name__ == "__main__":
