@@ -178,6 +178,15 @@ def hidden_bias(hidden: np.ndarray | None) -> np.ndarray | None:
     return bias[:, None, None]
 
 
+def _decode_bias(seq_lens: np.ndarray, num_keys: int) -> np.ndarray | None:
+    """:func:`hidden_bias` of decode queries (sequence ``i`` sees keys ``0 .. seq_lens[i] - 1``), ``[S, 1, 1, 1,
+    num_keys]``, made with one comparison instead of the general causal mask; None when every key is seen."""
+    if int(seq_lens.min()) >= num_keys:
+        return None
+    bias = np.where(np.arange(num_keys) < seq_lens[:, None], np.float32(0.0), np.float32(-np.inf))
+    return bias[:, None, None, None]
+
+
 def batched_attention(
     q: np.ndarray,
     k: np.ndarray,
@@ -438,11 +447,14 @@ def plan_tiles(
     for (s0, s1, idx, nb), max_q in groups:  # once per step, one iteration per tile
         n = s1 - s0
         buf = flat[: n * nb * per_block_floats].reshape(2, n, nb, b, hkv, d)
-        bias = hidden_bias(causal_hidden_mask(meta.context_lens[idx], meta.query_lens[idx], max_q, nb * b))
+        if max_q == 1:  # decodes: each sees a prefix of its keys, its seq_len (the general mask, made directly)
+            bias = _decode_bias(meta.seq_lens[idx], nb * b)
+        else:
+            bias = hidden_bias(causal_hidden_mask(meta.context_lens[idx], meta.query_lens[idx], max_q, nb * b))
         table = np.ascontiguousarray(meta.block_tables[idx, :nb])
         # A lone sequence whose blocks are consecutive physical ids (typical after a prefill from a fresh pool)
-        # is already a contiguous slab of the pool: no gather needed.
-        run = n == 1 and bool(np.all(np.diff(table[0]) == 1))
+        # is already a contiguous slab of the pool: no gather needed. (Last - first == nb - 1 first: O(1).)
+        run = n == 1 and int(table[0, -1]) - int(table[0, 0]) == nb - 1 and bool(np.all(np.diff(table[0]) == 1))
         made.append(_Tile(s0, s1, table, buf, buf.reshape(2, n, nb * b, hkv, d), bias,
                           int(table[0, 0]) if run else None))
     nd = len(decode)
@@ -704,7 +716,9 @@ class PagedAttentionBackend:
     def begin_step(self, positions: np.ndarray) -> None:
         if self.metadata is None:
             raise RuntimeError("set_metadata(...) must be called before each step of a paged backend")
-        if not np.array_equal(np.asarray(positions), self.metadata.positions):
+        # the engine passes the metadata's own array: nothing to compare (any other array is compared)
+        if positions is not self.metadata.positions and not np.array_equal(np.asarray(positions),
+                                                                            self.metadata.positions):
             raise ValueError("the model's positions disagree with the step metadata (context_lens / query_lens)")
 
     def attend(self, layer_idx: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:

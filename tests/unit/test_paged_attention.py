@@ -17,6 +17,7 @@ from minienv.kv import (
     PagedAttentionBackend,
     PagedAttentionMetadata,
     Workspace,
+    causal_hidden_mask,
     gather_kv,
     paged_attention,
 )
@@ -320,11 +321,28 @@ def test_backend_checks_the_step_protocol():
     with pytest.raises(ValueError, match="positions disagree"):
         backend.begin_step(np.array([1, 2, 3]))
     backend.begin_step(np.array([0, 1, 2]))
+    backend.begin_step(backend.metadata.positions)  # the engine's call: the metadata's own array
     x = np.ones((3, 1, 2), dtype=np.float32)
     out = backend.attend(0, x, x, x)
     assert out.shape == (3, 1, 2)
     backend.end_step()
     assert backend.metadata is None
+
+
+def test_decode_bias_equals_the_general_causal_mask():
+    """The decode group's mask, made with one comparison, is the general causal mask's additive form."""
+    from minienv.kv.paged_attention import _decode_bias, hidden_bias
+
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        seq_lens = rng.integers(1, 40, int(rng.integers(1, 6)))
+        num_keys = int(seq_lens.max()) + int(rng.integers(0, 9))
+        want = hidden_bias(causal_hidden_mask(seq_lens - 1, np.ones_like(seq_lens), 1, num_keys))
+        got = _decode_bias(seq_lens, num_keys)
+        if want is None:
+            assert got is None
+        else:
+            assert got.shape == want.shape and got.dtype == np.float32 and np.array_equal(got, want)
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 16, 17, 64])
