@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 import numpy as np
@@ -20,6 +21,7 @@ import pytest
 from engine_harness import alone, assert_rolled_back, fingerprint
 from minienv.engine import InferenceEngine
 from minienv.kv.kv_cache_manager import KVCacheManager
+from minienv.kv.kv_pool import KVPool
 from minienv.model.llama import RopeTable, rms_norm, rope_cos_sin
 from minienv.sampling import SamplingParams
 
@@ -228,3 +230,36 @@ def test_fused_model_ops_equal_their_plain_forms():
         cos, sin = rope_cos_sin(rng.integers(0, 1000, n), 48, 10000.0)
         qk = apply_rope(np.concatenate([q, k], axis=1), cos, sin)
         assert np.array_equal(qk[:, :4], apply_rope(q, cos, sin)) and np.array_equal(qk[:, 4:], apply_rope(k, cos, sin))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="minor page faults are counted by Linux's getrusage")
+def test_kv_pool_memory_is_reserved_at_construction_so_steps_never_fault_it_in():
+    """A step's write into a fresh pool lands on pages the pool already touched: no page faults. The control, a
+    plain ``np.zeros`` array of the same shape written the same way, shows what lazily mapped memory costs (each
+    first write into a page faults it in, so a fresh engine's first steps paid for the pool piece by piece)."""
+    import resource
+
+    def faults_of(write) -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        write()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    rng = np.random.default_rng(0)
+    pool = KVPool(4, 4096, 16, 2, 48)  # 50 MB
+    control = np.zeros(pool.kv_cache.shape, dtype=np.float32)  # allocated after the pool: not memory the pool could have reused
+    slots = rng.permutation(pool.num_slots)[:512]  # scattered over the whole pool
+    k = rng.standard_normal((512, 2, 48), dtype=np.float32)
+    flat = control.reshape(pool.num_layers, 2, pool.num_slots, 2, 48)
+
+    def write_control():
+        for layer in range(pool.num_layers):
+            flat[layer, 0, slots] = k
+            flat[layer, 1, slots] = k
+
+    lazy = faults_of(write_control)
+    reserved = faults_of(lambda: [pool.write(layer, slots, k, k) for layer in range(pool.num_layers)])
+    if lazy < 20:
+        pytest.skip(f"this process's allocator handed out already-touched memory ({lazy} faults for the control)")
+    assert reserved * 10 < lazy, f"{reserved} page faults writing into a constructed pool ({lazy} for np.zeros)"
+    got_k, got_v = pool.read_slots(3, slots)
+    assert np.array_equal(got_k, k) and np.array_equal(got_v, k)
