@@ -10,11 +10,11 @@ Every server is a real ``python -m minienv serve`` process on 127.0.0.1 (started
 **(a) Routing.** A workload of ``--system-prompts`` shared system prompts (~6 blocks each), each request one of them
 plus its own short question, 8 greedy tokens, 16 client threads, with 1, 2 and 4 instances whose KV budget
 (``--kv-budget-tokens``, 1024 = 64 blocks) cannot hold every system prompt beside the running requests. Three
-policies (``--quick``: the first two): round robin (gRPC's own ``round_robin`` policy over one channel); prefix-aware routing (the chain hash of
-the first two full blocks picks the instance; the least-loaded one when that instance has 8 requests in flight —
-the servers' ``--max-num-seqs``, below which a request is batched at once, not queued — and twice the others'
-mean); and prefix routing with no load fallback. Reported per setting: prefix-cache hit rate (prompt tokens served
-from cache / prompt tokens, from the servers' final messages) and throughput (output tokens/s and requests/s, from
+policies (``--quick``: the first two): round robin (gRPC's own ``round_robin`` policy over one channel);
+prefix-aware routing (the chain hash of the first two full blocks picks the instance; the least-loaded one when
+that instance has 8 requests in flight — the servers' ``--max-num-seqs``, below which a request is batched at
+once, not queued — and twice the others' mean); and prefix routing with no load fallback. Reported per setting:
+prefix-cache hit rate (prompt tokens served from cache / prompt tokens, from the servers' final messages) and throughput (output tokens/s and requests/s, from
 the min and median wall time over the rounds). Round robin shows every instance every system prompt; prefix
 routing shows each instance only its share, so its cache can hold them.
 
@@ -27,7 +27,8 @@ use afterwards. Reported: counts per outcome, client-side p50/p99 time to first 
 **(c) Serving overhead.** The load's plain requests (no cancel, no deadline; ``--overhead-requests`` of them) run
 by the in-process engine (``InferenceEngine.generate``, all at once) and over gRPC (one fresh instance with the same
 engine options, 3 x ``max_num_seqs`` client streams: enough that requests always wait, so the server steps the
-same schedule — the step counts are reported —, few enough that the client process takes little of the cores), in interleaved rounds with the order rotated. Two figures, each from the min and the median round:
+same schedule — the step counts are reported —, few enough that the client process takes little of the cores),
+in interleaved rounds with the order rotated. Two figures, each from the min and the median round:
 wall tokens/s (overhead = 1 - gRPC / in-process), and the CPU time per token of the engine's process (this one
 in-process; the server's, from ``/proc``, over gRPC). On a shared machine the wall figure moves with whatever the
 neighbours run; the CPU per token is the serving cost itself (handler threads, protobuf, GIL hand-offs).
@@ -250,7 +251,8 @@ def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
     stats = {}
     for k, rs in runs.items():
         walls, cpus = [r["wall"] for r in rs], [r["cpu"] for r in rs]
-        stats[k] = {"tokens_per_s_min_time": tokens / min(walls), "tokens_per_s_median": tokens / statistics.median(walls),
+        stats[k] = {"tokens_per_s_min_time": tokens / min(walls),
+                    "tokens_per_s_median": tokens / statistics.median(walls),
                     "cpu_ms_per_token_min": 1e3 * min(cpus) / tokens,
                     "cpu_ms_per_token_median": 1e3 * statistics.median(cpus) / tokens,
                     "steps": [r["steps"] for r in rs]}
