@@ -14,9 +14,10 @@ policies (``--quick``: the first two): round robin (gRPC's own ``round_robin`` p
 prefix-aware routing (the chain hash of the first two full blocks picks the instance; the least-loaded one when
 that instance has 8 requests in flight — the servers' ``--max-num-seqs``, below which a request is batched at
 once, not queued — and twice the others' mean); and prefix routing with no load fallback. Reported per setting:
-prefix-cache hit rate (prompt tokens served from cache / prompt tokens, from the servers' final messages) and throughput (output tokens/s and requests/s, from
-the min and median wall time over the rounds). Round robin shows every instance every system prompt; prefix
-routing shows each instance only its share, so its cache can hold them.
+prefix-cache hit rate (prompt tokens served from cache / prompt tokens, from the servers' final messages) and
+throughput (output tokens/s and requests/s, from the min and median wall time over the rounds). Round robin shows
+every instance every system prompt; prefix routing shows each instance only its share, so its cache can hold
+them.
 
 **(b) Load test.** ``--load-requests`` requests (default 1024) of mixed prompt lengths and ``max_tokens``, from 64
 client threads to one instance; ~10 % cancelled after 1-3 chunks, ~10 % with a deadline of 20-300 ms. Checked:
