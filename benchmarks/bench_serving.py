@@ -26,7 +26,8 @@ to the in-process engine's for the same prompt, every cancelled or expired strea
 use afterwards. Reported: counts per outcome, client-side p50/p99 time to first token and end-to-end latency.
 
 **(c) Serving overhead.** The load's plain requests (no cancel, no deadline; ``--overhead-requests`` of them) run
-by the in-process engine (``InferenceEngine.generate``, all at once) and over gRPC (one fresh instance with the same
+by the in-process engine (``InferenceEngine.generate``, all at once) and over gRPC — a chunk per token, and a chunk
+per 4 tokens (``--stream-interval 4``: fewer, larger messages) — (one fresh instance with the same
 engine options, 3 x ``max_num_seqs`` client streams: enough that requests always wait, so the server steps the
 same schedule — the step counts are reported —, few enough that the client process takes little of the cores),
 in interleaved rounds with the order rotated. Two figures, each from the min and the median round:
@@ -217,80 +218,87 @@ def thread_cpu_s(pid: int) -> dict[int, float]:
     return out
 
 
+#: the overhead part's variants: None runs the engine in-process; a number serves it with that --stream-interval
+OVERHEAD_VARIANTS = {"in_process": None, "grpc": 1, "grpc_stream_interval_4": 4}
+
+
 def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
     # max_num_seqs streams keep every batch full only if requests always wait: with 3x that many the server runs
     # the in-process engine's schedule (the step counts are reported; with 1.5x a fast engine outran the clients
     # and ran ~10 % more, smaller steps). Not more: the client process shares the server's cores.
     concurrency = 3 * ENGINE_ARGS["max_num_seqs"]
     print(f"\n(c) serving overhead: {len(plain)} plain requests, in-process engine vs gRPC ({concurrency} client "
-          f"streams, 1 instance); {rounds} interleaved rounds")
+          f"streams, 1 instance; a chunk per token, and per 4 tokens: --stream-interval 4); {rounds} interleaved "
+          "rounds")
     params = [SamplingParams(max_tokens=j.max_tokens, temperature=0.0) for j in plain]
     tokens = sum(len(want[(j.prompt, j.max_tokens)]) for j in plain)
-    runs: dict[str, list[dict]] = {"in_process": [], "grpc": []}  # per round: wall s, CPU s, engine steps
+    runs: dict[str, list[dict]] = {k: [] for k in OVERHEAD_VARIANTS}  # per round: wall s, CPU s, engine steps
     for order in schedule(list(runs), rounds, seed=args.seed):
         for name in order:
-            if name == "in_process":
+            interval = OVERHEAD_VARIANTS[name]
+            if interval is None:
                 engine = InferenceEngine(**ENGINE_ARGS)
                 t0, c0 = time.perf_counter(), time.process_time()
                 outs = engine.generate([j.prompt for j in plain], params)
                 runs[name].append({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0,
                                    "steps": engine.stats.num_steps})
                 assert [tuple(o.token_ids) for o in outs] == [want[(j.prompt, j.max_tokens)] for j in plain]
-            else:
-                with launch(1, serve_args(ENGINE_ARGS["kv_budget_tokens"], ENGINE_ARGS["max_num_seqs"]),
-                            cwd=REPO) as cluster, Client(cluster.addresses) as client:
-                    client.wait_until_serving()
-                    pid, steps0 = cluster.servers[0].pid, client.server_info().num_steps
-                    c0, t0 = process_cpu_s(pid), thread_cpu_s(pid)
-                    result = run_load(client, plain, concurrency=concurrency, time_limit=args.time_limit)
-                    cpu, t1 = process_cpu_s(pid) - c0, thread_cpu_s(pid)
-                    # the engine thread does most of the work: the busiest thread of the run is it
-                    per_thread = sorted((t1[t] - t0.get(t, 0.0) for t in t1), reverse=True) or [float("nan")]
-                    runs[name].append({"wall": result.wall_s, "cpu": cpu, "engine_thread_cpu": per_thread[0],
-                                       "steps": client.server_info().num_steps - steps0})
-                    assert len(result.completed()) == len(plain) and check_outputs(plain, result, want) == 0
-    stats = {}
+                continue
+            extra = ("--stream-interval", str(interval))
+            with launch(1, serve_args(ENGINE_ARGS["kv_budget_tokens"], ENGINE_ARGS["max_num_seqs"], extra),
+                        cwd=REPO) as cluster, Client(cluster.addresses) as client:
+                client.wait_until_serving()
+                pid, steps0 = cluster.servers[0].pid, client.server_info().num_steps
+                c0, t0 = process_cpu_s(pid), thread_cpu_s(pid)
+                result = run_load(client, plain, concurrency=concurrency, time_limit=args.time_limit)
+                cpu, t1 = process_cpu_s(pid) - c0, thread_cpu_s(pid)
+                # the engine thread does most of the work: the busiest thread of the run is it
+                per_thread = sorted((t1[t] - t0.get(t, 0.0) for t in t1), reverse=True) or [float("nan")]
+                runs[name].append({"wall": result.wall_s, "cpu": cpu, "engine_thread_cpu": per_thread[0],
+                                   "steps": client.server_info().num_steps - steps0})
+                assert len(result.completed()) == len(plain) and check_outputs(plain, result, want) == 0
+    stats: dict[str, dict] = {}
     for k, rs in runs.items():
         walls, cpus = [r["wall"] for r in rs], [r["cpu"] for r in rs]
-        stats[k] = {"tokens_per_s_min_time": tokens / min(walls),
-                    "tokens_per_s_median": tokens / statistics.median(walls),
-                    "cpu_ms_per_token_min": 1e3 * min(cpus) / tokens,
-                    "cpu_ms_per_token_median": 1e3 * statistics.median(cpus) / tokens,
-                    "steps": [r["steps"] for r in rs]}
-        if k == "grpc":  # the split: the engine thread's own CPU, and every other thread's (gRPC, protobuf)
+        st = stats[k] = {"tokens_per_s_min_time": tokens / min(walls),
+                         "tokens_per_s_median": tokens / statistics.median(walls),
+                         "cpu_ms_per_token_min": 1e3 * min(cpus) / tokens,
+                         "cpu_ms_per_token_median": 1e3 * statistics.median(cpus) / tokens,
+                         "steps": [r["steps"] for r in rs]}
+        print(f"{k:>22}: {tokens} tokens in {st['steps']} steps; {st['tokens_per_s_min_time']:.1f} tokens/s (min "
+              f"time), {st['tokens_per_s_median']:.1f} (median); CPU of the engine's process "
+              f"{st['cpu_ms_per_token_min']:.3f} ms/token (min), {st['cpu_ms_per_token_median']:.3f} (median)")
+        if OVERHEAD_VARIANTS[k] is not None:  # the split: the engine thread's own CPU, every other thread's
             eng = [r["engine_thread_cpu"] for r in rs]
             rest = [r["cpu"] - r["engine_thread_cpu"] for r in rs]
-            stats[k].update({"engine_thread_cpu_ms_per_token_min": 1e3 * min(eng) / tokens,
-                             "engine_thread_cpu_ms_per_token_median": 1e3 * statistics.median(eng) / tokens,
-                             "other_threads_cpu_ms_per_token_min": 1e3 * min(rest) / tokens,
-                             "other_threads_cpu_ms_per_token_median": 1e3 * statistics.median(rest) / tokens})
-        print(f"{k:>11}: {tokens} tokens in {stats[k]['steps'][0]} steps; {stats[k]['tokens_per_s_min_time']:.1f} "
-              f"tokens/s (min time), {stats[k]['tokens_per_s_median']:.1f} (median); CPU of the engine's process "
-              f"{stats[k]['cpu_ms_per_token_min']:.3f} ms/token (min), {stats[k]['cpu_ms_per_token_median']:.3f} "
-              f"(median)")
-    ip, g = stats["in_process"], stats["grpc"]
-    print(f"{'':>11}  the server's CPU split: engine thread {g['engine_thread_cpu_ms_per_token_min']:.3f} ms/token "
-          f"(min), {g['engine_thread_cpu_ms_per_token_median']:.3f} (median); all other threads (gRPC, protobuf) "
-          f"{g['other_threads_cpu_ms_per_token_min']:.3f} (min), {g['other_threads_cpu_ms_per_token_median']:.3f} "
-          "(median)")
-    overhead = {"wall_min_time": 1 - g["tokens_per_s_min_time"] / ip["tokens_per_s_min_time"],
-                "wall_median": 1 - g["tokens_per_s_median"] / ip["tokens_per_s_median"],
-                "cpu_per_token_min": g["cpu_ms_per_token_min"] / ip["cpu_ms_per_token_min"] - 1,
-                "cpu_per_token_median": g["cpu_ms_per_token_median"] / ip["cpu_ms_per_token_median"] - 1,
-                "engine_thread_cpu_per_token_min": (g["engine_thread_cpu_ms_per_token_min"]
-                                                    / ip["cpu_ms_per_token_min"] - 1)}
-    print(f"overhead (target <= 10 %): {overhead['wall_min_time']:.1%} fewer tokens/s (min times), "
-          f"{overhead['wall_median']:.1%} (median times); the server's CPU per token "
-          f"{overhead['cpu_per_token_min']:+.1%} (min), {overhead['cpu_per_token_median']:+.1%} (median) over the "
-          "in-process engine's (gRPC handlers, protobuf, GIL hand-offs: the serving cost whatever the neighbours do), "
-          f"of which the engine thread {overhead['engine_thread_cpu_per_token_min']:+.1%} (min; it shares the cores "
-          "with the client process and the server's other threads)")
-    # the same work? a server whose clients lag runs more, smaller steps (more CPU per token for the same tokens)
-    extra_steps = statistics.median(g["steps"]) / statistics.median(ip["steps"]) - 1
-    print(f"  engine steps per round: {ip['steps']} in-process, {g['steps']} over gRPC ({extra_steps:+.1%} median)")
+            st.update({"engine_thread_cpu_ms_per_token_min": 1e3 * min(eng) / tokens,
+                       "engine_thread_cpu_ms_per_token_median": 1e3 * statistics.median(eng) / tokens,
+                       "other_threads_cpu_ms_per_token_min": 1e3 * min(rest) / tokens,
+                       "other_threads_cpu_ms_per_token_median": 1e3 * statistics.median(rest) / tokens})
+            print(f"{'':>24}split: engine thread {st['engine_thread_cpu_ms_per_token_min']:.3f} ms/token (min), "
+                  f"{st['engine_thread_cpu_ms_per_token_median']:.3f} (median); all other threads (gRPC, protobuf) "
+                  f"{st['other_threads_cpu_ms_per_token_min']:.3f} (min), "
+                  f"{st['other_threads_cpu_ms_per_token_median']:.3f} (median)")
+    ip = stats["in_process"]
+    overheads = {}
+    for k in (k for k, v in OVERHEAD_VARIANTS.items() if v is not None):
+        g = stats[k]
+        o = overheads[k] = {
+            "wall_min_time": 1 - g["tokens_per_s_min_time"] / ip["tokens_per_s_min_time"],
+            "wall_median": 1 - g["tokens_per_s_median"] / ip["tokens_per_s_median"],
+            "cpu_per_token_min": g["cpu_ms_per_token_min"] / ip["cpu_ms_per_token_min"] - 1,
+            "cpu_per_token_median": g["cpu_ms_per_token_median"] / ip["cpu_ms_per_token_median"] - 1,
+            "engine_thread_cpu_per_token_min": g["engine_thread_cpu_ms_per_token_min"] / ip["cpu_ms_per_token_min"] - 1,
+            # the same work? a server whose clients lag runs more, smaller steps (more CPU for the same tokens)
+            "extra_steps_median": statistics.median(g["steps"]) / statistics.median(ip["steps"]) - 1}
+        print(f"overhead of {k} (target <= 10 %): {o['wall_min_time']:.1%} fewer tokens/s (min times), "
+              f"{o['wall_median']:.1%} (median times); the server's CPU per token {o['cpu_per_token_min']:+.1%} "
+              f"(min), {o['cpu_per_token_median']:+.1%} (median) over the in-process engine's — of which the engine "
+              f"thread {o['engine_thread_cpu_per_token_min']:+.1%} (min; it shares the cores with the client process "
+              f"and the server's other threads); engine steps {o['extra_steps_median']:+.1%} (median)")
     return {"requests": len(plain), "tokens": tokens, "client_streams": concurrency,
             **{k: {m: (round(v, 4) if isinstance(v, float) else v) for m, v in st.items()} for k, st in stats.items()},
-            "overhead": {k: round(v, 4) for k, v in overhead.items()}, "extra_steps_median": round(extra_steps, 4)}
+            "overhead": {k: {m: round(v, 4) for m, v in o.items()} for k, o in overheads.items()}}
 
 
 # ---------------------------------------------------------------------------------------------- (d) kill

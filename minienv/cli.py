@@ -255,6 +255,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-message-bytes", type=positive_int, default=4 * 1024 * 1024, metavar="N",
                    help="largest request accepted, in bytes: gRPC's receive limit, and HTTP bodies (413) "
                         "(default: 4 MiB)")
+    p.add_argument("--stream-interval", type=positive_int, default=1, metavar="N",
+                   help="a gRPC stream's chunk carries at least N new tokens (the last may carry fewer): fewer, "
+                        "larger messages, less serving CPU per token (default: 1, every token as it comes)")
     p.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                    help="also serve Prometheus /metrics on this port (needs the metrics extra)")
     p.add_argument("--max-waiting", type=positive_int, default=64,
@@ -314,7 +317,8 @@ def serve_main(argv: Sequence[str]) -> int:
         tls = None if args.tls_cert is None else TLSConfig(args.tls_cert, args.tls_key)
         server = EngineServer(build_engine, host=args.host, port=args.port, max_waiting=args.max_waiting,
                               model_name=args.model.name if args.model else "minienv-bundled",
-                              http_port=args.http_port, max_message_bytes=args.max_message_bytes, tls=tls)
+                              http_port=args.http_port, max_message_bytes=args.max_message_bytes, tls=tls,
+                              stream_interval=args.stream_interval)
     except (ServerBindError, ValueError) as exc:
         parser.error(str(exc))  # exits 2
     stop = threading.Event()

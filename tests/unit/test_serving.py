@@ -438,3 +438,27 @@ def test_a_handler_that_fell_behind_sends_what_it_missed_as_one_chunk():
     assert msg.chunk.text == outs[-1].text
     one = _chunk(rid, outs[:1])  # a handler that keeps up: one step's delta
     assert list(one.chunk.token_ids) == list(outs[0].delta_token_ids) and one.chunk.text == outs[0].delta_text
+
+
+def test_stream_interval_sends_chunks_of_at_least_that_many_tokens_and_the_same_output():
+    """stream_interval=4: every chunk but the last carries >= 4 new tokens; chunks concatenated == complete ==
+    the in-process engine; stream_interval=0 is refused."""
+    with pytest.raises(ValueError, match="stream_interval"):
+        EngineServer(_engine, stream_interval=0)
+    srv = EngineServer(_engine, stream_interval=4).start()
+    try:
+        srv.wait_until_serving()
+        want = _engine().generate(PROMPTS[:3], SamplingParams(max_tokens=13, temperature=0.0))
+        with grpc.insecure_channel(srv.address) as ch:
+            stub = pb_grpc.MinienvEngineStub(ch)
+            for prompt, ref in zip(PROMPTS[:3], want):
+                chunks, complete = [], None
+                for msg in stub.Generate(_request(prompt, max_tokens=13), timeout=30):
+                    if msg.WhichOneof("response") == "chunk":
+                        chunks.append(list(msg.chunk.token_ids))
+                    else:
+                        complete = msg.complete
+                assert all(len(c) >= 4 for c in chunks[:-1]) and len(chunks) <= -(-13 // 4)
+                assert [t for c in chunks for t in c] == list(complete.output_ids) == list(ref.token_ids)
+    finally:
+        srv.stop(grace=0)
