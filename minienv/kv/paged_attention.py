@@ -42,6 +42,7 @@ near 2 where everything sits in cache. The in-place kernel avoids the copy but p
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -167,6 +168,13 @@ def causal_hidden_mask(
     return np.arange(num_keys)[None, None, :] > last_visible[:, :, None]
 
 
+@functools.lru_cache(maxsize=None)
+def softmax_scale(head_dim: int) -> np.float32:
+    """``1 / sqrt(head_dim)`` as float32, computed once per head size (numpy's scalar maths costs a microsecond
+    a call, and the decode path needs it every layer)."""
+    return np.float32(1.0 / np.sqrt(head_dim))
+
+
 def hidden_bias(hidden: np.ndarray | None) -> np.ndarray | None:
     """:func:`causal_hidden_mask`'s ``[S, Q, T]`` as an additive float32 mask ``[S, 1, 1, Q, T]``: ``-inf`` where
     a key is hidden, 0 elsewhere (None stays None). Adding it to the scores is one contiguous broadcast add — about
@@ -211,7 +219,7 @@ def batched_attention(
     group = hq // hkv
     if bias is None and hidden is not None:
         bias = hidden_bias(hidden)
-    scale = np.float32(1.0 / np.sqrt(d))
+    scale = softmax_scale(d)
     # [S, Hkv, G*Q, D]: query heads sharing a KV head become extra rows of one matmul (GQA without repeating K/V);
     # the softmax scale is folded into q, the smallest operand.
     if qn == 1:
@@ -565,7 +573,7 @@ def inplace_decode_attention(q: np.ndarray, kv_layer: np.ndarray, plan: _Inplace
     _, _, b, hkv, _ = kv_layer.shape
     g = hq // hkv
     span, lo = plan.span, plan.lo
-    qg = q.reshape(s, hkv, g, d) * np.float32(1.0 / np.sqrt(d))
+    qg = q.reshape(s, hkv, g, d) * softmax_scale(d)
     q_blocks = np.take(qg, plan.owner, axis=0)  # each block's owner query [span, Hkv, G, D] (G/B of K's size)
     scores = workspace.array("scores", (span, hkv, g, b))
     np.matmul(q_blocks, kv_layer[0, lo:lo + span].transpose(0, 2, 3, 1), out=scores)  # K read in place
@@ -667,7 +675,7 @@ def paged_attention(
     if plan.decode_tiles:  # one query per sequence: no padding
         qd = q if plan.decode_rows is None else np.take(q, plan.decode_rows, axis=0)  # tile order
         nd = len(qd)
-        qg = qd.reshape(nd, hkv, g, d) * np.float32(1.0 / np.sqrt(d))  # scaled once for every tile
+        qg = qd.reshape(nd, hkv, g, d) * softmax_scale(d)  # scaled once for every tile
         od = np.empty((nd, hkv, g, d), dtype=np.float32)
         for tile in plan.decode_tiles:  # one iteration unless the group's K/V outgrows the cache
             kv = tile.kv_of(kv_layer)
