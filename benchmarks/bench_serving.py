@@ -249,12 +249,13 @@ def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
                         cwd=REPO) as cluster, Client(cluster.addresses) as client:
                 client.wait_until_serving()
                 pid, steps0 = cluster.servers[0].pid, client.server_info().num_steps
-                c0, t0 = process_cpu_s(pid), thread_cpu_s(pid)
+                c0, t0, client0 = process_cpu_s(pid), thread_cpu_s(pid), time.process_time()
                 result = run_load(client, plain, concurrency=concurrency, time_limit=args.time_limit)
-                cpu, t1 = process_cpu_s(pid) - c0, thread_cpu_s(pid)
+                cpu, t1, client_cpu = process_cpu_s(pid) - c0, thread_cpu_s(pid), time.process_time() - client0
                 # the engine thread does most of the work: the busiest thread of the run is it
                 per_thread = sorted((t1[t] - t0.get(t, 0.0) for t in t1), reverse=True) or [float("nan")]
                 runs[name].append({"wall": result.wall_s, "cpu": cpu, "engine_thread_cpu": per_thread[0],
+                                   "client_cpu": client_cpu,
                                    "steps": client.server_info().num_steps - steps0})
                 assert len(result.completed()) == len(plain) and check_outputs(plain, result, want) == 0
     stats: dict[str, dict] = {}
@@ -274,11 +275,13 @@ def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
             st.update({"engine_thread_cpu_ms_per_token_min": 1e3 * min(eng) / tokens,
                        "engine_thread_cpu_ms_per_token_median": 1e3 * statistics.median(eng) / tokens,
                        "other_threads_cpu_ms_per_token_min": 1e3 * min(rest) / tokens,
-                       "other_threads_cpu_ms_per_token_median": 1e3 * statistics.median(rest) / tokens})
+                       "other_threads_cpu_ms_per_token_median": 1e3 * statistics.median(rest) / tokens,
+                       "client_cpu_ms_per_token_median": 1e3 * statistics.median(r["client_cpu"] for r in rs) / tokens})
             print(f"{'':>24}split: engine thread {st['engine_thread_cpu_ms_per_token_min']:.3f} ms/token (min), "
                   f"{st['engine_thread_cpu_ms_per_token_median']:.3f} (median); all other threads (gRPC, protobuf) "
                   f"{st['other_threads_cpu_ms_per_token_min']:.3f} (min), "
-                  f"{st['other_threads_cpu_ms_per_token_median']:.3f} (median)")
+                  f"{st['other_threads_cpu_ms_per_token_median']:.3f} (median); the client process (this one, on "
+                  f"the same cores) {st['client_cpu_ms_per_token_median']:.3f} (median)")
     ip = stats["in_process"]
     overheads = {}
     for k in (k for k, v in OVERHEAD_VARIANTS.items() if v is not None):
