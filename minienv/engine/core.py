@@ -35,7 +35,7 @@ import numpy as np
 
 from minienv.engine.inputs import build_step_inputs
 from minienv.engine.observe import (EngineSnapshot, EngineStats, StepRecord, TimelineEntry, engine_snapshot,
-                                    engine_stats, timeline)
+                                    engine_stats, stats_values, timeline)
 from minienv.engine.outputs import (Consumer, IncrementalDetokenizer, OutputRouter, RequestOutput, append_token,
                                     make_output)
 from minienv.engine.validation import validate_batch, validate_request
@@ -509,7 +509,7 @@ class InferenceEngine:
             self._propose(plan)
         c.busy_s += time.perf_counter() - t0
         if self.history.maxlen or self._step_listeners:
-            record = StepRecord(plan.step, plan, sampled, finished, tuple(self._kv_events), self.stats,
+            record = StepRecord(plan.step, plan, sampled, finished, tuple(self._kv_events), stats_values(self),
                                 time.perf_counter() - t0, now)
             self.history.append(record)
             for listener in self._step_listeners:

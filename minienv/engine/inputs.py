@@ -80,6 +80,15 @@ def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool
                                       slot_mapping, kv.block_size)
     token_ids = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in sched), dtype=np.int64,
                             count=meta.num_tokens)
+    if meta.is_decode and all(s.samples for s in sched):
+        # every sequence decodes one token and samples it (no drafts: one token each): token i is sequence i's
+        # last row, so the rows are the shared read-only arange (what the general lines below compute)
+        return StepInputs(token_ids, meta, list(range(n)), meta.token_seq_idx, [1] * n)
+    return StepInputs(token_ids, meta, *_sampling_rows(sched, meta))
+
+
+def _sampling_rows(sched: list, meta: PagedAttentionMetadata) -> tuple[list[int], np.ndarray, list[int]]:
+    """The general derivation of ``StepInputs.sampling``, ``logits_indices`` and ``num_logits`` for any step."""
     sampling = [i for i, s in enumerate(sched) if s.samples]
     num_logits = [1 + sched[i].num_spec_tokens for i in sampling]
     # Every sequence mid-prefill: K/V only; one logits row keeps shapes simple (it is never sampled).
@@ -90,4 +99,4 @@ def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool
         rows = ends[sampling] - 1
     else:
         rows = np.concatenate([np.arange(ends[i] - m, ends[i]) for i, m in zip(sampling, num_logits, strict=True)])
-    return StepInputs(token_ids, meta, sampling, rows, num_logits)
+    return sampling, rows, num_logits

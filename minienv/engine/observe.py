@@ -66,16 +66,29 @@ class EngineStats:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """What one engine step did: its plan, its tokens, who finished, the KV events, the stats after it."""
+    """What one engine step did: its plan, its tokens, who finished, the KV events, the stats after it.
+
+    ``stats`` may be given as the raw values of :func:`stats_values` (read when the step ended): the engine
+    records every step, but a record's stats are read only by a listener or a look back at ``history``, so the
+    :class:`EngineStats` is built on first read — from values taken at the step's end, so it equals what
+    ``engine.stats`` said then (``test_step_record_stats_equal_engine_stats_after_each_step``).
+    """
 
     step: int
     scheduler_output: SchedulerOutput
     sampled: dict[str, int]  # request id -> token sampled in this step (EOS included)
     finished: dict[str, FinishReason]
     kv_events: tuple[KVEvent, ...]
-    stats: EngineStats
+    stats: EngineStats  # an EngineStats after __post_init__ is read through __getattribute__ below
     duration_s: float
     token_time: float = 0.0  # time.perf_counter() when this step's tokens came out (their first_token/finished time)
+
+    def __getattribute__(self, name: str):  # noqa: ANN204 - only ``stats`` is special
+        value = object.__getattribute__(self, name)
+        if name == "stats" and type(value) is tuple:  # the raw values: build once, keep
+            value = stats_from_values(value)
+            object.__setattr__(self, "stats", value)
+        return value
 
 
 @dataclass(frozen=True)
@@ -129,20 +142,34 @@ class TimelineEntry:
 
 
 def engine_stats(engine: "InferenceEngine") -> EngineStats:
-    kv = engine.kv_cache_manager.stats()
+    return stats_from_values(stats_values(engine))
+
+
+def stats_values(engine: "InferenceEngine") -> tuple:
+    """What :class:`EngineStats` is made of, read now: the KV manager's stats object and the scheduler's and the
+    engine's counters, as one tuple (cheap: no derived field is computed until :func:`stats_from_values`)."""
     sch = engine.scheduler
     c = engine.counters
+    return (engine.kv_cache_manager.stats(), sch.num_steps, len(sch.waiting), len(sch.running),
+            sch.num_preemptions, getattr(sch, "num_padding_tokens", 0),  # the static policy's count
+            c.finished, c.prompt_tokens, c.computed_tokens, c.generated_tokens, c.busy_s, c.errors, c.failed_steps,
+            c.peak_blocks_in_use)
+
+
+def stats_from_values(values: tuple) -> EngineStats:
+    """The :class:`EngineStats` of values read by :func:`stats_values`."""
+    (kv, num_steps, num_waiting, num_running, num_preemptions, num_padding, finished, prompt_tokens, computed_tokens,
+     generated_tokens, busy_s, errors, failed_steps, peak_blocks) = values
     return EngineStats(
-        num_steps=sch.num_steps, num_waiting=len(sch.waiting), num_running=len(sch.running),
-        num_finished=c.finished, kv_budget_tokens=kv.kv_budget_tokens, block_size=kv.block_size,
+        num_steps=num_steps, num_waiting=num_waiting, num_running=num_running,
+        num_finished=finished, kv_budget_tokens=kv.kv_budget_tokens, block_size=kv.block_size,
         num_blocks=kv.num_blocks, num_blocks_in_use=kv.num_in_use, num_cached_free_blocks=kv.num_cached_free,
         num_free_empty_blocks=kv.num_free_empty, kv_usage=kv.usage,
         prefix_cache_queries_tokens=kv.prefix_queries_tokens, prefix_cache_hits_tokens=kv.prefix_hits_tokens,
-        evicted_blocks=kv.evicted_blocks, evicted_tokens=kv.evicted_tokens, num_preemptions=sch.num_preemptions,
-        num_prompt_tokens=c.prompt_tokens, num_computed_tokens=c.computed_tokens,
-        num_generated_tokens=c.generated_tokens, busy_time_s=c.busy_s, num_errors=c.errors,
-        num_padding_tokens=getattr(sch, "num_padding_tokens", 0),  # the static policy's count
-        num_failed_steps=c.failed_steps, peak_kv_usage=c.peak_blocks_in_use / kv.num_blocks,
+        evicted_blocks=kv.evicted_blocks, evicted_tokens=kv.evicted_tokens, num_preemptions=num_preemptions,
+        num_prompt_tokens=prompt_tokens, num_computed_tokens=computed_tokens,
+        num_generated_tokens=generated_tokens, busy_time_s=busy_s, num_errors=errors,
+        num_padding_tokens=num_padding, num_failed_steps=failed_steps, peak_kv_usage=peak_blocks / kv.num_blocks,
     )
 
 

@@ -263,3 +263,42 @@ def test_kv_pool_memory_is_reserved_at_construction_so_steps_never_fault_it_in()
     assert reserved * 10 < lazy, f"{reserved} page faults writing into a constructed pool ({lazy} for np.zeros)"
     got_k, got_v = pool.read_slots(3, slots)
     assert np.array_equal(got_k, k) and np.array_equal(got_v, k)
+
+
+def test_decode_step_inputs_equal_the_general_derivation(model, tok, monkeypatch):
+    """``build_step_inputs``'s decode shortcut (every sequence decodes and samples one token: rows 0..n-1) gives
+    the sampling indices, logits rows and logits counts the general derivation gives, on every step of a run with
+    prefill chunks, mixed steps and decode steps; and the run's outputs are each request's alone output."""
+    import minienv.engine.core as core
+    from minienv.engine.inputs import _sampling_rows, build_step_inputs
+
+    kinds: list[bool] = []
+
+    def checked(plan, kv, pool):
+        inputs = build_step_inputs(plan, kv, pool)
+        sampling, rows, num_logits = _sampling_rows(plan.scheduled, inputs.metadata)
+        assert inputs.sampling == sampling and inputs.num_logits == num_logits
+        assert inputs.logits_indices.dtype == rows.dtype and np.array_equal(inputs.logits_indices, rows)
+        kinds.append(inputs.metadata.is_decode and all(s.samples for s in plan.scheduled))
+        return inputs
+
+    monkeypatch.setattr(core, "build_step_inputs", checked)
+    e = _engine(model, tok, max_num_seqs=3)
+    ids = [e.add_request(p, GREEDY) for p in PROMPTS]
+    _finish_and_compare(e, model, tok, ids)
+    assert any(kinds) and not all(kinds)  # both the shortcut and the general path ran
+
+
+def test_step_record_stats_equal_engine_stats_after_each_step(model, tok):
+    """A step record's stats are built on first read from values taken at the step's end: equal to what
+    ``engine.stats`` said right then, however many steps later they are read."""
+    e = _engine(model, tok, max_num_seqs=2)
+    eager = []
+    e.add_step_listener(lambda record: eager.append(e.stats))
+    ids = [e.add_request(p, GREEDY) for p in PROMPTS]
+    _finish_and_compare(e, model, tok, ids)
+    records = list(e.history)
+    assert len(records) == len(eager) > 10
+    assert eager[0] != eager[-1]
+    for record, want in zip(records, eager, strict=True):
+        assert record.stats == want and record.stats is record.stats  # built once
