@@ -26,11 +26,11 @@ to the in-process engine's for the same prompt, every cancelled or expired strea
 use afterwards. Reported: counts per outcome, client-side p50/p99 time to first token and end-to-end latency.
 
 **(c) Serving overhead.** The load's plain requests (no cancel, no deadline; ``--overhead-requests`` of them) run
-by the in-process engine (``InferenceEngine.generate``, all at once) and over gRPC — a chunk per token, and a chunk
-per 4 tokens (``--stream-interval 4``: fewer, larger messages) — (one fresh instance with the same
-engine options, 3 x ``max_num_seqs`` client streams: enough that requests always wait, so the server steps the
-same schedule — the step counts are reported —, few enough that the client process takes little of the cores),
-in interleaved rounds with the order rotated. Two figures, each from the min and the median round:
+by the in-process engine (``InferenceEngine.generate``, all at once) and over gRPC, with a chunk per token and a
+chunk per 4 tokens (``--stream-interval 4``: fewer, larger messages; not with ``--quick``), each on one fresh
+instance with the same engine options and 3 x ``max_num_seqs`` client streams (enough that requests always
+wait, so the server steps the same schedule — the step counts are reported —, few enough that the client process
+takes little of the cores), in interleaved rounds with the order rotated. Two figures, each from the min and the median round:
 wall tokens/s (overhead = 1 - gRPC / in-process), and the CPU time per token of the engine's process (this one
 in-process; the server's, from ``/proc``, over gRPC). On a shared machine the wall figure moves with whatever the
 neighbours run; the CPU per token is the serving cost itself (handler threads, protobuf, GIL hand-offs).
@@ -232,10 +232,11 @@ def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
           "rounds")
     params = [SamplingParams(max_tokens=j.max_tokens, temperature=0.0) for j in plain]
     tokens = sum(len(want[(j.prompt, j.max_tokens)]) for j in plain)
-    runs: dict[str, list[dict]] = {k: [] for k in OVERHEAD_VARIANTS}  # per round: wall s, CPU s, engine steps
+    variants = {k: v for k, v in OVERHEAD_VARIANTS.items() if not args.quick or v in (None, 1)}  # quick: 2 of 3
+    runs: dict[str, list[dict]] = {k: [] for k in variants}  # per round: wall s, CPU s, engine steps
     for order in schedule(list(runs), rounds, seed=args.seed):
         for name in order:
-            interval = OVERHEAD_VARIANTS[name]
+            interval = variants[name]
             if interval is None:
                 engine = InferenceEngine(**ENGINE_ARGS)
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -269,7 +270,7 @@ def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
         print(f"{k:>22}: {tokens} tokens in {st['steps']} steps; {st['tokens_per_s_min_time']:.1f} tokens/s (min "
               f"time), {st['tokens_per_s_median']:.1f} (median); CPU of the engine's process "
               f"{st['cpu_ms_per_token_min']:.3f} ms/token (min), {st['cpu_ms_per_token_median']:.3f} (median)")
-        if OVERHEAD_VARIANTS[k] is not None:  # the split: the engine thread's own CPU, every other thread's
+        if variants[k] is not None:  # the split: the engine thread's own CPU, every other thread's
             eng = [r["engine_thread_cpu"] for r in rs]
             rest = [r["cpu"] - r["engine_thread_cpu"] for r in rs]
             st.update({"engine_thread_cpu_ms_per_token_min": 1e3 * min(eng) / tokens,
@@ -284,7 +285,7 @@ def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
                   f"the same cores) {st['client_cpu_ms_per_token_median']:.3f} (median)")
     ip = stats["in_process"]
     overheads = {}
-    for k in (k for k, v in OVERHEAD_VARIANTS.items() if v is not None):
+    for k in (k for k, v in variants.items() if v is not None):
         g = stats[k]
         o = overheads[k] = {
             "wall_min_time": 1 - g["tokens_per_s_min_time"] / ip["tokens_per_s_min_time"],
