@@ -30,10 +30,11 @@ by the in-process engine (``InferenceEngine.generate``, all at once) and over gR
 chunk per 4 tokens (``--stream-interval 4``: fewer, larger messages; not with ``--quick``), each on one fresh
 instance with the same engine options and 3 x ``max_num_seqs`` client streams (enough that requests always
 wait, so the server steps the same schedule — the step counts are reported —, few enough that the client process
-takes little of the cores), in interleaved rounds with the order rotated. Two figures, each from the min and the median round:
-wall tokens/s (overhead = 1 - gRPC / in-process), and the CPU time per token of the engine's process (this one
-in-process; the server's, from ``/proc``, over gRPC). On a shared machine the wall figure moves with whatever the
-neighbours run; the CPU per token is the serving cost itself (handler threads, protobuf, GIL hand-offs).
+takes little of the cores), in interleaved rounds with the order rotated. Two figures, each from the min and the
+median round: wall tokens/s (overhead = 1 - gRPC / in-process), and the CPU time per token of the engine's process
+(this one in-process; the server's, from ``/proc``, over gRPC), split into the server's engine thread and its other
+threads, with the client process's beside it. On a shared machine the wall figure moves with whatever the
+neighbours run; the CPU per token is the serving cost itself (gRPC, protobuf, GIL hand-offs).
 
 **(d) Kill one instance mid-run.** 3 instances (2 with ``--quick``), 4 running requests each and more waiting;
 when the first instance runs its maximum and has requests waiting, it is killed (SIGKILL). Requests it had not
