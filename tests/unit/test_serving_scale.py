@@ -120,9 +120,13 @@ def test_killing_an_instance_mid_run_retries_what_it_had_not_started(reference, 
 def test_stopping_a_cluster_drains_every_instance_to_a_clean_exit():
     """LocalCluster.stop sends each instance one SIGTERM: each drains and exits 0. (A second SIGTERM, sent while an
     instance was already exiting, killed it mid-exit with status -15.)"""
-    statuses = []
+    statuses, logs = [], []
     for _ in range(3):
         cluster = launch(3, ["--kv-budget-tokens", "256", "--grace", "1"], cwd=REPO)
+        for s in cluster.servers:
+            s.terminate()  # as LocalCluster.stop does, but keep each log for the failure message
+        statuses.append([s.stop() for s in cluster.servers])
+        logs += [f"--- {s.address} exit {s.proc.returncode}:\n{s.log()[-2000:]}" for s in cluster.servers
+                 if s.proc.returncode != 0]
         cluster.stop()
-        statuses.append([s.proc.returncode for s in cluster.servers])
-    assert statuses == [[0, 0, 0]] * 3
+    assert statuses == [[0, 0, 0]] * 3, "\n".join(logs)
