@@ -561,20 +561,32 @@ class InferenceEngine:
                 r.spec_token_ids, r.spec_probs = [], None
         spec.propose(ready)
 
-    def _sample(self, reqs: list[Request], logits: np.ndarray) -> tuple[list[int], list[str | None]]:
-        """One token per request (greedy rows in one argmax), or an error message for a row that fails."""
+    _NON_FINITE = "the model produced non-finite logits (NaN or inf) for this request"
+
+    def _sample(self, reqs: list[Request], logits: np.ndarray, fast: bool = True,
+                ) -> tuple[list[int], list[str | None]]:
+        """One token per request (greedy rows in one argmax), or an error message for a row that fails.
+
+        ``fast``: when every request is greedy, the per-request loop is skipped (the tokens are the argmax list,
+        a non-finite row gives 0 and the error); ``fast=False`` always runs the loop
+        (``test_all_greedy_sampling_equals_the_per_request_loop``)."""
         # A row is finite iff its float64 sum is: NaN and inf propagate, and float32 values cannot overflow a
         # float64 sum. One reduction instead of a boolean matrix.
-        finite = np.isfinite(logits.sum(axis=-1, dtype=np.float64)) if len(reqs) else np.zeros(0, bool)
+        finite = np.isfinite(logits.sum(axis=-1, dtype=np.float64)).tolist() if len(reqs) else []
         if logits.shape[-1] > self.num_sampled_ids:  # a padded vocabulary: never pick an id without a token
             logits = logits.copy()
             logits[:, self.num_sampled_ids:] = -np.inf
-        argmax = np.argmax(logits, axis=-1).tolist() if len(reqs) else []
+        argmax = logits.argmax(axis=-1).tolist() if len(reqs) else []
+        if fast and all(req.sampling_params.temperature == 0 for req in reqs):
+            if all(finite):
+                return argmax, [None] * len(reqs)
+            return ([t if f else 0 for t, f in zip(argmax, finite, strict=True)],
+                    [None if f else self._NON_FINITE for f in finite])
         tokens: list[int] = [0] * len(reqs)
         errors: list[str | None] = [None] * len(reqs)
         for k, req in enumerate(reqs):
             if not finite[k]:
-                errors[k] = "the model produced non-finite logits (NaN or inf) for this request"
+                errors[k] = self._NON_FINITE
             elif req.sampling_params.greedy:
                 tokens[k] = argmax[k]
             else:

@@ -302,3 +302,27 @@ def test_step_record_stats_equal_engine_stats_after_each_step(model, tok):
     assert eager[0] != eager[-1]
     for record, want in zip(records, eager, strict=True):
         assert record.stats == want and record.stats is record.stats  # built once
+
+
+def test_all_greedy_sampling_equals_the_per_request_loop(model, tok):
+    """``_sample``'s all-greedy shortcut gives the tokens and errors of its per-request loop: finite rows, rows with
+    NaN / +inf / -inf (errors, token 0), ties (the first index), one row and several; a mixed batch (one sampled
+    request) takes the loop either way."""
+    e = _engine(model, tok)
+    greedy = [e.scheduler.requests[e.add_request(p, GREEDY)] for p in PROMPTS]
+    rng = np.random.default_rng(5)
+    vocab = model.config.vocab_size
+    for n in (1, 2, 4):
+        for bad in (None, np.nan, np.inf, -np.inf):
+            logits = rng.standard_normal((n, vocab)).astype(np.float32)
+            logits[:, 7] = logits[:, 9] = logits.max() + 1  # a tie: argmax takes the first
+            if bad is not None:
+                logits[n - 1, 3] = bad
+            reqs = greedy[:n]
+            assert e._sample(reqs, logits) == e._sample(reqs, logits, fast=False)
+    sampled = e.scheduler.requests[e.add_request("x", SamplingParams(max_tokens=4, temperature=0.8, seed=1))]
+    logits = rng.standard_normal((2, vocab)).astype(np.float32)
+    twin = _engine(model, tok)
+    twin_sampled = twin.scheduler.requests[twin.add_request("x", SamplingParams(max_tokens=4, temperature=0.8,
+                                                                                seed=1))]
+    assert e._sample([greedy[0], sampled], logits) == twin._sample([greedy[0], twin_sampled], logits, fast=False)
