@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import _signal
 import itertools
+import math
 import signal
 import threading
 import time
@@ -446,8 +447,12 @@ class InferenceEngine:
                     raise RuntimeError(f"engine step {plan.step} scheduled nothing with requests pending: {plan}")
                 inputs = build_step_inputs(plan, self.kv_cache_manager, self.kv_pool)
                 self.backend.set_metadata(inputs.metadata)
+                # a decode step's rows are every token in order (the metadata's shared 0..n-1): the model's own
+                # rows then, without a gather of x that changes nothing
+                rows = inputs.logits_indices
                 logits = self.model.forward_step(inputs.token_ids, inputs.metadata.positions, self.backend,
-                                                 logits_indices=inputs.logits_indices)
+                                                 logits_indices=None if rows is inputs.metadata.token_seq_idx
+                                                 else rows)
             except BaseException:
                 if plan is not None:
                     with guard:
@@ -572,7 +577,7 @@ class InferenceEngine:
         (``test_all_greedy_sampling_equals_the_per_request_loop``)."""
         # A row is finite iff its float64 sum is: NaN and inf propagate, and float32 values cannot overflow a
         # float64 sum. One reduction instead of a boolean matrix.
-        finite = np.isfinite(logits.sum(axis=-1, dtype=np.float64)).tolist() if len(reqs) else []
+        finite = [math.isfinite(x) for x in logits.sum(axis=-1, dtype=np.float64).tolist()]
         if logits.shape[-1] > self.num_sampled_ids:  # a padded vocabulary: never pick an id without a token
             logits = logits.copy()
             logits[:, self.num_sampled_ids:] = -np.inf

@@ -279,7 +279,10 @@ def test_decode_step_inputs_equal_the_general_derivation(model, tok, monkeypatch
         sampling, rows, num_logits = _sampling_rows(plan.scheduled, inputs.metadata)
         assert inputs.sampling == sampling and inputs.num_logits == num_logits
         assert inputs.logits_indices.dtype == rows.dtype and np.array_equal(inputs.logits_indices, rows)
-        kinds.append(inputs.metadata.is_decode and all(s.samples for s in plan.scheduled))
+        shortcut = inputs.metadata.is_decode and all(s.samples for s in plan.scheduled)
+        # the engine skips the model's row gather exactly when the rows are the metadata's 0..n-1 array itself
+        assert (inputs.logits_indices is inputs.metadata.token_seq_idx) == shortcut
+        kinds.append(shortcut)
         return inputs
 
     monkeypatch.setattr(core, "build_step_inputs", checked)
