@@ -434,18 +434,6 @@ class StaticBatchScheduler(Scheduler):
         if self._padding and out.scheduled:
             self._schedule_padding(out, self.max_num_batched_tokens - out.num_scheduled_tokens)
 
-    def _decode_fast(self, req: Request) -> ScheduledRequest | None:
-        """One token through the manager's decode fast path (an int slot, no result object); None if it declined
-        (no free block, or a copy-on-write), having changed nothing — the plain loop then takes the token."""
-        start = req.num_computed_tokens
-        token = req.all_token_ids[start]
-        slot = self.kv.append_slot(req.request_id, token)
-        if slot is None:
-            return None
-        kind: StepKind = "decode" if start >= req.num_prompt_tokens else "prefill"
-        return ScheduledRequest(req.request_id, kind, 1, start, True, token_ids=(token,),
-                                slot_mapping=np.array((slot,), dtype=np.int64))
-
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         if not self._batch and not self.running:
             self._batch = {r.request_id for r in itertools.islice(self.waiting, self.max_num_seqs)}
