@@ -266,3 +266,13 @@ def emit_json(result: dict[str, Any], settings: dict[str, Any] | None = None) ->
     line = json.dumps(_finite(json.loads(json.dumps(full, default=_jsonable))), allow_nan=False)
     sys.stdout.flush()
     print(line, flush=True)
+
+
+def target_stand_in() -> Any:
+    """training/train.py's "target" shape, for scripts that must run when ``assets/target`` is missing (they fill
+    it with seeded random weights). Imported late: numpy must not load before :func:`pin_blas_threads`."""
+    from minienv.model import LlamaConfig
+
+    return LlamaConfig(vocab_size=2048, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=48, max_position_embeddings=1024,
+                       rms_norm_eps=1e-5, tie_word_embeddings=True)

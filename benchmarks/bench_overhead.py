@@ -29,20 +29,17 @@ BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
 
-from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
+from _common import add_common_args, emit_json, print_settings, rounds_of, schedule, target_stand_in  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from minienv.engine import InferenceEngine  # noqa: E402
 from minienv.generate import generate_ids  # noqa: E402
-from minienv.model import LlamaConfig, LlamaModel, load_model, random_weights  # noqa: E402
+from minienv.model import LlamaModel, load_model, random_weights  # noqa: E402
 from minienv.sampling import SamplingParams  # noqa: E402
 
-# training/train.py's "target" shape (used only when assets/target is missing).
-STAND_IN = LlamaConfig(vocab_size=2048, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=48, max_position_embeddings=1024,
-                       rms_norm_eps=1e-5, tie_word_embeddings=True)
+STAND_IN = target_stand_in()  # used only when assets/target is missing
 
 
 def load() -> tuple[LlamaModel, object, str]:

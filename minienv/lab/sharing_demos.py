@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -41,17 +42,19 @@ class _View(Protocol):
     def update(self, caption: str | None = None) -> object: ...
 
 
-class _Script:
+class _Script(ABC):
     """A scene on a fresh manager: :meth:`reset`, then :meth:`step` ``0 … len(script) - 1``."""
 
     script: tuple
     mgr: KVCacheManager
 
+    @abstractmethod
     def reset(self) -> KVCacheManager:
-        raise NotImplementedError
+        """A fresh manager in the scene's first state."""
 
+    @abstractmethod
     def step(self, i: int) -> str:
-        raise NotImplementedError
+        """Apply line ``i`` of the script; return its caption."""
 
     def driving(self, view: _View) -> tuple[Callable[[int], str], Callable[[], None]]:
         """``(step, reset)`` callbacks for a stepper that also redraw ``view`` (reset re-attaches it)."""

@@ -15,15 +15,13 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("plotly")
 pytest.importorskip("anywidget")
 
-from minienv.engine import InferenceEngine  # noqa: E402
 from minienv.kv.kv_cache_manager import KVCacheManager  # noqa: E402
-from minienv.model import LlamaConfig, LlamaModel, random_weights  # noqa: E402
 from minienv.sampling import SamplingParams  # noqa: E402
-from minienv.tokenizer import BPETokenizer  # noqa: E402
 from minienv.viz import BlockCell, BlockGrid, BlockTableView, QueueView, _style  # noqa: E402
 from minienv.viz.dashboard import EngineDashboard  # noqa: E402
 from minienv.viz.kv_views import ManagerView  # noqa: E402
 from minienv.viz.timeline import RequestTimeline  # noqa: E402
+from test_dashboard import PROMPTS, make, parts  # noqa: E402,F401  (one tiny model and prompt set for both files)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -118,21 +116,8 @@ def test_fit_text_shrinks_before_it_shortens():
 
 
 # ---------------------------------------------------------------------------------------------- 08: the dashboard
-@pytest.fixture(scope="module")
-def parts():
-    cfg = LlamaConfig(vocab_size=257, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=8, max_position_embeddings=128, tie_word_embeddings=True)
-    return LlamaModel(cfg, random_weights(cfg, seed=3, scale=0.3)), BPETokenizer([])
-
-
-PROMPTS = ["abcdefghijkl", "abcdefgh and more", "xyz", "a completely different prompt"]
-
-
 def dashboard(parts, budget=48):
-    model, tok = parts
-    return EngineDashboard(lambda: InferenceEngine(model, tok, kv_budget_tokens=budget, block_size=4, max_num_seqs=3,
-                                                   max_num_batched_tokens=16),
-                           [(p, SamplingParams(max_tokens=10, temperature=0)) for p in PROMPTS])
+    return EngineDashboard(make(parts, budget), [(p, SamplingParams(max_tokens=10, temperature=0)) for p in PROMPTS])
 
 
 def test_dashboard_reset_restores_the_first_picture(parts):
