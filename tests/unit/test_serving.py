@@ -29,6 +29,7 @@ from minienv.sampling import SamplingParams
 from minienv.serving import SERVICE_NAME, EngineServer, ServerBindError
 from minienv.serving import minienv_pb2 as pb
 from minienv.serving import minienv_pb2_grpc as pb_grpc
+from serving_harness import kv_idle
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_KW = dict(kv_budget_tokens=2048, block_size=16, max_num_seqs=4)
@@ -77,16 +78,6 @@ def _collect(responses) -> tuple[list[int], str, pb.GenerateComplete]:
     return ids, text, complete
 
 
-def _kv_idle(server, timeout: float = 5.0) -> int:
-    """Wait until the engine has no request and return its blocks in use (0 when nothing leaked)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        used, live = server.call(lambda e: (e.kv_cache_manager.pool.num_used_blocks, len(e.scheduler.requests)))
-        if (used == 0 and live == 0) or time.monotonic() > deadline:
-            server.call(lambda e: e.check_invariants())
-            return used + live
-
-
 def _health(address: str, service: str = "") -> int:
     with grpc.insecure_channel(address) as ch:
         return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
@@ -125,7 +116,7 @@ def test_concurrent_streams_equal_the_in_process_engines_greedy_output(server, s
         assert text == complete.text == w.text
         assert complete.finish_reason == "length" and complete.prompt_tokens == len(w.prompt_token_ids)
         assert complete.ttft_s > 0 and complete.e2e_s >= complete.ttft_s
-    assert _kv_idle(server) == 0
+    assert kv_idle(server) == 0
 
 
 def test_token_id_prompt_and_a_shared_prefix_reports_cached_tokens(server, stub):
@@ -167,7 +158,7 @@ def test_cancel_mid_stream_aborts_and_frees_the_blocks(server, stub):
     assert err.value.code() == grpc.StatusCode.CANCELLED
     reason, n = _finish_reason(server, "cancel-me")
     assert reason == "abort" and n < 1000  # aborted by the cancel, not run to its end for nobody
-    assert _kv_idle(server) == 0
+    assert kv_idle(server) == 0
     steps = server.call(lambda e: e.scheduler.num_steps)
     time.sleep(0.1)
     assert server.call(lambda e: e.scheduler.num_steps) == steps  # nothing keeps stepping for the gone client
@@ -177,7 +168,7 @@ def test_deadline_of_1ms_is_deadline_exceeded_and_the_server_keeps_serving(serve
     with pytest.raises(grpc.RpcError) as err:
         list(stub.Generate(_request(PROMPTS[1], max_tokens=800), timeout=0.001))
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert _kv_idle(server) == 0
+    assert kv_idle(server) == 0
     assert _health(server.address) == health_pb2.HealthCheckResponse.SERVING
     ids, _, complete = _collect(stub.Generate(_request(PROMPTS[1], max_tokens=5), timeout=30))
     assert len(ids) == 5 and complete.finish_reason == "length"
@@ -191,7 +182,7 @@ def test_a_deadline_mid_stream_aborts_the_request_in_the_engine(server, stub):
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     reason, n = _finish_reason(server, "deadline-me")
     assert reason == "abort" and n < 1000
-    assert _kv_idle(server) == 0
+    assert kv_idle(server) == 0
 
 
 def test_abort_rpc_ends_the_stream_with_finish_reason_abort(server, stub):
@@ -203,7 +194,7 @@ def test_abort_rpc_ends_the_stream_with_finish_reason_abort(server, stub):
     ids, _, complete = _collect(call)
     assert complete.finish_reason == "abort" and 1 <= len(complete.output_ids) < 800
     assert list(first.chunk.token_ids) + ids == list(complete.output_ids)
-    assert _kv_idle(server) == 0
+    assert kv_idle(server) == 0
     with pytest.raises(grpc.RpcError) as err:  # finished now: a second abort finds nothing
         stub.Abort(pb.AbortRequest(request_id="to-abort"), timeout=5)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
@@ -230,7 +221,7 @@ def test_bad_request_is_invalid_argument_with_the_engines_message(server, stub, 
         list(stub.Generate(request_msg, timeout=10))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in err.value.details()
-    assert _kv_idle(server) == 0
+    assert kv_idle(server) == 0
     assert len(_collect(stub.Generate(_request("hi", max_tokens=2), timeout=30))[0]) == 2  # still serving
 
 
@@ -248,7 +239,7 @@ def test_a_request_id_in_use_is_invalid_argument(server, stub):
         list(stub.Generate(pb.GenerateRequest(request_id="dup", text="hi"), timeout=10))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "already used" in err.value.details()
     call.cancel()
-    assert _kv_idle(server) == 0
+    assert kv_idle(server) == 0
 
 
 # ---------------------------------------------------------------------------------------------- back-pressure
@@ -283,7 +274,7 @@ def test_a_flood_gets_resource_exhausted_and_every_request_ends_one_way_or_the_o
         assert refused and done  # the first is always admitted; the rest depends on when each arrives
         assert all(c.finish_reason == "length" and len(c.output_ids) == 150 for c in done)
         assert info.max_waiting == 1 and info.num_blocks_in_use == 0 and info.serving
-        assert _kv_idle(srv) == 0
+        assert kv_idle(srv) == 0
     finally:
         srv.stop(grace=0)
 
