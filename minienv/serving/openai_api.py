@@ -42,7 +42,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from minienv.serving.server import Refusal, ServerBindError
+from minienv.serving.server import AsyncSink, Refusal, ServerBindError
 
 if TYPE_CHECKING:
     from minienv.serving.server import EngineServer
@@ -216,21 +216,6 @@ def parse_generation(body: dict, allowed: set[str], prompt: str | list[int]) -> 
 
 
 # ---------------------------------------------------------------------------------------------- plumbing
-class _AsyncSink:
-    """An :class:`~minienv.serving.server.OutputSink` whose items arrive on an asyncio queue of this server's loop.
-    ``put`` runs on the engine thread and never blocks it; after the loop has closed, items are dropped."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.queue: asyncio.Queue = asyncio.Queue()
-
-    def put(self, item: Any) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: the HTTP server stopped; nobody is waiting
-            pass
-
-
 class _EngineStream(StreamingResponse):
     """A streaming response that releases its request when the exchange ends for any reason — including the client
     disconnecting mid-stream, which cancels the body task (invariant 1)."""
@@ -255,7 +240,7 @@ def _usage(out: Any) -> dict:
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
 
-async def _last_output(sink: _AsyncSink) -> Any:
+async def _last_output(sink: AsyncSink) -> Any:
     """The request's finished output (or the :class:`Refusal` that ended it), skipping the ones before."""
     while True:
         item = await sink.queue.get()
@@ -331,12 +316,12 @@ class OpenAIApi:
             raise ApiError(404, f"The model `{model}` does not exist; this server serves "
                            f"`{self.server.model_name}`", param="model", code="model_not_found")
 
-    async def _submit(self, req: GenerationRequest) -> tuple[str, _AsyncSink]:
+    async def _submit(self, req: GenerationRequest) -> tuple[str, AsyncSink]:
         """Hand the request in and wait for the engine thread's answer: accepted, or an :class:`ApiError`."""
         refusal = self.server.refusal()
         if refusal is not None:
             raise ApiError.from_refusal(refusal)
-        sink = _AsyncSink(asyncio.get_running_loop())
+        sink = AsyncSink(asyncio.get_running_loop())
         rid = self.server.add_request(req.prompt, req.params, sink)
         first = await sink.queue.get()
         if isinstance(first, Refusal):
@@ -447,7 +432,7 @@ class _Renderer:
         body["usage"] = _usage(out)
         return body
 
-    async def events(self, sink: _AsyncSink, req: GenerationRequest) -> AsyncIterator[str]:
+    async def events(self, sink: AsyncSink, req: GenerationRequest) -> AsyncIterator[str]:
         first = True
         while True:
             item = await sink.queue.get()

@@ -29,7 +29,7 @@ from minienv.sampling import SamplingParams
 from minienv.serving import SERVICE_NAME, EngineServer, ServerBindError
 from minienv.serving import minienv_pb2 as pb
 from minienv.serving import minienv_pb2_grpc as pb_grpc
-from serving_harness import kv_idle
+from serving_harness import finish_reason, kv_idle
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_KW = dict(kv_budget_tokens=2048, block_size=16, max_num_seqs=4)
@@ -130,17 +130,6 @@ def test_token_id_prompt_and_a_shared_prefix_reports_cached_tokens(server, stub)
 
 
 # ---------------------------------------------------------------------------------------------- cancellation
-def _finish_reason(server, request_id: str, timeout: float = 5.0) -> tuple[str | None, int]:
-    """The engine's finish reason and output length for ``request_id`` once it has finished (None if not by
-    ``timeout``). The engine retains finished requests for look-ups, so this reads what really ended it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        out = server.call(lambda e: e.output(request_id))
-        if out.finished or time.monotonic() > deadline:
-            return out.finish_reason, len(out.token_ids)
-        time.sleep(0.01)
-
-
 def _long(request_id: str, prompt: str = PROMPTS[0]) -> pb.GenerateRequest:
     """A request that runs for ~1000 steps (>= 1 s here) unless something stops it."""
     return pb.GenerateRequest(request_id=request_id, text=prompt,
@@ -156,7 +145,7 @@ def test_cancel_mid_stream_aborts_and_frees_the_blocks(server, stub):
     with pytest.raises(grpc.RpcError) as err:
         list(call)
     assert err.value.code() == grpc.StatusCode.CANCELLED
-    reason, n = _finish_reason(server, "cancel-me")
+    reason, n = finish_reason(server, "cancel-me")
     assert reason == "abort" and n < 1000  # aborted by the cancel, not run to its end for nobody
     assert kv_idle(server) == 0
     steps = server.call(lambda e: e.scheduler.num_steps)
@@ -180,7 +169,7 @@ def test_a_deadline_mid_stream_aborts_the_request_in_the_engine(server, stub):
     with pytest.raises(grpc.RpcError) as err:
         list(call)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    reason, n = _finish_reason(server, "deadline-me")
+    reason, n = finish_reason(server, "deadline-me")
     assert reason == "abort" and n < 1000
     assert kv_idle(server) == 0
 
