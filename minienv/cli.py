@@ -345,7 +345,11 @@ def serve_main(argv: Sequence[str]) -> int:
     if server.http_port is not None:
         scheme = "https" if tls is not None else "http"
         print(f"minienv serve: OpenAI-compatible HTTP API at {scheme}://{args.host}:{server.http_port}/v1", flush=True)
-    stop.wait()
+    # Wait in short slices, not one untimed wait: a SIGTERM the kernel hands to one of gRPC's threads only sets
+    # Python's pending-signal flag, and the main thread runs the handler when it next wakes — an untimed wait
+    # never wakes, so the server ignored the signal until SIGKILL (seen under load, about once in 40 stops).
+    while not stop.wait(0.2):
+        pass
     print(f"minienv serve: draining (grace {args.grace:g} s)", flush=True)
     server.stop(grace=args.grace)
     for m in metrics_servers:
