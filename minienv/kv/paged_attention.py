@@ -7,7 +7,9 @@ tokens over everything their sequences have cached, reading K/V through the bloc
 
 Per-step inputs are an explicit :class:`PagedAttentionMetadata`, like vLLM's attention metadata: block tables,
 context lengths (tokens cached before this step), query lengths (new tokens this step) and the slot mapping.
-Everything derived from it (tiles, index arrays, masks) is computed once per step and reused by every layer.
+Everything derived from it (tiles, index arrays, masks) is computed once per step and reused by every layer;
+between decode steps over equal block tables the backend carries the plan over and only updates its masks
+(:class:`PagedAttentionBackend`).
 
 **Two kernels, one answer.** Paging adds work only in *how K/V are reached*; two ways are implemented and the
 property tests hold both to the dense reference:
@@ -323,10 +325,15 @@ def gather_kv(kv_layer: np.ndarray, block_tables: np.ndarray, out: np.ndarray | 
     return out.reshape(2, s, nb * b, h, d)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Tile:
     """A group of sequences attended together (their gathered K/V fit in ``tile_bytes``): positions
-    ``s0:s1`` of the step's tile order (:class:`TilePlan`), i.e. the step's sequences ``order[s0:s1]``."""
+    ``s0:s1`` of the step's tile order (:class:`TilePlan`), i.e. the step's sequences ``order[s0:s1]``.
+
+    Everything but ``bias`` depends only on the block tables and the blocks per sequence; ``bias`` depends on the
+    sequence lengths too, and is the one field :func:`refresh_decode_plan` rewrites when a decode plan is carried
+    to the next step.
+    """
 
     s0: int
     s1: int
@@ -468,6 +475,27 @@ def plan_tiles(
     nd = len(decode)
     return TilePlan(made[:nd], made[nd:], all(t.run_start is not None for t in made), decode_rows, inverse,
                     pf_seqs, pf_rows, pf_pad, pf_max_q)
+
+
+def refresh_decode_plan(plan: TilePlan, old_seq_lens: np.ndarray, new_seq_lens: np.ndarray) -> None:
+    """Bring a decode step's plan up to date for a later decode step over *the same block tables and the same
+    number of blocks per sequence*, whose sequences are now ``new_seq_lens`` long (in place).
+
+    Tiles, tile order, gather buffers and runs depend only on the tables and the blocks per sequence, so they
+    stay; only each tile's length mask changes. In a steady batch every sequence grew by one token: the newly
+    visible key of each sequence is one column of the mask, set to 0. Any other change (a sequence rolled back,
+    say) rebuilds the tile's mask (:func:`_decode_bias`). Either way the mask equals a fresh plan's, so the
+    step's result is bit-identical to planning it from scratch.
+    """
+    grew_by_one = np.array_equal(new_seq_lens, old_seq_lens + 1)
+    for tile in plan.decode_tiles:
+        idx = slice(tile.s0, tile.s1) if plan.decode_rows is None else plan.decode_rows[tile.s0:tile.s1]
+        num_keys = tile.kv.shape[2]
+        if grew_by_one and tile.bias is not None and int(new_seq_lens[idx].min()) < num_keys:
+            n = tile.s1 - tile.s0
+            tile.bias.reshape(n, num_keys)[np.arange(n), old_seq_lens[idx]] = 0.0  # the key each one now sees
+        else:
+            tile.bias = _decode_bias(new_seq_lens[idx], num_keys)
 
 
 @dataclass(frozen=True)
@@ -699,12 +727,33 @@ def paged_attention(
 
 
 # ---------------------------------------------------------------------------------------------------- backend
+@dataclass(eq=False)
+class _CarriedPlan:
+    """The last decode step's tile plan, and what it was planned for (see :class:`PagedAttentionBackend`)."""
+
+    metadata: PagedAttentionMetadata  # the step that holds the plan (it gives it up when the plan is carried)
+    block_tables: np.ndarray
+    blocks_per_seq: np.ndarray
+    seq_lens: np.ndarray  # what the plan's masks describe
+    buffer: np.ndarray  # the workspace buffer its gather buffers are views of
+    plan: TilePlan
+
+
 class PagedAttentionBackend:
     """The model's attention backend over a :class:`KVPool` for a batch of sequences.
 
     Before each ``model.forward_step`` the caller sets the step's metadata (:meth:`set_metadata`); the model then
     calls ``begin_step`` (positions are checked against the metadata), ``attend`` per layer (write the new K/V
     through the slot mapping, then paged attention), and ``end_step``.
+
+    **The plan is carried across decode steps.** Between two decode steps of a steady batch the block tables are
+    usually equal — the same sequences in the same order on the same blocks — and only the sequence lengths grew
+    by one. The backend then reuses the previous step's tile plan (tiles, tile order, gather buffers, runs) and
+    only updates its length masks (:func:`refresh_decode_plan`), instead of planning again. The test is on
+    *content* (``np.array_equal`` of the tables and of the blocks per sequence), never on identity, and the plan
+    holds no K/V: copy-on-write or a rollback that changes what a block holds changes nothing the plan knows.
+    Prefill and mixed steps, changed tables, a regrown workspace, or a step that did not finish (no
+    ``end_step``) plan from scratch. ``reused_plans`` counts the steps that carried a plan.
     """
 
     def __init__(self, kv_pool: KVPool, tile_bytes: int = DEFAULT_TILE_BYTES, kernel: str = "auto"):
@@ -715,10 +764,23 @@ class PagedAttentionBackend:
         self.kernel = kernel
         self.workspace = Workspace()
         self.metadata: PagedAttentionMetadata | None = None
+        self.reused_plans = 0
+        self._carried: _CarriedPlan | None = None
+        # the key paged_attention files this backend's tile plan under in a step's metadata (see _tile_plan)
+        self._plan_key = (kv_pool.num_kv_heads, kv_pool.head_dim, tile_bytes, id(self.workspace))
 
     def set_metadata(self, metadata: PagedAttentionMetadata) -> None:
         if metadata.block_size != self.kv_pool.block_size:
             raise ValueError(f"metadata block size {metadata.block_size} != pool block size {self.kv_pool.block_size}")
+        carried, self._carried = self._carried, None  # carried at most once, and only by a step that ends
+        if carried is not None and metadata.is_decode and self._plan_key not in metadata._plans \
+                and self.workspace.buffer is carried.buffer \
+                and np.array_equal(metadata.block_tables, carried.block_tables) \
+                and np.array_equal(_blocks_per_seq(metadata), carried.blocks_per_seq):
+            carried.metadata._plans.pop(self._plan_key, None)  # the old step must not see masks it did not plan
+            refresh_decode_plan(carried.plan, carried.seq_lens, metadata.seq_lens)
+            metadata._plans[self._plan_key] = carried.plan
+            self.reused_plans += 1
         self.metadata = metadata
 
     def begin_step(self, positions: np.ndarray) -> None:
@@ -736,4 +798,15 @@ class PagedAttentionBackend:
                                self.kernel)
 
     def end_step(self) -> None:
+        meta = self.metadata
+        plan = None if meta is None or not meta.is_decode else meta._plans.get(self._plan_key)
+        if plan is not None:  # offer this decode step's plan to the next step
+            # copies: a caller may refill its table array in place for the next step, and the comparison must
+            # then see the old contents, not the same object
+            self._carried = _CarriedPlan(meta, meta.block_tables.copy(), _blocks_per_seq(meta), meta.seq_lens.copy(),
+                                         self.workspace.buffer, plan)
         self.metadata = None  # metadata describes one step; reusing it by mistake would double-write slots
+
+
+def _blocks_per_seq(meta: PagedAttentionMetadata) -> np.ndarray:
+    return -(-meta.seq_lens // meta.block_size)

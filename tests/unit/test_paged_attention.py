@@ -354,3 +354,152 @@ def test_max_by_halving_equals_numpy_max(width):
     x[1, 1, 1] = -np.inf  # a fully masked row stays -inf
     out = np.empty(x.shape[:-1], dtype=np.float32)
     np.testing.assert_array_equal(pa._max_last_axis(x, out), x.max(axis=-1))
+
+
+class _Sequence:
+    """A test sequence: its block table and the dense K/V of every token it holds, per layer."""
+
+    def __init__(self, block_size: int, layers: int, hkv: int, head_dim: int):
+        self.table = BlockTable(block_size)
+        self.k = np.zeros((layers, 0, hkv, head_dim), dtype=np.float32)
+        self.v = np.zeros_like(self.k)
+
+
+def _run_step(rng, backend, kv, pool, seqs, query_lens, layers, hkv, group, head_dim):
+    """One step through ``backend`` and through a fresh backend (a fresh plan) on the same pool: equal exactly at
+    every layer, and equal to dense attention within the property test's tolerance."""
+    b = kv.block_size
+    new_k, new_v = [], []
+    for seq, n in zip(seqs, query_lens, strict=True):
+        seq.table.append_tokens(n, pool)
+        k = rng.standard_normal((layers, n, hkv, head_dim), dtype=np.float32)
+        v = rng.standard_normal((layers, n, hkv, head_dim), dtype=np.float32)
+        seq.k, seq.v = np.concatenate([seq.k, k], axis=1), np.concatenate([seq.v, v], axis=1)
+        new_k.append(k)
+        new_v.append(v)
+    meta = PagedAttentionMetadata.from_block_tables([s.table for s in seqs], query_lens)
+    fresh_meta = PagedAttentionMetadata(meta.block_tables.copy(), meta.context_lens, meta.query_lens,
+                                        meta.slot_mapping, b)
+    fresh = PagedAttentionBackend(kv, backend.tile_bytes, backend.kernel)
+    for be, m in ((backend, meta), (fresh, fresh_meta)):
+        be.set_metadata(m)
+        be.begin_step(m.positions)
+    for layer in range(layers):
+        q = rng.standard_normal((meta.num_tokens, hkv * group, head_dim), dtype=np.float32)
+        k = np.concatenate([k[layer] for k in new_k])
+        v = np.concatenate([v[layer] for v in new_v])
+        got = backend.attend(layer, q, k, v)
+        np.testing.assert_array_equal(got, fresh.attend(layer, q, k, v))  # fresh writes the same K/V again
+        want = dense_reference(q, meta, [s.k for s in seqs], [s.v for s in seqs], layer)
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    backend.end_step()
+    fresh.end_step()
+    return meta
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    tile_bytes=st.sampled_from([1, 4096, 1 << 20]),
+    kernel=st.sampled_from(["auto", "gather", "inplace"]),
+    group=st.sampled_from([1, 2]),
+)
+def test_a_backend_carrying_its_plan_across_steps_equals_a_fresh_plan_at_every_step(seed, block_size, tile_bytes,
+                                                                                      kernel, group):
+    """A run of steps through one backend — steady decodes (tables equal), decodes that take a new block,
+    reordered, dropped and added sequences, prefill and mixed steps, rolled-back sequences, and the same tables
+    over rewritten pool contents — equals, step by step and bit for bit, a fresh backend that plans every step;
+    and the backend carries its plan exactly when two consecutive decode steps have equal tables."""
+    rng = np.random.default_rng(seed)
+    layers, hkv, head_dim = 2, 2, 8
+    pool = BlockPool(6 * (160 // block_size + 2))
+    kv = KVPool(layers, pool.num_blocks, block_size, hkv, head_dim)
+    backend = PagedAttentionBackend(kv, tile_bytes=tile_bytes, kernel=kernel)
+    seqs: list[_Sequence] = []
+    previous = None  # the last step's metadata if it was a decode step
+    expected_reuse = 0
+    for _ in range(30):
+        event = rng.random()
+        if seqs and event < 0.08 and len(seqs) > 1:  # reorder
+            seqs = [seqs[i] for i in rng.permutation(len(seqs))]
+        elif seqs and event < 0.14:  # drop a sequence
+            seqs.pop(int(rng.integers(len(seqs)))).table.free(pool)
+        elif seqs and event < 0.22:  # roll a sequence back a few tokens (speculative rejection): tables may stay
+            seq = seqs[int(rng.integers(len(seqs)))]
+            keep = max(1, seq.table.num_tokens - int(rng.integers(1, 4)))
+            seq.table.truncate(keep, pool)
+            seq.k, seq.v = seq.k[:, :keep], seq.v[:, :keep]
+        elif seqs and event < 0.32:  # the same tables over new contents (copy-on-write, a rewritten block)
+            seq = seqs[int(rng.integers(len(seqs)))]
+            lo = int(rng.integers(seq.table.num_tokens))
+            for layer in range(layers):
+                seq.k[layer, lo:] = rng.standard_normal(seq.k[layer, lo:].shape, dtype=np.float32)
+                seq.v[layer, lo:] = rng.standard_normal(seq.v[layer, lo:].shape, dtype=np.float32)
+                kv.write(layer, seq.table.slot_mapping(lo), seq.k[layer, lo:], seq.v[layer, lo:])
+        if not seqs or (len(seqs) < 5 and rng.random() < 0.15):  # a new sequence's prefill, beside decodes
+            seqs.append(_Sequence(block_size, layers, hkv, head_dim))
+            query_lens = [1] * (len(seqs) - 1) + [int(rng.integers(2, 40))]
+        elif rng.random() < 0.1:  # a mixed step: one sequence takes a chunk
+            query_lens = [1] * len(seqs)
+            query_lens[int(rng.integers(len(seqs)))] = int(rng.integers(2, 8))
+        else:
+            query_lens = [1] * len(seqs)
+        if max(s.table.num_tokens for s in seqs) > 150:  # keep the pool big enough: end the longest
+            longest = max(range(len(seqs)), key=lambda i: seqs[i].table.num_tokens)
+            seqs.pop(longest).table.free(pool)
+            previous = None
+            continue
+        meta = _run_step(rng, backend, kv, pool, seqs, query_lens, layers, hkv, group, head_dim)
+        if meta.is_decode and previous is not None and np.array_equal(meta.block_tables, previous.block_tables) \
+                and np.array_equal(-(-meta.seq_lens // block_size), -(-previous.seq_lens // block_size)):
+            expected_reuse += 1
+        previous = meta if meta.is_decode else None
+    assert backend.reused_plans == expected_reuse
+
+
+def test_a_steady_decode_batch_carries_its_plan_and_a_step_that_did_not_end_does_not():
+    rng = np.random.default_rng(11)
+    layers, hkv, head_dim, b = 1, 2, 8, 4
+    pool = BlockPool(64)
+    kv = KVPool(layers, pool.num_blocks, b, hkv, head_dim)
+    backend = PagedAttentionBackend(kv, kernel="gather")
+    seqs = [_Sequence(b, layers, hkv, head_dim) for _ in range(3)]
+    _run_step(rng, backend, kv, pool, seqs, [5, 9, 1], layers, hkv, 2, head_dim)  # prefill: planned
+    first = _run_step(rng, backend, kv, pool, seqs, [1, 1, 1], layers, hkv, 2, head_dim)  # 6, 10, 2: planned
+    second = _run_step(rng, backend, kv, pool, seqs, [1, 1, 1], layers, hkv, 2, head_dim)  # 7, 11, 3: same blocks
+    assert backend.reused_plans == 1
+    assert first._plans.get(backend._plan_key) is None  # the plan moved to the later step
+    assert second._plans[backend._plan_key].decode_tiles[0].bias is not None
+    # a step that never ends (an exception in the model): the next step plans from scratch
+    for seq in seqs:
+        seq.table.append_tokens(1, pool)
+    meta = PagedAttentionMetadata.from_block_tables([s.table for s in seqs], [1, 1, 1])
+    backend.set_metadata(meta)
+    assert backend.reused_plans == 2  # carried into the step that then fails ...
+    for seq in seqs:  # ... which is rolled back
+        seq.table.truncate(seq.table.num_tokens - 1, pool)
+    _run_step(rng, backend, kv, pool, seqs, [1, 1, 1], layers, hkv, 2, head_dim)
+    assert backend.reused_plans == 2
+
+
+def test_a_table_row_that_grows_onto_its_padding_block_id_is_planned_again():
+    """Tables are padded with block 0, so a sequence that takes block 0 as its new block leaves the table array
+    unchanged: the blocks per sequence differ, and the backend plans the step from scratch (tile sizes and order
+    come from them)."""
+    rng = np.random.default_rng(12)
+    b, hkv, d = 4, 2, 8
+    kv = KVPool(1, 8, b, hkv, d)
+    kv.kv_cache[...] = rng.standard_normal(kv.kv_cache.shape, dtype=np.float32)
+    backend = PagedAttentionBackend(kv, tile_bytes=1, kernel="gather")  # one tile per sequence, sorted by blocks
+    tables = np.array([[3, 0], [1, 2]])
+    for ctx, slots in (([3, 5], [15, 9]), ([4, 6], [0, 10])):  # seq 0's token 4 lands in block 0
+        meta = PagedAttentionMetadata(tables.copy(), ctx, [1, 1], slots, b)
+        q = rng.standard_normal((2, 2 * hkv, d), dtype=np.float32)
+        k = rng.standard_normal((2, hkv, d), dtype=np.float32)
+        backend.set_metadata(meta)
+        got = backend.attend(0, q, k, k)
+        backend.end_step()
+        fresh = PagedAttentionMetadata(tables.copy(), ctx, [1, 1], slots, b)
+        np.testing.assert_array_equal(got, paged_attention(q, kv.kv_cache[0], fresh, Workspace(), 1, "gather"))
+    assert backend.reused_plans == 0
