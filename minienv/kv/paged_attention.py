@@ -19,7 +19,8 @@ property tests hold both to the dense reference:
   ``[tokens, H, D]`` — then run :func:`batched_attention`, the very same math as over contiguous per-sequence
   caches. The batch is walked in *tiles* of sequences sized to stay in the L2 cache (``tile_bytes``), so the
   copy is still hot when attention reads it. In numpy that copy costs about as much as the attention itself. A
-  lone sequence whose blocks are one physical run needs no copy at all: it is read through a view. A step's
+  lone sequence whose blocks are one physical run needs no copy at all: it is read through a view; a lone
+  decoding sequence needs no mask either: it attends over exactly its first ``seq_len`` keys. A step's
   decodes and prefill chunks are attended as two groups (a decode is never padded to a chunk's length), and a
   decode group of several tiles is walked shortest first (:class:`TilePlan`).
 * **in place** (decode steps whose blocks are not shared and lie in a compact range of the pool): no K/V copy.
@@ -330,9 +331,14 @@ class _Tile:
     """A group of sequences attended together (their gathered K/V fit in ``tile_bytes``): positions
     ``s0:s1`` of the step's tile order (:class:`TilePlan`), i.e. the step's sequences ``order[s0:s1]``.
 
-    Everything but ``bias`` depends only on the block tables and the blocks per sequence; ``bias`` depends on the
-    sequence lengths too, and is the one field :func:`refresh_decode_plan` rewrites when a decode plan is carried
-    to the next step.
+    A decode tile of *one* sequence needs no mask: it attends over the first ``num_keys`` (its length) of its
+    keys — a view — instead of over every slot of its blocks with ``-inf`` added past its length. The two agree to
+    float32 rounding, not bit for bit: masked keys add exact zeros to the softmax sum and to ``p @ V``, but a
+    shorter row changes how BLAS and numpy's pairwise sum split it (the property tests hold both to 1e-5 of dense).
+
+    Everything but ``bias`` and ``num_keys`` depends only on the block tables and the blocks per sequence; those
+    two depend on the sequence lengths too, and are what :func:`refresh_decode_plan` rewrites when a decode plan
+    is carried to the next step.
     """
 
     s0: int
@@ -342,14 +348,18 @@ class _Tile:
     kv: np.ndarray  # the same memory as [2, n, nb*B, Hkv, D]: per-sequence contiguous K and V
     bias: np.ndarray | None  # additive causal / length mask [n, 1, 1, Q, nb*B] (hidden_bias), None: no mask
     run_start: int | None = None  # one sequence whose blocks are physically consecutive: view them, no copy
+    num_keys: int | None = None  # a lone decode: its length (attend over that many keys, no mask); None: nb*B
 
     def kv_of(self, kv_layer: np.ndarray) -> np.ndarray:
-        """This tile's K and V ``[2, n, nb*B, Hkv, D]``: a view of the pool for a run, else gathered (one take)."""
+        """This tile's K and V ``[2, n, T, Hkv, D]``: a view of the pool for a run, else gathered (one take).
+        ``T`` is ``nb*B``, or a lone decode's ``num_keys`` (a view of the first keys)."""
         if self.run_start is not None:
             _, nb, b, h, d = self.gather_buf.shape[1:]
-            return kv_layer[:, self.run_start:self.run_start + nb].reshape(2, 1, nb * b, h, d)
-        np.take(kv_layer, self.block_tables, axis=1, out=self.gather_buf, mode="clip")  # = gather_kv
-        return self.kv
+            kv = kv_layer[:, self.run_start:self.run_start + nb].reshape(2, 1, nb * b, h, d)
+        else:
+            np.take(kv_layer, self.block_tables, axis=1, out=self.gather_buf, mode="clip")  # = gather_kv
+            kv = self.kv
+        return kv if self.num_keys is None else kv[:, :, :self.num_keys]
 
 
 @dataclass(frozen=True)
@@ -462,7 +472,10 @@ def plan_tiles(
     for (s0, s1, idx, nb), max_q in groups:  # once per step, one iteration per tile
         n = s1 - s0
         buf = flat[: n * nb * per_block_floats].reshape(2, n, nb, b, hkv, d)
-        if max_q == 1:  # decodes: each sees a prefix of its keys, its seq_len (the general mask, made directly)
+        num_keys = None
+        if max_q == 1 and n == 1:  # a lone decode: it sees its first seq_len keys, a view (no mask at all)
+            bias, num_keys = None, int(meta.seq_lens[idx][0])
+        elif max_q == 1:  # decodes: each sees a prefix of its keys, its seq_len (the general mask, made directly)
             bias = _decode_bias(meta.seq_lens[idx], nb * b)
         else:
             bias = hidden_bias(causal_hidden_mask(meta.context_lens[idx], meta.query_lens[idx], max_q, nb * b))
@@ -471,7 +484,7 @@ def plan_tiles(
         # is already a contiguous slab of the pool: no gather needed. (Last - first == nb - 1 first: O(1).)
         run = n == 1 and int(table[0, -1]) - int(table[0, 0]) == nb - 1 and bool(np.all(np.diff(table[0]) == 1))
         made.append(_Tile(s0, s1, table, buf, buf.reshape(2, n, nb * b, hkv, d), bias,
-                          int(table[0, 0]) if run else None))
+                          int(table[0, 0]) if run else None, num_keys))
     nd = len(decode)
     return TilePlan(made[:nd], made[nd:], all(t.run_start is not None for t in made), decode_rows, inverse,
                     pf_seqs, pf_rows, pf_pad, pf_max_q)
@@ -482,14 +495,17 @@ def refresh_decode_plan(plan: TilePlan, old_seq_lens: np.ndarray, new_seq_lens: 
     number of blocks per sequence*, whose sequences are now ``new_seq_lens`` long (in place).
 
     Tiles, tile order, gather buffers and runs depend only on the tables and the blocks per sequence, so they
-    stay; only each tile's length mask changes. In a steady batch every sequence grew by one token: the newly
-    visible key of each sequence is one column of the mask, set to 0. Any other change (a sequence rolled back,
-    say) rebuilds the tile's mask (:func:`_decode_bias`). Either way the mask equals a fresh plan's, so the
-    step's result is bit-identical to planning it from scratch.
+    stay; only each tile's length mask changes (a lone sequence's tile: its key count). In a steady batch every
+    sequence grew by one token: the newly visible key of each sequence is one column of the mask, set to 0. Any
+    other change (a sequence rolled back, say) rebuilds the tile's mask (:func:`_decode_bias`). Either way the
+    tile equals a fresh plan's, so the step's result is bit-identical to planning it from scratch.
     """
     grew_by_one = np.array_equal(new_seq_lens, old_seq_lens + 1)
     for tile in plan.decode_tiles:
         idx = slice(tile.s0, tile.s1) if plan.decode_rows is None else plan.decode_rows[tile.s0:tile.s1]
+        if tile.num_keys is not None:
+            tile.num_keys = int(new_seq_lens[idx][0])
+            continue
         num_keys = tile.kv.shape[2]
         if grew_by_one and tile.bias is not None and int(new_seq_lens[idx].min()) < num_keys:
             n = tile.s1 - tile.s0

@@ -503,3 +503,27 @@ def test_a_table_row_that_grows_onto_its_padding_block_id_is_planned_again():
         fresh = PagedAttentionMetadata(tables.copy(), ctx, [1, 1], slots, b)
         np.testing.assert_array_equal(got, paged_attention(q, kv.kv_cache[0], fresh, Workspace(), 1, "gather"))
     assert backend.reused_plans == 0
+
+
+@pytest.mark.parametrize("scramble", [0, 3])  # one physical run (a view of the pool), and gathered blocks
+def test_a_lone_decode_attends_over_its_own_length_without_a_mask(scramble):
+    """A decode tile of one sequence reads the first ``seq_len`` keys (a view) instead of masking the tail of its
+    last block: equal to the masked form within float32 rounding (5e-7), and to dense within 1e-5."""
+    from minienv.kv.paged_attention import _decode_attention, _decode_bias, softmax_scale
+
+    rng = np.random.default_rng(13)
+    b, hkv, group, d = 16, 2, 2, 8
+    for context in (0, 5, 37, 1030):
+        kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
+            rng, b, [context], [1], hkv, group, d, scramble)
+        kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+        got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), kernel="gather")
+        (plan,) = meta._plans.values()
+        (tile,) = plan.decode_tiles
+        assert tile.bias is None and tile.num_keys == context + 1
+        assert tile.run_start is not None or scramble  # a fresh pool hands out one physical run
+        full = gather_kv(kv.kv_cache[0], tile.block_tables)
+        masked = _decode_attention(q.reshape(1, hkv, group, d) * softmax_scale(d), full[0], full[1],
+                                   _decode_bias(meta.seq_lens, full.shape[2]), np.empty((1, hkv, group, d), np.float32))
+        np.testing.assert_allclose(got, masked.reshape(got.shape), atol=5e-7, rtol=0)
+        np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
