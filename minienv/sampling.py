@@ -142,7 +142,15 @@ class Sampler:
 
     def __init__(self, params: SamplingParams):
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        self._rng: np.random.Generator | None = None
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The request's generator, made on first use: a greedy request never draws, and seeding one from the OS
+        (``seed=None``) costs more than a decode step's bookkeeping. A seed gives the same stream either way."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.params.seed)
+        return self._rng
 
     def probs(self, logits: np.ndarray) -> np.ndarray:
         """The distribution the sampler draws from, after temperature, top-k and top-p (float64)."""

@@ -309,6 +309,9 @@ class BPETokenizer:
             self._special_by_id[i] if raw is None else _token_str(raw) for i, raw in enumerate(id_bytes)
         ]
         self._str_to_id = {s: i for i, s in enumerate(self._token_strs)}
+        #: every token's exact bytes by id (:meth:`id_to_bytes` without its checks, for per-token hot paths)
+        self.token_bytes: tuple[bytes, ...] = tuple(
+            self._special_by_id[i].encode("utf-8") if raw is None else raw for i, raw in enumerate(id_bytes))
         if self.special_tokens:
             # longest first, so a special token that contains another wins
             alts = sorted(self.special_tokens, key=len, reverse=True)

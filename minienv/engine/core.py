@@ -575,9 +575,12 @@ class InferenceEngine:
         ``fast``: when every request is greedy, the per-request loop is skipped (the tokens are the argmax list,
         a non-finite row gives 0 and the error); ``fast=False`` always runs the loop
         (``test_all_greedy_sampling_equals_the_per_request_loop``)."""
-        # A row is finite iff its float64 sum is: NaN and inf propagate, and float32 values cannot overflow a
-        # float64 sum. One reduction instead of a boolean matrix.
-        finite = [math.isfinite(x) for x in logits.sum(axis=-1, dtype=np.float64).tolist()]
+        # A row whose float32 sum is finite holds no NaN or inf (both propagate through a sum): one reduction
+        # instead of a boolean matrix. A non-finite sum may also be a float32 overflow of finite values, so only
+        # those rows are checked element by element.
+        finite = [math.isfinite(x) for x in np.add.reduce(logits, axis=-1).tolist()]
+        if not all(finite):
+            finite = [f or bool(np.isfinite(row).all()) for f, row in zip(finite, logits, strict=True)]
         if logits.shape[-1] > self.num_sampled_ids:  # a padded vocabulary: never pick an id without a token
             logits = logits.copy()
             logits[:, self.num_sampled_ids:] = -np.inf

@@ -30,11 +30,16 @@ class IncrementalDetokenizer:
         self.decode = tokenizer.decode
         self.id_to_bytes = getattr(tokenizer, "id_to_bytes", None)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace") if self.id_to_bytes else None
+        # the tokenizer's table of every token's bytes, if it has one: an index instead of a checked call per token
+        self._table: tuple[bytes, ...] | None = getattr(tokenizer, "token_bytes", None) if self.id_to_bytes else None
         self.pending: list[int] = []
 
     def push(self, token_id: int) -> str:
         if self._utf8 is not None:
-            return self._utf8.decode(self.id_to_bytes(token_id))
+            table = self._table
+            if table is not None and type(token_id) is int and 0 <= token_id < len(table):
+                return self._utf8.decode(table[token_id])
+            return self._utf8.decode(self.id_to_bytes(token_id))  # anything else: the tokenizer's checks decide
         self.pending.append(token_id)
         text = self.decode(self.pending)
         if text.endswith("\ufffd"):

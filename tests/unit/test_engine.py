@@ -374,6 +374,20 @@ def test_incremental_detokenizer_equals_decoding_everything(tok):
     check()
 
 
+def test_detokenizer_table_is_id_to_bytes(tok):
+    """The detokenizer's unchecked table gives ``id_to_bytes`` of every id (special tokens included); ids outside
+    it — out of range, negative, not an int — still meet the tokenizer's own checks and errors."""
+    from minienv.engine import IncrementalDetokenizer
+
+    assert list(tok.token_bytes) == [tok.id_to_bytes(i) for i in range(tok.vocab_size)]
+    d = IncrementalDetokenizer(tok)
+    eos = tok.eos_token_id
+    assert d.push(eos) + d.flush() == tok.decode([eos]) and d.push(np.int64(65)) == tok.decode([65])
+    for bad, error in ((tok.vocab_size, ValueError), (-1, ValueError), (True, TypeError), ("7", TypeError)):
+        with pytest.raises(error):
+            d.push(bad)
+
+
 def test_continuous_batching_needs_at_least_2x_fewer_steps_than_static_on_mixed_lengths(model, tok):
     """Steps are deterministic (no timing): the must-show ratio, checked in the suite. Same outputs both ways."""
     from minienv.lab.workload import LengthDistribution, WorkloadConfig, generate_workload

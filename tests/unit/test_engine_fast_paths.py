@@ -323,6 +323,13 @@ def test_all_greedy_sampling_equals_the_per_request_loop(model, tok):
                 logits[n - 1, 3] = bad
             reqs = greedy[:n]
             assert e._sample(reqs, logits) == e._sample(reqs, logits, fast=False)
+    # finite rows whose float32 sum overflows to inf are finite: no error (the sum is only a first test)
+    big = np.full((2, vocab), 3e37, dtype=np.float32)
+    big[0, 5] = 3.1e37
+    big[1, 2] = np.nan
+    assert not np.isfinite(np.add.reduce(big[:1], axis=-1)).all()
+    assert e._sample(greedy[:2], big) == e._sample(greedy[:2], big, fast=False) == \
+        ([5, 0], [None, e._NON_FINITE])
     sampled = e.scheduler.requests[e.add_request("x", SamplingParams(max_tokens=4, temperature=0.8, seed=1))]
     logits = rng.standard_normal((2, vocab)).astype(np.float32)
     twin = _engine(model, tok)
