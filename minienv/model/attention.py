@@ -28,7 +28,10 @@ class AttentionBackend(Protocol):
         """Called once per model step, before layer 0, with the absolute positions ``[N]`` of the step's tokens."""
 
     def attend(self, layer_idx: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Store this step's ``k, v [N, Hkv, D]`` for ``layer_idx`` and return causal attention ``[N, Hq, D]``."""
+        """Store this step's ``k, v [N, Hkv, D]`` for ``layer_idx`` and return causal attention ``[N, Hq, D]``.
+
+        ``q``, ``k`` and ``v`` are views into the model's per-step scratch, valid only during this call (the next
+        layer overwrites them): a backend copies what it keeps."""
 
     def end_step(self) -> None:
         """Called once after the last layer: the step's K/V are now part of the cache."""

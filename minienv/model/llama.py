@@ -21,32 +21,47 @@ from minienv.model.config import LlamaConfig
 from minienv.model.kv_cache import ContiguousKVCache
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """``weight * x / sqrt(mean(x²) + eps)`` over the last axis (float32, like HF's ``LlamaRMSNorm``)."""
+# Constants made once: a np.float32 built inside a hot function costs a constructor call every time.
+_HALF, _ONE = np.float32(0.5), np.float32(1.0)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
+    """``weight * x / sqrt(mean(x²) + eps)`` over the last axis (float32, like HF's ``LlamaRMSNorm``).
+
+    ``out`` (same shape as ``x``, not ``x`` itself) receives the result and, first, ``x²``: at decode sizes each numpy
+    call costs more than its arithmetic, so a caller that norms every layer passes one buffer and skips allocations.
+    """
     # np.mean's own arithmetic (a float32 sum, then a division by the count) without its Python wrapper, which
     # costs more than the sum at decode sizes; the bits are np.mean's.
-    variance = np.add.reduce(x * x, axis=-1, keepdims=True) / x.shape[-1]
+    squares = np.multiply(x, x, out=out)
+    variance = np.add.reduce(squares, axis=-1, keepdims=True)
+    variance /= x.shape[-1]
     variance += np.float32(eps)
-    out = x / np.sqrt(variance, out=variance)
+    out = np.divide(x, np.sqrt(variance, out=variance), out=out)  # x² is no longer needed: overwrite it
     out *= weight  # in place: the same products as weight * (...), one temporary fewer
     return out
 
 
 def silu(x: np.ndarray) -> np.ndarray:
     """``x * sigmoid(x)`` written with tanh, which never overflows."""
-    return x * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * x)))
+    return x * (_HALF * (_ONE + np.tanh(_HALF * x)))
 
 
-def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
-    """``silu(gate) * up`` for ``gate_up = [gate | up]`` (vLLM's ``SiluAndMul``): :func:`silu`'s operations in
-    the same order, done in place on one temporary — the same bits as ``silu(gate) * up``."""
+def silu_and_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``silu(gate) * up`` for ``gate_up = [gate | up]`` (vLLM's ``SiluAndMul``), bit for bit, one operation fewer.
+
+    :func:`silu` computes ``gate * (0.5 * (1 + t))`` with ``t = tanh(0.5 * gate)``; here it is
+    ``(0.5 * gate) * (1 + t)``, reusing the ``0.5 * gate`` that tanh needed anyway. The two are the same float32
+    number: halving is exact (``1 + t`` is 0 or at least 2⁻²⁴, and where ``0.5 * gate`` would lose a bit to
+    underflow, ``1 + t`` rounds to exactly 1), so both round the same real product once. ``out`` ``[..., I]``
+    receives the result.
+    """
     inter = gate_up.shape[-1] // 2
     gate, up = gate_up[..., :inter], gate_up[..., inter:]
-    out = gate * np.float32(0.5)
-    np.tanh(out, out=out)
-    out += np.float32(1.0)
-    out *= np.float32(0.5)
-    out *= gate
+    half_gate = gate * _HALF
+    out = np.tanh(half_gate, out=out)
+    out += _ONE
+    out *= half_gate
     out *= up
     return out
 
@@ -66,6 +81,23 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return x * cos + rotated * sin
 
 
+def rotate_in_place(x: np.ndarray, cos: np.ndarray, signed_sin: np.ndarray) -> None:
+    """:func:`apply_rope` written into ``x`` itself, bit for bit, in three numpy calls instead of seven.
+
+    ``x`` is ``[N, H, 2, D/2]`` (the two halves of each head on their own axis; it may be a view into the rows of
+    a bigger array), ``cos`` and ``signed_sin`` are ``[N, 1, 2, D/2]`` (:meth:`RopeTable.rows`). Two tricks:
+
+    * ``rotate_half`` is a view: reversing the halves axis (``x[:, :, ::-1]``) gives ``[x2, x1]`` with no copy;
+    * its sign lives in the table: ``signed_sin = [-sin1, sin2]``, and ``(-x2) * s == x2 * (-s)`` exactly in IEEE
+      arithmetic, so nothing is negated per step.
+
+    The sum is ``x*cos + rotated*sin`` in the same order of rounding as :func:`apply_rope`.
+    """
+    rotated = x[:, :, ::-1] * signed_sin  # [x2, x1] * [-sin, sin]: reads x before it is overwritten
+    x *= cos
+    x += rotated
+
+
 @dataclass
 class LlamaLayer:
     """One decoder layer's weights, pre-transposed (and Q|K|V, gate|up fused) so each is one ``x @ W``."""
@@ -81,22 +113,48 @@ class LlamaLayer:
 class RopeTable:
     """:func:`rope_cos_sin` for positions ``0 .. P-1``, computed once and grown (doubling) when a step needs a
     later position, so a step indexes rows instead of evaluating cos and sin. Row ``p`` is bit-identical to
-    ``rope_cos_sin([p])``: the same float32 operations, element by element."""
+    ``rope_cos_sin([p])``: the same float32 operations, element by element.
+
+    It also keeps the rows in the form :func:`rotate_in_place` uses — cos and the *signed* sin ``[-sin1, sin2]``
+    stacked in one ``[P, 2, 1, 2, D/2]`` array — so a step of many positions gathers both with one indexing call.
+    """
 
     def __init__(self, head_dim: int, theta: float, max_positions: int):
         self.head_dim, self.theta, self.max_positions = head_dim, theta, max_positions
         self.cos = self.sin = np.zeros((0, 1, head_dim), dtype=np.float32)
+        self._cos_signed_sin = np.zeros((0, 2, 1, 2, head_dim // 2), dtype=np.float32)
+
+    def _grow(self, need: int) -> None:
+        size = min(max(need, 2 * len(self.cos), 256), max(need, self.max_positions))
+        self.cos, self.sin = rope_cos_sin(np.arange(size), self.head_dim, self.theta)
+        signed_sin = self.sin.copy()
+        signed_sin[..., :self.head_dim // 2] *= np.float32(-1.0)  # rotate_half's minus sign, applied once here
+        both = np.stack([self.cos, signed_sin], axis=1)  # [P, 2, 1, D]
+        self._cos_signed_sin = both.reshape(size, 2, 1, 2, self.head_dim // 2)
 
     def __call__(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(cos, sin)`` rows ``[N, 1, head_dim]`` for ``positions`` (non-negative, below ``max_positions``)."""
         need = int(positions.max()) + 1
         if need > len(self.cos):
-            size = min(max(need, 2 * len(self.cos), 256), max(need, self.max_positions))
-            self.cos, self.sin = rope_cos_sin(np.arange(size), self.head_dim, self.theta)
+            self._grow(need)
         if len(positions) == 1:  # a decode: a slice is a view, no gather
             p = int(positions[0])
             return self.cos[p:p + 1], self.sin[p:p + 1]
         return self.cos[positions], self.sin[positions]
+
+    def rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(cos, signed_sin)`` rows ``[N, 1, 2, head_dim/2]`` for :func:`rotate_in_place`."""
+        if len(positions) == 1:  # a decode: a slice is a view, no gather and no reduction
+            p = int(positions[0])
+            if p >= len(self._cos_signed_sin):
+                self._grow(p + 1)
+            both = self._cos_signed_sin[p:p + 1]
+        else:
+            need = int(positions.max()) + 1
+            if need > len(self._cos_signed_sin):
+                self._grow(need)
+            both = self._cos_signed_sin[positions]
+        return both[:, 0], both[:, 1]
 
 
 class LlamaModel:
@@ -214,26 +272,39 @@ class LlamaModel:
         pos = self._check_positions(positions, len(ids))
         c = self.config
         n, hq, hkv, d = len(ids), c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        k_end = (hq + hkv) * d
-        cos, sin = self.rope(pos)  # rows of a table made once (rope_cos_sin's values, bit for bit)
+        q_end, k_end = hq * d, (hq + hkv) * d
+        cos, signed_sin = self.rope.rows(pos)  # rows of a table made once (rope_cos_sin's values, bit for bit)
 
-        x = self.embed_tokens[ids]  # [N, H]
+        # One set of buffers per call, reused by every layer: at decode sizes a numpy call's fixed cost dominates,
+        # so each allocation saved matters. (Per call, not per model: two threads may share one model.)
+        x = self.embed_tokens[ids]  # [N, H]: this call's own copy of the rows, the residual stream
+        h = np.empty_like(x)  # each RMSNorm's output
+        proj = np.empty_like(x)  # o_proj's and down_proj's outputs, before they are added to x
+        qkv = np.empty((n, self.layers[0].w_qkv.shape[1]), dtype=np.float32)
+        gate_up = np.empty((n, 2 * c.intermediate_size), dtype=np.float32)
+        act = np.empty((n, c.intermediate_size), dtype=np.float32)
+        # Views into qkv, made once: RoPE rotates Q and K in place (halves on their own axis), and the backend
+        # reads Q, K, V where the matmul wrote them. Backends must not keep them past attend (the next layer
+        # overwrites qkv) — every backend copies K and V into its cache.
+        qk_halves = qkv[:, :k_end].reshape(n, hq + hkv, 2, d // 2)
+        q = qkv[:, :q_end].reshape(n, hq, d)
+        k = qkv[:, q_end:k_end].reshape(n, hkv, d)
+        v = qkv[:, k_end:].reshape(n, hkv, d)
+        eps = np.float32(c.rms_norm_eps)
+
         backend.begin_step(pos)
         for layer_idx, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = h @ layer.w_qkv
-            qk = apply_rope(qkv[:, :k_end].reshape(n, hq + hkv, d), cos, sin)  # Q and K heads rotated at once
-            q, k = qk[:, :hq], qk[:, hq:]
-            v = qkv[:, k_end:].reshape(n, hkv, d)
+            np.matmul(rms_norm(x, layer.input_norm, eps, out=h), layer.w_qkv, out=qkv)
+            rotate_in_place(qk_halves, cos, signed_sin)  # Q and K heads rotated at once
             attn = backend.attend(layer_idx, q, k, v)  # [N, Hq, D]
-            x += attn.reshape(n, hq * d) @ layer.w_o  # x is this call's own array (the embedding rows' copy)
-            h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            x += silu_and_mul(h @ layer.w_gate_up) @ layer.w_down
+            x += np.matmul(attn.reshape(n, hq * d), layer.w_o, out=proj)
+            np.matmul(rms_norm(x, layer.post_norm, eps, out=h), layer.w_gate_up, out=gate_up)
+            x += np.matmul(silu_and_mul(gate_up, out=act), layer.w_down, out=proj)
         backend.end_step()
 
         if logits_indices is not None:
             x = x[np.asarray(logits_indices, dtype=np.int64)]
-        return rms_norm(x, self.norm, c.rms_norm_eps) @ self.lm_head_t
+        return rms_norm(x, self.norm, eps) @ self.lm_head_t
 
 
 def load_model(path: str | Path | None = None) -> LlamaModel:
