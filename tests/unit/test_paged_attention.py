@@ -527,3 +527,24 @@ def test_a_lone_decode_attends_over_its_own_length_without_a_mask(scramble):
                                    _decode_bias(meta.seq_lens, full.shape[2]), np.empty((1, hkv, group, d), np.float32))
         np.testing.assert_allclose(got, masked.reshape(got.shape), atol=5e-7, rtol=0)
         np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
+
+
+def test_softmax_rows_with_fmax_equal_the_max_form_and_keep_nans():
+    """``_exp_rows`` takes the row maximum with ``fmax`` (cheaper on short rows): bit-equal to ``max`` on finite and
+    ``-inf``-masked rows, and a NaN score still makes its row's output NaN."""
+    pa = sys.modules["minienv.kv.paged_attention"]
+    rng = np.random.default_rng(14)
+    scores = rng.standard_normal((5, 2, 3, 17)).astype(np.float32) * 10
+    scores[0, 0, :, 9:] = -np.inf  # masked tails
+    scores[1, 1, 2, 3] = np.nan
+    want = scores.copy()
+    with np.errstate(invalid="ignore"):
+        want -= want.max(axis=-1, keepdims=True)
+        np.exp(want, out=want)
+        want_sums = np.add.reduce(want, axis=-1, keepdims=True)
+        got = scores.copy()
+        got_sums = pa._exp_rows(got)
+    finite = ~np.isnan(want_sums[..., 0])
+    np.testing.assert_array_equal(got[finite], want[finite])
+    np.testing.assert_array_equal(got_sums[finite], want_sums[finite])
+    assert np.isnan(got_sums[1, 1, 2, 0]) and finite.sum() == finite.size - 1
