@@ -214,8 +214,11 @@ class LlamaModel:
     # ------------------------------------------------------------------ validation
     def _check_tokens(self, token_ids: object) -> np.ndarray:
         ids = np.asarray(token_ids)
-        if ids.dtype == np.int64 and ids.ndim == 1 and ids.size:  # the engine's arrays: two reductions, no copies
-            if ids.min() >= 0 and ids.max() < self.config.vocab_size:
+        if ids.dtype == np.int64 and ids.ndim == 1:  # the engine's arrays, generate's lists: no copies
+            if len(ids) == 1:  # a single decode: one scalar comparison instead of two reductions
+                if 0 <= ids[0] < self.config.vocab_size:
+                    return ids
+            elif ids.size and ids.min() >= 0 and ids.max() < self.config.vocab_size:
                 return ids
         if ids.ndim != 1:
             raise ValueError(f"token_ids must be a 1-D sequence of ints, got shape {ids.shape}")
@@ -233,7 +236,10 @@ class LlamaModel:
     def _check_positions(self, positions: object, n: int) -> np.ndarray:
         pos = np.asarray(positions)
         if pos.dtype == np.int64 and pos.shape == (n,) and n:  # the engine's arrays (the general checks below)
-            if pos.min() >= 0 and pos.max() < self.config.max_position_embeddings:
+            if n == 1:  # a single decode: one scalar comparison instead of two reductions
+                if 0 <= pos[0] < self.config.max_position_embeddings:
+                    return pos
+            elif pos.min() >= 0 and pos.max() < self.config.max_position_embeddings:
                 return pos
         if pos.shape != (n,) or (n and not np.issubdtype(pos.dtype, np.integer)):
             raise ValueError(f"positions must be {n} integers (one per token), got shape {pos.shape}")
@@ -272,24 +278,22 @@ class LlamaModel:
         pos = self._check_positions(positions, len(ids))
         c = self.config
         n, hq, hkv, d = len(ids), c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        q_end, k_end = hq * d, (hq + hkv) * d
         cos, signed_sin = self.rope.rows(pos)  # rows of a table made once (rope_cos_sin's values, bit for bit)
 
         # One set of buffers per call, reused by every layer: at decode sizes a numpy call's fixed cost dominates,
         # so each allocation saved matters. (Per call, not per model: two threads may share one model.)
-        x = self.embed_tokens[ids]  # [N, H]: this call's own copy of the rows, the residual stream
+        x = self.embed_tokens.take(ids, 0)  # [N, H]: this call's own copy of the rows (take: half of [ids]'s cost)
         h = np.empty_like(x)  # each RMSNorm's output
         proj = np.empty_like(x)  # o_proj's and down_proj's outputs, before they are added to x
-        qkv = np.empty((n, self.layers[0].w_qkv.shape[1]), dtype=np.float32)
+        qkv = np.empty((n, (hq + 2 * hkv) * d), dtype=np.float32)
         gate_up = np.empty((n, 2 * c.intermediate_size), dtype=np.float32)
         act = np.empty((n, c.intermediate_size), dtype=np.float32)
         # Views into qkv, made once: RoPE rotates Q and K in place (halves on their own axis), and the backend
         # reads Q, K, V where the matmul wrote them. Backends must not keep them past attend (the next layer
         # overwrites qkv) — every backend copies K and V into its cache.
-        qk_halves = qkv[:, :k_end].reshape(n, hq + hkv, 2, d // 2)
-        q = qkv[:, :q_end].reshape(n, hq, d)
-        k = qkv[:, q_end:k_end].reshape(n, hkv, d)
-        v = qkv[:, k_end:].reshape(n, hkv, d)
+        heads = qkv.reshape(n, hq + 2 * hkv, d)  # Q heads, then K heads, then V heads
+        q, k, v = heads[:, :hq], heads[:, hq:hq + hkv], heads[:, hq + hkv:]
+        qk_halves = qkv.reshape(n, hq + 2 * hkv, 2, d // 2)[:, :hq + hkv]
         eps = np.float32(c.rms_norm_eps)
 
         backend.begin_step(pos)

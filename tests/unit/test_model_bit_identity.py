@@ -183,3 +183,17 @@ def test_other_shapes_are_bit_identical(heads, kv_heads, tied):
     for a, b in ((0, 13), (13, 14), (14, 20)):
         assert same_bits(model.forward_step(ids[a:b], np.arange(a, b), fast),
                          plain_forward_step(model, ids[a:b], np.arange(a, b), plain))
+
+
+def test_single_token_checks_still_name_the_bad_input():
+    """A decode's one token and one position are checked with scalar comparisons; bad ones still fail clearly."""
+    cfg = LlamaConfig(vocab_size=53, hidden_size=24, intermediate_size=40, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    model = LlamaModel(cfg, random_weights(cfg, seed=0))
+    cache = model.new_kv_cache(8)
+    for ids, pos, match in (([53], [0], "token id 53 out of range"), (np.array([-1]), [0], "token id -1 out of range"),
+                            ([3], [64], "position 64 is outside"), ([3], np.array([-2]), "position -2 is outside")):
+        with pytest.raises(ValueError, match=match):
+            model.forward_step(ids, pos, cache)
+    assert cache.length == 0
+    assert model.forward_step(np.array([52]), np.array([0]), cache).shape == (1, 53) and cache.length == 1
