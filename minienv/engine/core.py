@@ -345,8 +345,15 @@ class InferenceEngine:
         ids = [self._add(tok, text, sp, None, consumer) for tok, text, sp in validate_batch(
             self, prompts, sampling_params)]
         self._interrupt_guard.install()  # once for the whole loop (each step's install is then a counter)
+        unfinished = [self.requests[i] for i in ids]
+        seen = -1  # the engine's finished count when ``unfinished`` was last filtered
         try:
-            while any(not self.requests[i].is_finished for i in ids):
+            while unfinished:
+                if seen != self.counters.finished:  # every finish (in a step, or an abort) counts in _finish
+                    seen = self.counters.finished
+                    unfinished = [r for r in unfinished if not r.is_finished]
+                    if not unfinished:
+                        break
                 self._engine_step()
         except BaseException:
             self.router.adopt(consumer, self._step_consumer)

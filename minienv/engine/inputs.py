@@ -79,7 +79,7 @@ def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool
                                       np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=n),
                                       slot_mapping, kv.block_size)
     token_ids = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in sched), dtype=np.int64,
-                            count=meta.num_tokens)
+                            count=len(slot_mapping))  # one slot per token
     if meta.is_decode and all(s.samples for s in sched):
         # every sequence decodes one token and samples it (no drafts: one token each): token i is sequence i's
         # last row, so the rows are the shared read-only arange (what the general lines below compute)

@@ -18,6 +18,7 @@ from typing import Any
 
 from minienv.generate import trim_at_stop
 from minienv.request import FinishReason, Request, RequestMetrics
+from minienv.tokenizer import BPETokenizer
 
 
 class IncrementalDetokenizer:
@@ -30,8 +31,10 @@ class IncrementalDetokenizer:
         self.decode = tokenizer.decode
         self.id_to_bytes = getattr(tokenizer, "id_to_bytes", None)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace") if self.id_to_bytes else None
-        # the tokenizer's table of every token's bytes, if it has one: an index instead of a checked call per token
-        self._table: tuple[bytes, ...] | None = getattr(tokenizer, "token_bytes", None) if self.id_to_bytes else None
+        # minienv's tokenizer keeps every token's bytes in a table: an index instead of a checked call per token.
+        # Only when id_to_bytes is that tokenizer's own (a wrapper may override it, e.g. to fail on a token).
+        self._table: tuple[bytes, ...] | None = (
+            tokenizer.token_bytes if getattr(type(tokenizer), "id_to_bytes", None) is BPETokenizer.id_to_bytes else None)
         self.pending: list[int] = []
 
     def push(self, token_id: int) -> str:
