@@ -34,10 +34,15 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | No
     # np.mean's own arithmetic (a float32 sum, then a division by the count) without its Python wrapper, which
     # costs more than the sum at decode sizes; the bits are np.mean's.
     squares = np.multiply(x, x, out=out)
-    variance = np.add.reduce(squares, axis=-1, keepdims=True)
-    variance /= x.shape[-1]
-    variance += np.float32(eps)
-    out = np.divide(x, np.sqrt(variance, out=variance), out=out)  # x² is no longer needed: overwrite it
+    if x.size == x.shape[-1]:  # one row (a decode): float32 *scalar* arithmetic — the same operations, the same
+        # bits, at a fraction of the cost of three ufunc calls on a [1, 1] array
+        rms = np.sqrt(np.add.reduce(squares, axis=None) / np.float32(x.shape[-1]) + np.float32(eps))
+    else:
+        rms = np.add.reduce(squares, axis=-1, keepdims=True)
+        rms /= x.shape[-1]
+        rms += np.float32(eps)
+        np.sqrt(rms, out=rms)
+    out = np.divide(x, rms, out=out)  # x² is no longer needed: overwrite it
     out *= weight  # in place: the same products as weight * (...), one temporary fewer
     return out
 

@@ -82,6 +82,16 @@ def test_public_ops_equal_their_plain_forms_bit_for_bit():
         assert same_bits(apply_rope(qk, cos, sin), plain_apply_rope(qk, cos, sin))
 
 
+def test_one_row_rms_norm_in_scalar_arithmetic_equals_the_plain_form():
+    """A single row's statistic is computed on float32 scalars (a decode's fast path): the same bits, row by row."""
+    rng = np.random.default_rng(4)
+    rows = (rng.standard_normal((3000, 192)) * rng.choice([1e-20, 1e-3, 1.0, 1e3, 1e18], (3000, 1))).astype(np.float32)
+    w = rng.standard_normal(192).astype(np.float32)
+    want = plain_rms_norm(rows, w, 1e-5)
+    assert all(same_bits(rms_norm(row[None], w, 1e-5), want[i:i + 1]) for i, row in enumerate(rows))
+    assert same_bits(rms_norm(rows[7], w, 1e-5), want[7])  # a 1-D row too
+
+
 def test_silu_and_mul_equals_silu_times_up_on_every_kind_of_float32():
     """Random bit patterns: every exponent, subnormals included — where halving a gate could lose a bit."""
     bits = np.random.default_rng(3).integers(0, 2**32, 2 * 200_000, dtype=np.uint64).astype(np.uint32)
