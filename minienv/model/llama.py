@@ -56,10 +56,10 @@ def silu_and_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
     """``silu(gate) * up`` for ``gate_up = [gate | up]`` (vLLM's ``SiluAndMul``), bit for bit, one operation fewer.
 
     :func:`silu` computes ``gate * (0.5 * (1 + t))`` with ``t = tanh(0.5 * gate)``; here it is
-    ``(0.5 * gate) * (1 + t)``, reusing the ``0.5 * gate`` that tanh needed anyway. The two are the same float32
-    number: halving is exact (``1 + t`` is 0 or at least 2⁻²⁴, and where ``0.5 * gate`` would lose a bit to
-    underflow, ``1 + t`` rounds to exactly 1), so both round the same real product once. ``out`` ``[..., I]``
-    receives the result.
+    ``(0.5 * gate) * (1 + t)``, reusing the ``0.5 * gate`` that tanh needed anyway. Both round the same real
+    product ``gate * (1 + t) / 2`` once, because each halving is exact: ``1 + t`` is 0 or at least 2⁻²⁴ (never
+    subnormal), and ``gate`` loses a bit when halved only below 2⁻¹²⁵, where ``1 + t`` is exactly 1 and both forms
+    give ``0.5 * gate``. ``out`` ``[..., I]`` receives the result.
     """
     inter = gate_up.shape[-1] // 2
     gate, up = gate_up[..., :inter], gate_up[..., inter:]
