@@ -360,7 +360,9 @@ class _Tile:
         ``T`` is ``nb*B``, or a lone decode's ``num_keys`` (a view of the first keys)."""
         if self.run_start is not None:
             _, nb, b, h, d = self.gather_buf.shape[1:]
-            kv = kv_layer[:, self.run_start:self.run_start + nb].reshape(2, 1, nb * b, h, d)
+            first = self.run_start * b  # the run as a range of the pool's token slots
+            last = first + (nb * b if self.num_keys is None else self.num_keys)
+            return kv_layer.reshape(2, 1, -1, h, d)[:, :, first:last]
         else:
             np.take(kv_layer, self.block_tables, axis=1, out=self.gather_buf, mode="clip")  # = gather_kv
             kv = self.kv
@@ -712,17 +714,28 @@ def paged_attention(
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     workspace = workspace if workspace is not None else Workspace()
-    step = resolve_kernel(meta, kv_layer.shape[3], q.shape[2], tile_bytes, workspace, kernel)
+    hkv, d = kv_layer.shape[3], q.shape[2]
+    key = ("step", kernel, hkv, d, tile_bytes, id(workspace))  # the step's resolved kernel: one lookup per layer
+    step = meta._plans.get(key)
+    if step is None:
+        step = meta._plans[key] = resolve_kernel(meta, hkv, d, tile_bytes, workspace, kernel)
     return run_kernel(q, kv_layer, meta, step, workspace)
 
 
 @dataclass(frozen=True)
 class StepKernel:
     """What a step runs, decided once and reused by every layer: the gather kernel's tile plan, and the in-place
-    kernel's plan when that kernel runs instead (else None)."""
+    kernel's plan when that kernel runs instead (else None).
+
+    ``lone_run``: a step that is one sequence decoding over one physical run of blocks (a single request after
+    its prefill, typically) is attention over the pool slots ``[first, last)`` — the step is then run with no
+    plan, tile or group walk at all (:func:`_attend_lone_run`). Its per-call overhead is most of a short
+    sequence's attention time, so this is worth a special case.
+    """
 
     plan: TilePlan
     inplace: _InplacePlan | None
+    lone_run: tuple[int, int] | None = None
 
 
 def resolve_kernel(meta: PagedAttentionMetadata, hkv: int, d: int, tile_bytes: int, workspace: Workspace,
@@ -733,28 +746,27 @@ def resolve_kernel(meta: PagedAttentionMetadata, hkv: int, d: int, tile_bytes: i
     chosen = _auto_choice(meta, hkv, d, plan.use_views) if kernel == "auto" else kernel
     # auto's in-place plan was built when it chose (force=False); an explicit "inplace" plans regardless of size
     inplace = _inplace_plan(meta, hkv, d, force=kernel == "inplace") if chosen == "inplace" else None
-    return StepKernel(plan, inplace)
+    lone_run = None
+    if inplace is None and meta.is_decode and len(plan.decode_tiles) == 1:
+        tile = plan.decode_tiles[0]
+        if tile.run_start is not None and tile.num_keys is not None:
+            first = tile.run_start * meta.block_size
+            lone_run = (first, first + tile.num_keys)
+    return StepKernel(plan, inplace, lone_run)
 
 
 def run_kernel(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata, step: StepKernel,
                workspace: Workspace) -> np.ndarray:
     """One layer of :func:`paged_attention` with the step's kernel already resolved (:func:`resolve_kernel`)."""
+    if step.lone_run is not None:
+        return _attend_lone_run(q, kv_layer, *step.lone_run)
     if step.inplace is not None:
         return inplace_decode_attention(q, kv_layer, step.inplace, workspace)
     plan = step.plan
     n, hq, d = q.shape
-    hkv = kv_layer.shape[3]
-    g = hq // hkv
     od = None
     if plan.decode_tiles:  # one query per sequence: no padding
-        qd = q if plan.decode_rows is None else np.take(q, plan.decode_rows, axis=0)  # tile order
-        nd = len(qd)
-        qg = qd.reshape(nd, hkv, g, d) * softmax_scale(d)  # scaled once for every tile
-        od = np.empty((nd, hkv, g, d), dtype=np.float32)
-        for tile in plan.decode_tiles:  # one iteration unless the group's K/V outgrows the cache
-            kv = tile.kv_of(kv_layer)
-            _decode_attention(qg[tile.s0:tile.s1], kv[0], kv[1], tile.bias, od[tile.s0:tile.s1])
-        od = od.reshape(nd, hq, d)
+        od = _attend_decodes(q, kv_layer, plan)
         if meta.is_decode:
             return od if plan.decode_inverse is None else np.take(od, plan.decode_inverse, axis=0)
     # a step with prefill chunks: its chunk queries padded to the longest chunk, causal masks per tile
@@ -770,6 +782,36 @@ def run_kernel(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata
     if od is not None:
         out[plan.decode_rows] = od
     return out
+
+
+def _attend_lone_run(q: np.ndarray, kv_layer: np.ndarray, first: int, last: int) -> np.ndarray:
+    """One sequence's decode over the pool's token slots ``[first, last)`` (its blocks are one physical run):
+    :func:`_decode_attention` over views of the pool, nothing else. ``q [1, Hq, D]``."""
+    _, hq, d = q.shape
+    _, _, _, hkv, _ = kv_layer.shape
+    kv = kv_layer.reshape(2, 1, -1, hkv, d)[:, :, first:last]  # [2, 1, T, Hkv, D]
+    qg = q.reshape(1, hkv, hq // hkv, d) * softmax_scale(d)
+    return _decode_attention(qg, kv[0], kv[1], None, np.empty_like(qg)).reshape(1, hq, d)
+
+
+def _attend_decodes(q: np.ndarray, kv_layer: np.ndarray, plan: TilePlan) -> np.ndarray:
+    """The decode group of a step: one query row per sequence, tile by tile. Returns ``[nd, Hq, D]`` in tile
+    order (the step's order unless the group was sorted)."""
+    _, hq, d = q.shape
+    hkv = kv_layer.shape[3]
+    qd = q if plan.decode_rows is None else np.take(q, plan.decode_rows, axis=0)  # tile order
+    nd = len(qd)
+    qg = qd.reshape(nd, hkv, hq // hkv, d) * softmax_scale(d)  # scaled once for every tile
+    od = np.empty_like(qg)
+    tiles = plan.decode_tiles
+    if len(tiles) == 1:  # the usual case: the whole group in one tile (no per-tile slices of q and out)
+        kv = tiles[0].kv_of(kv_layer)
+        _decode_attention(qg, kv[0], kv[1], tiles[0].bias, od)
+    else:  # the group's K/V outgrew the cache: shortest sequences first
+        for tile in tiles:
+            kv = tile.kv_of(kv_layer)
+            _decode_attention(qg[tile.s0:tile.s1], kv[0], kv[1], tile.bias, od[tile.s0:tile.s1])
+    return od.reshape(nd, hq, d)
 
 
 # ---------------------------------------------------------------------------------------------------- backend

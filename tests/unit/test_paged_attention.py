@@ -3,6 +3,7 @@ start mid-sequence, decodes), block sizes 1/2/16/64, GQA ratios and physical blo
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -60,6 +61,14 @@ def build_batch(rng, block_size, context_lens, query_lens, hkv, group, head_dim,
     new_v = [np.concatenate([dense_v[i][layer, context_lens[i]:] for i in range(s)]) for layer in range(layers)]
     q = rng.standard_normal((meta.num_tokens, hkv * group, head_dim), dtype=np.float32)
     return kv, meta, q, new_k, new_v, dense_k, dense_v, tables, pool
+
+
+def tile_plan_of(meta):
+    """The step's one tile plan (the metadata also caches auto's choice and the resolved step kernel)."""
+    from minienv.kv.paged_attention import TilePlan
+
+    (plan,) = [p for p in meta._plans.values() if isinstance(p, TilePlan)]
+    return plan
 
 
 def dense_reference(q, meta, dense_k, dense_v, layer=0):
@@ -132,7 +141,7 @@ def test_batched_decode_of_different_lengths_uses_one_gather_per_tile():
     ws = Workspace()
     got = paged_attention(q, kv.kv_cache[0], meta, ws, kernel="gather")
     np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
-    (plan,) = meta._plans.values()
+    plan = tile_plan_of(meta)
     assert len(plan.tiles) == 1 and not plan.use_views  # a small batch is one tile: one np.take, one attention call
     buf = ws.buffer
     paged_attention(q, kv.kv_cache[0], meta, ws, kernel="gather")
@@ -147,7 +156,7 @@ def test_a_mixed_step_attends_its_decodes_unpadded_beside_its_prefill_chunks():
     kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
     got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), kernel="gather")
     np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
-    (plan,) = meta._plans.values()
+    plan = tile_plan_of(meta)
     assert plan.decode_rows.tolist() == [0, 12, 19]  # the decodes' token rows (tokens 0, 1+11, 1+11+1+6)
     assert plan.prefill_seqs.tolist() == [1, 3] and plan.prefill_max_q == 11
     assert [t.kv.shape[1] for t in plan.decode_tiles] == [3]
@@ -163,7 +172,7 @@ def test_a_decode_batch_of_several_tiles_is_walked_shortest_first():
     tile_bytes = 2 * 18 * 4 * 2 * 8 * 4 * 2  # two sequences of 18 blocks
     got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), tile_bytes, kernel="gather")
     np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
-    (plan,) = meta._plans.values()
+    plan = tile_plan_of(meta)
     blocks = [-(-(n + 1) // 4) for n in lens]  # each sequence holds its context and the new token
     assert plan.decode_rows.tolist() == np.argsort(blocks, kind="stable").tolist()
     assert (plan.decode_rows[plan.decode_inverse] == np.arange(len(lens))).all()
@@ -511,6 +520,7 @@ def test_a_lone_decode_attends_over_its_own_length_without_a_mask(scramble):
     last block: equal to the masked form within float32 rounding (5e-7), and to dense within 1e-5."""
     from minienv.kv.paged_attention import _decode_attention, _decode_bias, softmax_scale
 
+    pa = sys.modules["minienv.kv.paged_attention"]
     rng = np.random.default_rng(13)
     b, hkv, group, d = 16, 2, 2, 8
     for context in (0, 5, 37, 1030):
@@ -518,10 +528,15 @@ def test_a_lone_decode_attends_over_its_own_length_without_a_mask(scramble):
             rng, b, [context], [1], hkv, group, d, scramble)
         kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
         got = paged_attention(q, kv.kv_cache[0], meta, Workspace(), kernel="gather")
-        (plan,) = meta._plans.values()
+        plan = tile_plan_of(meta)
         (tile,) = plan.decode_tiles
         assert tile.bias is None and tile.num_keys == context + 1
         assert tile.run_start is not None or scramble  # a fresh pool hands out one physical run
+        step = pa.resolve_kernel(meta, hkv, d, pa.DEFAULT_TILE_BYTES, Workspace(), "gather")
+        assert (step.lone_run is not None) == (tile.run_start is not None)
+        if step.lone_run is not None:  # its no-plan path == the group walk over the same tile, bit for bit
+            walked = pa.run_kernel(q, kv.kv_cache[0], meta, dataclasses.replace(step, lone_run=None), Workspace())
+            np.testing.assert_array_equal(got, walked)
         full = gather_kv(kv.kv_cache[0], tile.block_tables)
         masked = _decode_attention(q.reshape(1, hkv, group, d) * softmax_scale(d), full[0], full[1],
                                    _decode_bias(meta.seq_lens, full.shape[2]), np.empty((1, hkv, group, d), np.float32))
