@@ -257,6 +257,13 @@ def _merge_word(word: tuple[int, ...], a: int, b: int, new: int) -> tuple[int, .
     return tuple(out)
 
 
+def _utf8_or_none(raw: bytes) -> str | None:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 class BPETokenizer:
     """A byte-level BPE tokenizer.
 
@@ -312,6 +319,9 @@ class BPETokenizer:
         #: every token's exact bytes by id (:meth:`id_to_bytes` without its checks, for per-token hot paths)
         self.token_bytes: tuple[bytes, ...] = tuple(
             self._special_by_id[i].encode("utf-8") if raw is None else raw for i, raw in enumerate(id_bytes))
+        #: each token's text when its bytes are complete UTF-8 on their own, else None (it starts or ends inside a
+        #: character): what an incremental decoder with nothing pending returns for it
+        self.token_texts: tuple[str | None, ...] = tuple(_utf8_or_none(b) for b in self.token_bytes)
         if self.special_tokens:
             # longest first, so a special token that contains another wins
             alts = sorted(self.special_tokens, key=len, reverse=True)

@@ -33,16 +33,26 @@ class IncrementalDetokenizer:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace") if self.id_to_bytes else None
         # minienv's tokenizer keeps every token's bytes in a table: an index instead of a checked call per token.
         # Only when id_to_bytes is that tokenizer's own (a wrapper may override it, e.g. to fail on a token).
-        self._table: tuple[bytes, ...] | None = (
-            tokenizer.token_bytes if getattr(type(tokenizer), "id_to_bytes", None) is BPETokenizer.id_to_bytes else None)
+        own = getattr(type(tokenizer), "id_to_bytes", None) is BPETokenizer.id_to_bytes
+        self._table: tuple[bytes, ...] | None = tokenizer.token_bytes if own else None
+        self._texts: tuple[str | None, ...] | None = tokenizer.token_texts if own else None
+        self._partial = False  # the UTF-8 decoder holds the start of a character
         self.pending: list[int] = []
 
     def push(self, token_id: int) -> str:
         if self._utf8 is not None:
             table = self._table
             if table is not None and type(token_id) is int and 0 <= token_id < len(table):
-                return self._utf8.decode(table[token_id])
-            return self._utf8.decode(self.id_to_bytes(token_id))  # anything else: the tokenizer's checks decide
+                # most tokens are whole characters: with nothing pending, their text is known in advance
+                text = None if self._partial else self._texts[token_id]  # type: ignore[index]
+                if text is not None:
+                    return text
+                raw = table[token_id]
+            else:
+                raw = self.id_to_bytes(token_id)  # anything else: the tokenizer's checks decide
+            text = self._utf8.decode(raw)
+            self._partial = bool(self._utf8.getstate()[0])
+            return text
         self.pending.append(token_id)
         text = self.decode(self.pending)
         if text.endswith("\ufffd"):
@@ -52,6 +62,7 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         if self._utf8 is not None:
+            self._partial = False
             return self._utf8.decode(b"", final=True)
         text = self.decode(self.pending) if self.pending else ""
         self.pending = []

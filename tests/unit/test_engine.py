@@ -362,9 +362,10 @@ def test_incremental_detokenizer_equals_decoding_everything(tok):
 
     utf8 = st.text(min_size=0, max_size=12).map(lambda s: list(s.encode("utf-8")))
     junk = st.lists(st.integers(0, 255), max_size=6)  # arbitrary bytes: invalid UTF-8 included
+    tokens = st.lists(st.integers(0, tok.vocab_size - 1), max_size=6)  # any token: merged, special, partial
 
-    @settings(max_examples=300, deadline=None)
-    @given(st.lists(st.one_of(utf8, junk), max_size=6))
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(st.one_of(utf8, junk, tokens), max_size=6))
     def check(parts):
         ids = [i for p in parts for i in p]
         for d in (IncrementalDetokenizer(tok), IncrementalDetokenizer(DecodeOnly(tok))):
