@@ -363,10 +363,8 @@ class _Tile:
             first = self.run_start * b  # the run as a range of the pool's token slots
             last = first + (nb * b if self.num_keys is None else self.num_keys)
             return kv_layer.reshape(2, 1, -1, h, d)[:, :, first:last]
-        else:
-            np.take(kv_layer, self.block_tables, axis=1, out=self.gather_buf, mode="clip")  # = gather_kv
-            kv = self.kv
-        return kv if self.num_keys is None else kv[:, :, :self.num_keys]
+        np.take(kv_layer, self.block_tables, axis=1, out=self.gather_buf, mode="clip")  # = gather_kv
+        return self.kv if self.num_keys is None else self.kv[:, :, :self.num_keys]
 
 
 @dataclass(frozen=True)
@@ -879,7 +877,8 @@ class PagedAttentionBackend:
                 or not _same_ints(metadata.block_tables, carried.block_tables) \
                 or not _same_ints(_blocks_per_seq(metadata), carried.blocks_per_seq):
             return
-        carried.metadata._plans.pop(self._plan_key, None)  # the old step must not see masks it did not plan
+        # the old step gives up what it planned (its masks now describe this step); asked again, it plans anew
+        carried.metadata._plans.clear()
         refresh_decode_plan(carried.plan, carried.seq_lens, metadata.seq_lens)
         metadata._plans[self._plan_key] = carried.plan
         carried.metadata, carried.seq_lens = metadata, metadata.seq_lens.copy()  # what the masks now describe
