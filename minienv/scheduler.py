@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Literal, Sequence
 
 import numpy as np
@@ -76,6 +76,26 @@ class ScheduledRequest:
     #: speculative decoding: the last ``num_spec_tokens`` of ``token_ids`` are drafts to verify (a decode only)
     num_spec_tokens: int = 0
 
+    @classmethod
+    def one_token(cls, request_id: str, kind: StepKind, start: int, token: int,
+                  slot_mapping: np.ndarray) -> "ScheduledRequest":
+        """The decode fast path's entry: one token at position ``start`` that samples, nothing else set. Equal to
+        ``ScheduledRequest(request_id, kind, 1, start, True, token_ids=(token,), slot_mapping=slot_mapping)``
+        (``test_one_token_equals_the_constructor``), built by filling the instance's ``__dict__`` from the
+        defaults: a frozen dataclass's ``__init__`` sets each of its 12 fields through ``object.__setattr__``,
+        which costs more than the rest of a decode's scheduling."""
+        s = object.__new__(cls)
+        d = s.__dict__
+        d.update(_ONE_TOKEN_DEFAULTS)
+        d["request_id"], d["kind"], d["num_computed_tokens"] = request_id, kind, start
+        d["token_ids"], d["slot_mapping"] = (token,), slot_mapping
+        return s
+
+
+#: every field of a one-token :class:`ScheduledRequest` that does not depend on the request (dataclass order)
+_ONE_TOKEN_DEFAULTS = {f.name: f.default for f in fields(ScheduledRequest)}
+_ONE_TOKEN_DEFAULTS.update(num_new_tokens=1, samples=True)
+
 
 @dataclass
 class SchedulerOutput:
@@ -92,7 +112,9 @@ class SchedulerOutput:
     scheduling: SchedulingPolicy = "continuous"
 
     def _tokens(self, *kinds: StepKind) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled if not kinds or s.kind in kinds)
+        if not kinds:
+            return sum([s.num_new_tokens for s in self.scheduled])
+        return sum([s.num_new_tokens for s in self.scheduled if s.kind in kinds])
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -204,10 +226,13 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput) -> int:
         """Step 1 and 2 of the module docstring; returns the token budget left."""
-        budget = self.max_num_batched_tokens
-        decodes_after = sum(1 for r in self.running if not r.is_prefilling)  # budget reserved for later decodes
         fast = getattr(self.kv, "fast_paths", False)  # read per step: a lab may swap the manager between steps
-        i = 0
+        # the leading run of plain decodes (all of them in a steady decode step) in one tight loop
+        i = self._schedule_decodes(out) if fast else 0
+        budget = self.max_num_batched_tokens - i
+        if i == len(self.running):
+            return budget
+        decodes_after = sum(1 for r in self.running[i:] if not r.is_prefilling)  # budget kept for later decodes
         while i < len(self.running):
             req = self.running[i]
             spec: list[int] = []
@@ -249,17 +274,37 @@ class Scheduler:
             i += 1
         return budget
 
-    def _decode_fast(self, req: Request) -> ScheduledRequest | None:
+    def _schedule_decodes(self, out: SchedulerOutput) -> int:
+        """Schedule the running requests from the first on that each compute one token and carry no drafts,
+        through :meth:`_decode_fast`, up to the first that is not such a decode or whose slot the fast path
+        declines; return how many were scheduled (each takes one token of the budget).
+
+        The general loop of :meth:`_schedule_running` would schedule them identically (each is a decode it would
+        send to :meth:`_decode_fast`, and the budget always covers one token per running request); this loop only
+        skips its per-request budget arithmetic and draft slicing. It then continues at the first request left."""
+        scheduled = out.scheduled
+        before = len(scheduled)
+        for req in self.running:
+            tokens = req.all_token_ids
+            if len(tokens) - req.num_computed_tokens != 1 or req.spec_token_ids:
+                break
+            s = self._decode_fast(req, tokens)
+            if s is None:
+                break
+            scheduled.append(s)
+        return len(scheduled) - before
+
+    def _decode_fast(self, req: Request, tokens: list[int] | None = None) -> ScheduledRequest | None:
         """One token through the manager's decode fast path (an int slot, no result object); None if it declined
-        (no free block, or a copy-on-write), having changed nothing — the plain loop then takes the token."""
+        (no free block, or a copy-on-write), having changed nothing — the plain loop then takes the token.
+        ``tokens``: ``req.all_token_ids`` when the caller has it at hand."""
         start = req.num_computed_tokens
-        token = req.all_token_ids[start]
+        token = (req.all_token_ids if tokens is None else tokens)[start]
         slot = self.kv.append_slot(req.request_id, token)
         if slot is None:
             return None
-        kind: StepKind = "decode" if start >= req.num_prompt_tokens else "prefill"
-        return ScheduledRequest(req.request_id, kind, 1, start, True, token_ids=(token,),
-                                slot_mapping=np.array((slot,), dtype=np.int64))
+        kind: StepKind = "decode" if start >= len(req.prompt_token_ids) else "prefill"
+        return ScheduledRequest.one_token(req.request_id, kind, start, token, np.array((slot,), dtype=np.int64))
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         """Step 3: admit from the head of the waiting queue while the budget, ``max_num_seqs`` and memory allow."""

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minienv.kv.block_table import pad_block_tables
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.kv.kv_pool import KVPool
 from minienv.kv.paged_attention import PagedAttentionMetadata
@@ -64,23 +63,36 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 _DECODE_CONSTANTS: dict[int, tuple[np.ndarray, ...]] = {}
 
 
+def block_tables(rows: list[list[int]]) -> np.ndarray:
+    """:func:`~minienv.kv.block_table.pad_block_tables` of a step's tables (at least one): each short row
+    extended with zeros in Python, then ONE ``np.array`` — instead of a zero array and one numpy assignment per
+    row, which costs more than the rest of a small decode step's inputs
+    (``test_block_tables_equal_pad_block_tables``)."""
+    width = max(max(map(len, rows)), 1)
+    return np.array([row if len(row) == width else [*row, *[0] * (width - len(row))] for row in rows],
+                    dtype=np.int64)
+
+
 def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool) -> StepInputs:
     sched = plan.scheduled
-    if any(s.blocks_to_copy for s in sched):
+    if any([s.blocks_to_copy for s in sched]):
         kv_pool.copy_blocks(pair for s in sched for pair in s.blocks_to_copy)
     n = len(sched)
-    tables = pad_block_tables([kv.request(s.request_id).block_ids for s in sched])
-    context_lens = np.fromiter((s.num_computed_tokens for s in sched), dtype=np.int64, count=n)
-    slot_mapping = np.concatenate([s.slot_mapping for s in sched])
+    tables = block_tables([kv.request(s.request_id).block_ids for s in sched])
+    context_lens = np.array([s.num_computed_tokens for s in sched], dtype=np.int64)
+    slot_mapping = sched[0].slot_mapping if n == 1 else np.concatenate([s.slot_mapping for s in sched])
     if len(slot_mapping) == n:  # every sequence computes one token: a decode step (the common case)
         meta = decode_metadata(tables, context_lens, slot_mapping, kv.block_size)
     else:
         meta = PagedAttentionMetadata(tables, context_lens,
                                       np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=n),
                                       slot_mapping, kv.block_size)
-    token_ids = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in sched), dtype=np.int64,
-                            count=len(slot_mapping))  # one slot per token
-    if meta.is_decode and all(s.samples for s in sched):
+    if meta.is_decode:
+        token_ids = np.array([s.token_ids[0] for s in sched], dtype=np.int64)
+    else:
+        token_ids = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in sched), dtype=np.int64,
+                                count=len(slot_mapping))  # one slot per token
+    if meta.is_decode and all([s.samples for s in sched]):
         # every sequence decodes one token and samples it (no drafts: one token each): token i is sequence i's
         # last row, so the rows are the shared read-only arange (what the general lines below compute)
         return StepInputs(token_ids, meta, list(range(n)), meta.token_seq_idx, [1] * n)

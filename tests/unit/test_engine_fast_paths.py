@@ -337,3 +337,129 @@ def test_all_greedy_sampling_equals_the_per_request_loop(model, tok):
     twin_sampled = twin.scheduler.requests[twin.add_request("x", SamplingParams(max_tokens=4, temperature=0.8,
                                                                                 seed=1))]
     assert e._sample([greedy[0], sampled], logits) == twin._sample([greedy[0], twin_sampled], logits, fast=False)
+
+
+# ------------------------------------------------------------------ the steady decode step's lean path
+def _plain_paths(monkeypatch) -> None:
+    """Switch the lean decode-step paths off: the scheduler's general loop for every running request,
+    ``ScheduledRequest``'s dataclass constructor, ``pad_block_tables``."""
+    import minienv.engine.inputs as inputs
+    from minienv.kv.block_table import pad_block_tables
+    from minienv.scheduler import ScheduledRequest, Scheduler
+
+    monkeypatch.setattr(Scheduler, "_schedule_decodes", lambda self, out: 0)
+    monkeypatch.setattr(ScheduledRequest, "one_token", classmethod(
+        lambda cls, rid, kind, start, token, slots: cls(rid, kind, 1, start, True, token_ids=(token,),
+                                                        slot_mapping=slots)))
+    monkeypatch.setattr(inputs, "block_tables", pad_block_tables)
+
+
+def _observed_run(model, tok, engine_kw: dict, script: dict) -> list:
+    """Everything observable after every step of a scripted run: the step's outputs, its record (the plan's every
+    field, slot mappings included; tokens, finishes, KV events, stats), the KV manager's snapshot and each
+    request's step metrics. ``script[step]``: ``("add", prompt, params)`` / ``("abort", index)`` before it."""
+    import dataclasses
+
+    e = InferenceEngine(model, tok, **engine_kw)
+    ids: list[str] = []
+    trace = []
+    step = 0
+    while step == 0 or e.has_unfinished_requests() or step in script:
+        for action in script.get(step, ()):
+            if action[0] == "add":
+                prompt = action[1] if len(action) < 4 else tok.encode(action[1])[:action[3]]
+                ids.append(e.add_request(prompt, action[2]))
+            elif ids[action[1]] in e.scheduler.requests:
+                e.abort(ids[action[1]])
+        outs = [(o.request_id, o.token_ids, o.text, o.finished, o.finish_reason, o.delta_token_ids, o.delta_text,
+                 o.metrics.first_token_step, o.metrics.finished_step, o.metrics.num_preemptions)
+                for o in e.step()]
+        e.check_invariants()
+        rec = e.history[-1] if e.history and e.history[-1].step == step else None
+        plan = None
+        if rec is not None:
+            p = rec.scheduler_output
+            plan = ([{f.name: getattr(s, f.name) for f in dataclasses.fields(s)} | {"slot_mapping": (
+                s.slot_mapping.dtype, s.slot_mapping.tolist())} for s in p.scheduled],
+                p.preempted, p.admitted, p.waiting, p.running, p.max_num_batched_tokens, p.scheduling)
+            plan = (rec.step, plan, rec.sampled, rec.finished, rec.kv_events,
+                    dataclasses.replace(rec.stats, busy_time_s=0.0))
+        trace.append((outs, plan, e.kv_cache_manager.snapshot()))
+        step += 1
+    return trace
+
+
+_P = SamplingParams(max_tokens=12, temperature=0)
+_LONG = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and arrows"
+_LEAN_SCRIPT = {
+    # 17 tokens with a budget of 16: the next step's leading run holds a one-token prefill chunk (kind "prefill")
+    0: [("add", _LONG, SamplingParams(max_tokens=4, temperature=0), 17), ("add", "To be, or not to be", _P),
+        ("add", "ROMEO:", SamplingParams(max_tokens=5, temperature=0))],
+    # admitted while others decode: its first chunk is the budget the decodes leave
+    3: [("add", _LONG, SamplingParams(max_tokens=3, temperature=0.8, seed=3))],
+    6: [("abort", 2), ("add", "To be, or not", _P)],  # a prefix hit on the first prompt's blocks
+    9: [("add", "ROMEO: wherefore", SamplingParams(max_tokens=7, temperature=0))],
+    18: [("add", "To be, or not to be", _P)],  # after others finished: hits on cached-free blocks
+}
+
+
+@pytest.mark.parametrize("config", ["roomy", "preempting", "no-caching", "spec-ngram", "spec-draft", "kv-tier",
+                                    "static", "plain-manager"])
+def test_lean_decode_steps_equal_the_general_path(model, tok, config, monkeypatch, tmp_path):
+    """The steady decode step's lean path (the scheduler's leading run of decodes, ``ScheduledRequest.one_token``,
+    ``block_tables``) against the general path, on a scripted run with admissions mid-run, an abort, finishes,
+    prefix hits and, per config, preemptions, speculative decoding, a KV tier or static batching: every step's
+    outputs, record and KV state are identical. ``plain-manager``: the general path also drives the KV cache
+    manager through its plain, validated calls only (no ``append_slot``, ``commit_step``, ...)."""
+    from minienv.scheduler import Scheduler
+
+    kw = dict(kv_budget_tokens=1024, block_size=4, max_num_batched_tokens=16, max_num_seqs=3)
+    kw |= {"roomy": {}, "preempting": dict(kv_budget_tokens=40), "no-caching": dict(enable_prefix_caching=False),
+           "spec-ngram": dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+           "spec-draft": dict(speculative_config={"method": "draft", "num_speculative_tokens": 2}),
+           "kv-tier": dict(kv_tier=tmp_path), "static": dict(scheduling="static"), "plain-manager": {}}[config]
+    lean_runs = []
+    original = Scheduler._schedule_decodes
+    monkeypatch.setattr(Scheduler, "_schedule_decodes",
+                        lambda self, out: (lambda n: (lean_runs.append(n), n)[1])(original(self, out)))
+    lean = _observed_run(model, tok, kw, _LEAN_SCRIPT)
+    assert any(lean_runs), "the lean path never ran"
+    _plain_paths(monkeypatch)
+    if config == "kv-tier":
+        kw["kv_tier"] = tmp_path / "plain"  # a fresh, empty store, as the lean run had
+    if config == "plain-manager":
+        kw["kv_cache_manager_factory"] = lambda n, b, c: _PlainManager(n, b, enable_prefix_caching=c)
+    plain = _observed_run(model, tok, kw, _LEAN_SCRIPT)
+    assert len(lean) == len(plain)
+    for step, (a, b) in enumerate(zip(lean, plain, strict=True)):
+        assert a == b, f"step {step} differs"
+    if config == "preempting":
+        assert any(p and p[1][1] for _, p, _ in lean), "the run never preempted"
+
+
+def test_one_token_equals_the_constructor():
+    from minienv.scheduler import ScheduledRequest
+
+    slots = np.array([37], dtype=np.int64)
+    for kind, start in (("decode", 9), ("prefill", 0)):
+        fast = ScheduledRequest.one_token("r7", kind, start, 101, slots)
+        plain = ScheduledRequest("r7", kind, 1, start, True, token_ids=(101,), slot_mapping=slots)
+        assert fast == plain and repr(fast) == repr(plain) and vars(fast) == vars(plain)
+        assert list(vars(fast)) == list(vars(plain))  # the same fields in the same order
+        with pytest.raises(AttributeError):  # still frozen
+            fast.num_new_tokens = 2
+
+
+def test_block_tables_equal_pad_block_tables():
+    from minienv.engine.inputs import block_tables
+    from minienv.kv.block_table import pad_block_tables
+
+    rng = np.random.default_rng(8)
+    cases = [[[]], [[], []], [[5]], [[1, 2, 3]], [[1], [2, 3, 4], []]]
+    cases += [[rng.integers(0, 500, rng.integers(0, 9)).tolist() for _ in range(rng.integers(1, 17))]
+              for _ in range(200)]
+    for rows in cases:
+        copies = [list(r) for r in rows]
+        got, want = block_tables(rows), pad_block_tables(rows)
+        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want), rows
+        assert rows == copies  # the engine's live tables are not changed
