@@ -487,7 +487,7 @@ class InferenceEngine:
             self.kv_tier.save_committed(plan, self.kv_cache_manager)
         c = self.counters
         c.computed_tokens += plan.num_scheduled_tokens
-        for s in plan.scheduled:
+        for s in plan.scheduled if plan.admitted else ():  # is_new: exactly the requests admitted in this step
             if s.is_new and not s.is_resume:
                 req = self.requests[s.request_id]
                 c.prompt_tokens += req.num_prompt_tokens

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
-from minienv.kv.kv_cache_manager import KVEvent
+from minienv.kv.kv_cache_manager import KVCacheManager, KVCacheStats, KVEvent
 from minienv.request import FinishReason, Request
 from minienv.scheduler import SchedulerOutput
 
@@ -150,7 +150,11 @@ def stats_values(engine: "InferenceEngine") -> tuple:
     engine's counters, as one tuple (cheap: no derived field is computed until :func:`stats_from_values`)."""
     sch = engine.scheduler
     c = engine.counters
-    return (engine.kv_cache_manager.stats(), sch.num_steps, len(sch.waiting), len(sch.running),
+    kv = engine.kv_cache_manager
+    # minienv's own manager gives its stats as a plain tuple, built into a KVCacheStats only when read; any other
+    # (a subclass that overrides stats(), the capstone's) is asked for its KVCacheStats
+    kv_stats = kv.stats_values() if type(kv).stats is KVCacheManager.stats else kv.stats()
+    return (kv_stats, sch.num_steps, len(sch.waiting), len(sch.running),
             sch.num_preemptions, getattr(sch, "num_padding_tokens", 0),  # the static policy's count
             c.finished, c.prompt_tokens, c.computed_tokens, c.generated_tokens, c.busy_s, c.errors, c.failed_steps,
             c.peak_blocks_in_use)
@@ -160,6 +164,8 @@ def stats_from_values(values: tuple) -> EngineStats:
     """The :class:`EngineStats` of values read by :func:`stats_values`."""
     (kv, num_steps, num_waiting, num_running, num_preemptions, num_padding, finished, prompt_tokens, computed_tokens,
      generated_tokens, busy_s, errors, failed_steps, peak_blocks) = values
+    if type(kv) is tuple:
+        kv = KVCacheStats(*kv)
     return EngineStats(
         num_steps=num_steps, num_waiting=num_waiting, num_running=num_running,
         num_finished=finished, kv_budget_tokens=kv.kv_budget_tokens, block_size=kv.block_size,

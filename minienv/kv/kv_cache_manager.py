@@ -296,11 +296,18 @@ class KVCacheManager:
 
     def stats(self) -> KVCacheStats:
         """Counts by state (O(1): the cached-free count is kept as blocks change state)."""
+        return KVCacheStats(*self.stats_values())
+
+    def stats_values(self) -> tuple[int, ...]:
+        """:meth:`stats`' fields, in order, as a plain tuple: what the engine records after every step (building
+        the frozen dataclass costs several times more, and a step record's stats are rarely read)."""
         cached_free = self._num_cached_free
         s = self.prefix_stats
-        return KVCacheStats(self.pool.num_blocks, self.block_size, self.pool.num_free_blocks - cached_free,
-                            cached_free, self.pool.num_used_blocks, len(self._requests), s.requests, s.queries,
-                            s.hits, s.evicted_blocks, s.evicted_tokens, self.cow_copies)
+        pool = self.pool
+        free = pool.num_free_blocks
+        return (pool.num_blocks, self.block_size, free - cached_free, cached_free, pool.num_blocks - free,
+                len(self._requests), s.requests, s.queries, s.hits, s.evicted_blocks, s.evicted_tokens,
+                self.cow_copies)
 
     def sharing(self) -> SharingStats:
         """Logical blocks named by all tables vs physical blocks in use: the memory saved by sharing."""

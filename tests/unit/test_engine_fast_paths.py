@@ -463,3 +463,49 @@ def test_block_tables_equal_pad_block_tables():
         got, want = block_tables(rows), pad_block_tables(rows)
         assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want), rows
         assert rows == copies  # the engine's live tables are not changed
+
+
+def test_manager_stats_values_count_what_a_scan_of_the_blocks_counts(model, tok):
+    """``KVCacheManager.stats_values()`` (what a step record keeps) against counts taken by scanning every block's
+    state, after every step of a run with preemption, eviction and prefix hits; ``stats()`` is the same values."""
+    from minienv.kv.kv_cache_manager import BlockState, KVCacheStats
+
+    e = InferenceEngine(model, tok, kv_budget_tokens=48, block_size=4, max_num_batched_tokens=16)
+    for p in PROMPTS + PROMPTS[:2]:
+        e.add_request(p, GREEDY)
+    m = e.kv_cache_manager
+    while e.has_unfinished_requests():
+        e.step()
+        values = m.stats_values()
+        states = [m.block_state(b) for b in range(m.num_blocks)]
+        s = m.prefix_stats
+        assert values == (m.num_blocks, m.block_size, states.count(BlockState.FREE_EMPTY),
+                          states.count(BlockState.CACHED_FREE), states.count(BlockState.IN_USE),
+                          len(e.scheduler.running), s.requests, s.queries, s.hits, s.evicted_blocks,
+                          s.evicted_tokens, m.cow_copies)
+        assert m.stats() == KVCacheStats(*values)
+    assert e.stats.num_preemptions and e.stats.evicted_blocks and e.stats.prefix_cache_hits_tokens
+
+
+def test_step_record_stats_of_a_manager_that_overrides_stats(model, tok):
+    """A manager whose ``stats()`` is its own is asked for it at every step's end (not for the raw tuple of
+    minienv's manager): the record's stats are what its ``stats()`` said then."""
+    from minienv.kv.kv_cache_manager import KVCacheManager
+    import dataclasses
+
+    class Shifted(KVCacheManager):
+        def stats(self):
+            return dataclasses.replace(super().stats(), evicted_blocks=1000 + self.pool.num_used_blocks)
+
+    e = InferenceEngine(model, tok, kv_budget_tokens=1024, block_size=4, max_num_batched_tokens=16,
+                        kv_cache_manager_factory=lambda n, b, c: Shifted(n, b, enable_prefix_caching=c))
+    eager = []
+    e.add_step_listener(lambda record: eager.append(e.kv_cache_manager.stats()))
+    for p in PROMPTS:
+        e.add_request(p, GREEDY)
+    e.run()
+    assert len(e.history) == len(eager) > 5
+    for record, want in zip(e.history, eager, strict=True):
+        assert record.stats.evicted_blocks == want.evicted_blocks
+        assert record.stats.num_blocks_in_use == want.num_in_use
+    assert {r.stats.evicted_blocks for r in e.history} != {1000}  # the override was read, and it varied
