@@ -563,3 +563,38 @@ def test_softmax_rows_with_fmax_equal_the_max_form_and_keep_nans():
     np.testing.assert_array_equal(got[finite], want[finite])
     np.testing.assert_array_equal(got_sums[finite], want_sums[finite])
     assert np.isnan(got_sums[1, 1, 2, 0]) and finite.sum() == finite.size - 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    length=st.one_of(st.integers(1, 70), st.integers(990, 1100)),  # a few blocks; around MATVEC_MIN_KEYS (1024)
+    block_size=st.sampled_from([1, 4, 16]),
+    hkv=st.integers(1, 3),
+    group=st.sampled_from([1, 2, 4]),
+    head_dim=st.sampled_from([2, 8, 48]),
+)
+def test_a_lone_run_decode_equals_dense_and_the_gather_kernel(seed, length, block_size, hkv, group, head_dim):
+    """The batch-1 path (one sequence decoding over one physical run of blocks: ``_attend_lone_run`` over views
+    of the pool) equals dense attention within 1e-5, the group walk over the same tile within 2e-6, and the gather
+    kernel's masked form over a copy of its blocks within 2e-6 — on both sides of ``MATVEC_MIN_KEYS``."""
+    from minienv.kv.paged_attention import _decode_attention, _decode_bias, softmax_scale
+
+    pa = sys.modules["minienv.kv.paged_attention"]
+    assert 990 <= pa.MATVEC_MIN_KEYS <= 1100  # the long lengths drawn straddle the switch to matrix-vector form
+    rng = np.random.default_rng(seed)
+    kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
+        rng, block_size, [length - 1], [1], hkv, group, head_dim, scramble=0)
+    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+    q *= np.float32(rng.uniform(0.1, 4.0))  # sharper and flatter softmaxes
+    got = paged_attention(q, kv.kv_cache[0], meta, Workspace())
+    step = pa.resolve_kernel(meta, hkv, head_dim, pa.DEFAULT_TILE_BYTES, Workspace(), "auto")
+    assert step.lone_run is not None and step.lone_run[1] - step.lone_run[0] == length  # a fresh pool: one run
+    np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
+    walked = pa.run_kernel(q, kv.kv_cache[0], meta, dataclasses.replace(step, lone_run=None), Workspace())
+    np.testing.assert_allclose(got, walked, atol=2e-6, rtol=0)
+    full = gather_kv(kv.kv_cache[0], meta.block_tables)  # the gather kernel's copy, masked past the length
+    masked = _decode_attention(q.reshape(1, hkv, group, head_dim) * softmax_scale(head_dim), full[0], full[1],
+                               _decode_bias(meta.seq_lens, full.shape[2]),
+                               np.empty((1, hkv, group, head_dim), np.float32))
+    np.testing.assert_allclose(got, masked.reshape(got.shape), atol=2e-6, rtol=0)
