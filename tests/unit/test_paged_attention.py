@@ -577,7 +577,8 @@ def test_softmax_rows_with_fmax_equal_the_max_form_and_keep_nans():
 def test_a_lone_run_decode_equals_dense_and_the_gather_kernel(seed, length, block_size, hkv, group, head_dim):
     """The batch-1 path (one sequence decoding over one physical run of blocks: ``_attend_lone_run`` over views
     of the pool) equals dense attention within 1e-5, the group walk over the same tile within 2e-6, and the gather
-    kernel's masked form over a copy of its blocks within 2e-6 — on both sides of ``MATVEC_MIN_KEYS``."""
+    kernel's masked form over a copy of its blocks within 2e-6 + 4e-6 relative (its padded length may take the
+    other side of ``MATVEC_MIN_KEYS``) — for lengths on both sides of the switch."""
     from minienv.kv.paged_attention import _decode_attention, _decode_bias, softmax_scale
 
     pa = sys.modules["minienv.kv.paged_attention"]
@@ -597,4 +598,5 @@ def test_a_lone_run_decode_equals_dense_and_the_gather_kernel(seed, length, bloc
     masked = _decode_attention(q.reshape(1, hkv, group, head_dim) * softmax_scale(head_dim), full[0], full[1],
                                _decode_bias(meta.seq_lens, full.shape[2]),
                                np.empty((1, hkv, group, head_dim), np.float32))
-    np.testing.assert_allclose(got, masked.reshape(got.shape), atol=2e-6, rtol=0)
+    # 1024 padded keys take the matrix-vector form where a shorter run does not: float32 rounding of two forms
+    np.testing.assert_allclose(got, masked.reshape(got.shape), atol=2e-6, rtol=4e-6)
