@@ -466,8 +466,10 @@ class InferenceEngine:
                         sch.rollback(plan)
                         self.counters.failed_steps += 1
                 raise
+            sampling = inputs.sampling  # indices into plan.scheduled, in order: all of them in a decode step
             with guard:
-                self._commit(plan, [plan.scheduled[i] for i in inputs.sampling], inputs.num_logits, logits, t0)
+                self._commit(plan, plan.scheduled if len(sampling) == len(plan.scheduled) else
+                             [plan.scheduled[i] for i in sampling], inputs.num_logits, logits, t0)
         finally:
             guard.uninstall()
 
