@@ -62,6 +62,7 @@ class KVPool:
     kv_cache: np.ndarray = field(init=False, repr=False)
     _checked_slots: object = field(init=False, repr=False, compare=False, default=None)
     _slot_views: list = field(init=False, repr=False, compare=False, default_factory=list)
+    _head_views: list = field(init=False, repr=False, compare=False, default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
@@ -80,6 +81,18 @@ class KVPool:
         first-axis scatter each."""
         slots = self.kv_cache.reshape(self.num_layers, 2, self.num_slots, self.num_kv_heads, self.head_dim)
         self._slot_views = [(slots[layer, 0], slots[layer, 1]) for layer in range(self.num_layers)]
+        # the same per head: K as [H, D, num_slots] (Kᵀ per head), V as [H, num_slots, D] (see head_views)
+        self._head_views = [(k.transpose(1, 2, 0), v.transpose(1, 0, 2)) for k, v in self._slot_views]
+
+    def head_views(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer ``layer``'s K as ``[H, D, num_slots]`` and V as ``[H, num_slots, D]``: views of ``kv_cache``,
+        made once, from which paged attention slices a sequence whose blocks are one physical run
+        (``paged_attention.pool_head_views`` makes the same views from a layer array)."""
+        views = self._head_views[layer]
+        if views[1].base is not self.kv_cache:  # a copied pool (its views were copied apart from its array)
+            self._make_slot_views()
+            views = self._head_views[layer]
+        return views
 
     @property
     def k_cache(self) -> np.ndarray:

@@ -20,7 +20,10 @@ property tests hold both to the dense reference:
   caches. The batch is walked in *tiles* of sequences sized to stay in the L2 cache (``tile_bytes``), so the
   copy is still hot when attention reads it. In numpy that copy costs about as much as the attention itself. A
   lone sequence whose blocks are one physical run needs no copy at all: it is read through a view; a lone
-  decoding sequence needs no mask either: it attends over exactly its first ``seq_len`` keys. A step's
+  decoding sequence needs no mask either: it attends over exactly its first ``seq_len`` keys. A step that is
+  nothing else (one request decoding: batch 1) skips the plan entirely and slices the layer's per-head views of
+  the pool (:func:`_attend_lone_run`): at a few hundred keys the fixed cost of each numpy and Python call, not
+  the arithmetic, is what separates it from a dense kernel. A step's
   decodes and prefill chunks are attended as two groups (a decode is never padded to a chunk's length), and a
   decode group of several tiles is walked shortest first (:class:`TilePlan`).
 * **in place** (decode steps whose blocks are not shared and lie in a compact range of the pool): no K/V copy.
@@ -717,6 +720,8 @@ def paged_attention(
     step = meta._plans.get(key)
     if step is None:
         step = meta._plans[key] = resolve_kernel(meta, hkv, d, tile_bytes, workspace, kernel)
+    if step.lone_run is not None:  # batch 1 (run_kernel's first case, one Python frame sooner)
+        return _attend_lone_run(q, *pool_head_views(kv_layer), *step.lone_run)
     return run_kernel(q, kv_layer, meta, step, workspace)
 
 
@@ -757,7 +762,7 @@ def run_kernel(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata
                workspace: Workspace) -> np.ndarray:
     """One layer of :func:`paged_attention` with the step's kernel already resolved (:func:`resolve_kernel`)."""
     if step.lone_run is not None:
-        return _attend_lone_run(q, kv_layer, *step.lone_run)
+        return _attend_lone_run(q, *pool_head_views(kv_layer), *step.lone_run)
     if step.inplace is not None:
         return inplace_decode_attention(q, kv_layer, step.inplace, workspace)
     plan = step.plan
@@ -782,31 +787,43 @@ def run_kernel(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata
     return out
 
 
-def _attend_lone_run(q: np.ndarray, kv_layer: np.ndarray, first: int, last: int) -> np.ndarray:
-    """One sequence's decode over the pool's token slots ``[first, last)`` (its blocks are one physical run).
-    ``q [1, Hq, D]``; returns ``[1, Hq, D]``.
+def pool_head_views(kv_layer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A pool layer ``[2, NB, B, Hkv, D]`` seen per head, as views: K as ``[Hkv, D, slots]`` (each head's Kᵀ, the
+    right operand of ``q @ Kᵀ``) and V as ``[Hkv, slots, D]``; a run of slots is then one slice of each.
+    (:meth:`KVPool.head_views` keeps these per layer, so the backend makes them once.)"""
+    _, _, _, hkv, d = kv_layer.shape
+    heads = kv_layer.reshape(2, -1, hkv, d).transpose(0, 2, 3, 1)  # [2, Hkv, D, slots]
+    return heads[0], heads[1].transpose(0, 2, 1)
 
-    The pool's ``[slots, Hkv, D]`` seen per head, ``[Hkv, T, D]`` (row stride ``Hkv * D``), is a view: K and V
-    are read where they lie, and the maths is :func:`_decode_attention`'s for one sequence (matrix-matrix below
-    ``MATVEC_MIN_KEYS`` keys, matrix-vector from there) written as the shortest run of numpy calls: no batch
-    axis, no mask, no ``out`` arrays. At a few hundred keys a step is a dozen numpy calls over data that has
-    mostly left the cache since the previous layer, and each call's fixed cost is then a microsecond or more —
-    as much as the dense kernel's whole margin. The result equals the group walk's to float32 rounding (the same
-    dot products; the tests hold it within 1e-6 of the gather path and 1e-5 of dense).
+
+def _attend_lone_run(q: np.ndarray, k_t: np.ndarray, v: np.ndarray, first: int, last: int) -> np.ndarray:
+    """One sequence's decode over the pool's token slots ``[first, last)`` (its blocks are one physical run).
+    ``q [1, Hq, D]``, the layer's :func:`pool_head_views` ``k_t [Hkv, D, slots]`` and ``v [Hkv, slots, D]``;
+    returns ``[1, Hq, D]``.
+
+    K and V are read where they lie (a slice of each view, row stride ``Hkv * D``), and the maths is
+    :func:`_decode_attention`'s for one sequence (matrix-matrix below ``MATVEC_MIN_KEYS`` keys, matrix-vector
+    from there; :func:`_exp_rows`' softmax) written as the shortest run of numpy calls in one Python frame: no
+    batch axis, no mask, no ``out`` arrays. At a few hundred keys the work is a dozen small calls over data that
+    has left the core's caches since the previous layer, and fixed costs dominate: with cold caches and branch
+    predictors a numpy call or a Python function call costs one to a few microseconds, as much as the dense
+    kernel's whole margin (``benchmarks/bench_paged.py``, batch 1). The same dot products as the group walk over
+    the same view (bit-equal in practice; the tests hold it within 2e-6).
     """
     _, hq, d = q.shape
-    hkv = kv_layer.shape[3]
-    heads = kv_layer.reshape(2, -1, hkv, d)[:, first:last].transpose(0, 2, 1, 3)  # [2, Hkv, T, D], a view
+    hkv = v.shape[0]
     qg = q.reshape(hkv, hq // hkv, d) * softmax_scale(d)  # [Hkv, G, D]
-    if last - first >= MATVEC_MIN_KEYS:  # K [T, D] @ q[g] and p[g] @ V: no packing of K or V (see MATVEC_MIN_KEYS)
-        scores = np.matmul(heads[0, :, None], qg[..., None])[..., 0]  # [Hkv, G, T]
-        sums = _exp_rows(scores)
-        o = np.matmul(scores[..., None, :], heads[1, :, None])[..., 0, :]  # [Hkv, G, D]
-    else:
-        scores = np.matmul(qg, heads[0].transpose(0, 2, 1))  # [Hkv, G, T]
-        sums = _exp_rows(scores)
-        o = np.matmul(scores, heads[1])  # [Hkv, G, D]
-    o /= sums
+    if last - first < MATVEC_MIN_KEYS:
+        scores = np.matmul(qg, k_t[:, :, first:last])  # [Hkv, G, T]
+        scores -= np.fmax.reduce(scores, axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        o = np.matmul(scores, v[:, first:last])  # [Hkv, G, D], unnormalised
+    else:  # K [T, D] @ q[g] and p[g] @ V: no packing of K or V (see MATVEC_MIN_KEYS)
+        scores = np.matmul(k_t[:, None, :, first:last].transpose(0, 1, 3, 2), qg[..., None])[..., 0]  # [Hkv, G, T]
+        scores -= np.fmax.reduce(scores, axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        o = np.matmul(scores[..., None, :], v[:, None, first:last])[..., 0, :]  # [Hkv, G, D], unnormalised
+    o /= np.add.reduce(scores, axis=-1, keepdims=True)
     return o.reshape(1, hq, d)
 
 
@@ -914,12 +931,13 @@ class PagedAttentionBackend:
     def attend(self, layer_idx: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         meta = self.metadata
         self.kv_pool.write(layer_idx, meta.slot_mapping, k, v)
-        kv_layer = self.kv_pool.kv_cache[layer_idx]
         step = self._step_kernel
         if step is None:  # the step's first layer decides for every layer (paged_attention would per call)
-            step = self._step_kernel = resolve_kernel(meta, kv_layer.shape[3], q.shape[2], self.tile_bytes,
-                                                      self.workspace, self.kernel)
-        return run_kernel(q, kv_layer, meta, step, self.workspace)
+            step = self._step_kernel = resolve_kernel(meta, self.kv_pool.num_kv_heads, q.shape[2],
+                                                      self.tile_bytes, self.workspace, self.kernel)
+        if step.lone_run is not None:  # batch 1: the pool's per-head views, made once per layer
+            return _attend_lone_run(q, *self.kv_pool.head_views(layer_idx), *step.lone_run)
+        return run_kernel(q, self.kv_pool.kv_cache[layer_idx], meta, step, self.workspace)
 
     def end_step(self) -> None:
         meta = self.metadata

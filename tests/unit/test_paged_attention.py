@@ -589,6 +589,11 @@ def test_a_lone_run_decode_equals_dense_and_the_gather_kernel(seed, length, bloc
     kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
     q *= np.float32(rng.uniform(0.1, 4.0))  # sharper and flatter softmaxes
     got = paged_attention(q, kv.kv_cache[0], meta, Workspace())
+    backend = PagedAttentionBackend(kv)  # the same kernel on the pool's own per-head views (KVPool.head_views)
+    backend.set_metadata(meta)
+    backend.begin_step(meta.positions)
+    np.testing.assert_array_equal(backend.attend(0, q, new_k[0], new_v[0]), got)
+    backend.end_step()
     step = pa.resolve_kernel(meta, hkv, head_dim, pa.DEFAULT_TILE_BYTES, Workspace(), "auto")
     assert step.lone_run is not None and step.lone_run[1] - step.lone_run[0] == length  # a fresh pool: one run
     np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
@@ -600,3 +605,25 @@ def test_a_lone_run_decode_equals_dense_and_the_gather_kernel(seed, length, bloc
                                np.empty((1, hkv, group, head_dim), np.float32))
     # 1024 padded keys take the matrix-vector form where a shorter run does not: float32 rounding of two forms
     np.testing.assert_allclose(got, masked.reshape(got.shape), atol=2e-6, rtol=4e-6)
+
+
+def test_kv_pool_head_views_are_the_pool_per_head_also_in_a_copied_pool():
+    """``KVPool.head_views(layer)``: K as ``[H, D, slots]`` and V as ``[H, slots, D]``, views of the pool's own
+    array (a copied pool's are rebuilt on its array), equal to ``pool_head_views`` of the layer array."""
+    import copy
+
+    from minienv.kv.paged_attention import pool_head_views
+
+    rng = np.random.default_rng(15)
+    pool = KVPool(3, 5, 4, 2, 3)
+    twin = copy.deepcopy(pool)
+    for target in (pool, twin):
+        target.kv_cache[...] = rng.standard_normal(target.kv_cache.shape, dtype=np.float32)
+        for layer in range(3):
+            k_t, v = target.head_views(layer)
+            slots = target.kv_cache[layer].reshape(2, 20, 2, 3)  # [2, slots, H, D]
+            assert np.array_equal(k_t, slots[0].transpose(1, 2, 0)) and np.array_equal(v, slots[1].transpose(1, 0, 2))
+            assert np.shares_memory(k_t, target.kv_cache) and np.shares_memory(v, target.kv_cache)
+            want_k_t, want_v = pool_head_views(target.kv_cache[layer])
+            assert np.array_equal(k_t, want_k_t) and np.array_equal(v, want_v)
+    assert not np.shares_memory(pool.head_views(0)[0], twin.kv_cache)
