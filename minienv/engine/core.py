@@ -479,7 +479,7 @@ class InferenceEngine:
         if self.speculator is not None:
             self.speculator.last_results.clear()
         if len(num_logits) == sum(num_logits):
-            tokens, errors = self._sample(reqs, logits[:len(reqs)])
+            tokens, errors = self._sample(reqs, logits if len(logits) == len(reqs) else logits[:len(reqs)])
             emitted = [[t] for t in tokens]
             rejected: dict[str, int] = {}
         else:
@@ -523,7 +523,7 @@ class InferenceEngine:
             self._propose(plan)
         c.busy_s += time.perf_counter() - t0
         if self.history.maxlen or self._step_listeners:
-            record = StepRecord(plan.step, plan, sampled, finished, tuple(self._kv_events), stats_values(self),
+            record = StepRecord.of(plan.step, plan, sampled, finished, tuple(self._kv_events), stats_values(self),
                                 time.perf_counter() - t0, now)
             self.history.append(record)
             for listener in self._step_listeners:
@@ -594,7 +594,7 @@ class InferenceEngine:
             logits = logits.copy()
             logits[:, self.num_sampled_ids:] = -np.inf
         argmax = logits.argmax(axis=-1).tolist() if len(reqs) else []
-        if fast and all(req.sampling_params.temperature == 0 for req in reqs):
+        if fast and not any([req.sampling_params.temperature for req in reqs]):  # all greedy
             if all(finite):
                 return argmax, [None] * len(reqs)
             return ([t if f else 0 for t, f in zip(argmax, finite, strict=True)],

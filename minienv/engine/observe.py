@@ -83,6 +83,19 @@ class StepRecord:
     duration_s: float
     token_time: float = 0.0  # time.perf_counter() when this step's tokens came out (their first_token/finished time)
 
+    @classmethod
+    def of(cls, step: int, scheduler_output: SchedulerOutput, sampled: dict[str, int],
+           finished: dict[str, FinishReason], kv_events: tuple[KVEvent, ...], stats: "EngineStats | tuple",
+           duration_s: float, token_time: float) -> "StepRecord":
+        """``StepRecord(...)`` of all eight fields, built by filling the instance's ``__dict__``: the engine makes
+        one per step, and a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``
+        (``test_step_record_of_equals_the_constructor``)."""
+        record = object.__new__(cls)
+        object.__getattribute__(record, "__dict__").update(
+            step=step, scheduler_output=scheduler_output, sampled=sampled, finished=finished, kv_events=kv_events,
+            stats=stats, duration_s=duration_s, token_time=token_time)
+        return record
+
     def __getattribute__(self, name: str):  # noqa: ANN204 - only ``stats`` is special
         value = object.__getattribute__(self, name)
         if name == "stats" and type(value) is tuple:  # the raw values: build once, keep

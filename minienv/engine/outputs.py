@@ -134,7 +134,7 @@ def append_token(req: Request, token: int, eos_token_id: int | None) -> FinishRe
             req.stop_reason = min(hit, key=req.text.find)
             req.text = trim_at_stop(req.text, stops)
             return "stop"
-    if req.num_output_tokens >= req.max_tokens:
+    if len(req.output_token_ids) >= req.sampling_params.max_tokens:  # num_output_tokens >= max_tokens
         req.text += detok.flush()
         return "length"
     return None

@@ -509,3 +509,23 @@ def test_step_record_stats_of_a_manager_that_overrides_stats(model, tok):
         assert record.stats.evicted_blocks == want.evicted_blocks
         assert record.stats.num_blocks_in_use == want.num_in_use
     assert {r.stats.evicted_blocks for r in e.history} != {1000}  # the override was read, and it varied
+
+
+def test_step_record_of_equals_the_constructor(model, tok):
+    """``StepRecord.of`` (the engine's, one per step) builds the record the dataclass constructor builds: the same
+    fields in the same order, equal, still frozen, its raw stats built on first read; on every step of a run."""
+    from minienv.engine.observe import StepRecord
+
+    e = _engine(model, tok, max_num_seqs=2)
+    for p in PROMPTS:
+        e.add_request(p, GREEDY)
+    e.run()
+    assert len(e.history) > 10
+    for rec in e.history:
+        values = [object.__getattribute__(rec, name) for name in StepRecord.__dataclass_fields__]
+        assert type(values[5]) is tuple  # the raw stats, not yet read
+        fast, plain = StepRecord.of(*values), StepRecord(*values)
+        assert list(vars(fast)) == list(vars(plain)) and vars(fast) == vars(plain) and fast == plain
+        assert fast.stats == plain.stats == rec.stats and fast.stats is fast.stats
+        with pytest.raises(AttributeError):
+            fast.step = 0
