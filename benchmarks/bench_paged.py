@@ -14,14 +14,16 @@ or the shape ``training/train.py`` gives it when the model is not bundled yet), 
   *gather only* (the gather kernel's copies without the attention: the price of paging when K/V are copied). At
   batch 1 the lone sequence's blocks are one physical run (nobody else allocated in between), so "auto" reads
   them through a view — the friendliest layout; batches 8 and 32 are fully interleaved.
-* *dense*: the same attention over contiguous per-sequence K/V (each sequence owns a slab), nine ways:
+* *dense*: the same attention over contiguous per-sequence K/V (each sequence owns a slab), nine ways (ten at
+  batch 1):
   :func:`minienv.kv.batched_attention` on the whole batch (matrix-matrix below 1024 keys, matrix-vector from
   there) and in the gather kernel's sequence tiles; *blockwise* (the in-place kernel's maths on the slab);
   *matmat* (``q [G, D] @ Kᵀ [D, T]`` at every length — the baseline of earlier versions, "today's dense") and
   *matvec* (one query row against K, the softmax row against V) on the token-major slab ``[S, T, Hkv, D]``; the
   same two and ``K [T, D] @ qᵀ [D, G]`` on a head-major copy ``[S, Hkv, T, D]`` (each head's K one contiguous
-  matrix); and ``np.einsum``. The **fastest** of the nine at each point is the baseline, so nothing the paged
-  kernels do is counted as a win for paging.
+  matrix); ``np.einsum``; and at batch 1 the paged batch-1 kernel (``_attend_lone_run``: one Python frame of
+  numpy calls) on the head-major slab. The **fastest** of them at each point is the baseline, so nothing the
+  paged kernels do is counted as a win for paging.
 
 Reported per point: paged / strongest dense; paged / today's dense (matmat); the gather's share of the gather
 kernel's time; auto / the faster of the two kernels (1.00 = auto chose well); and every path's effective
@@ -63,7 +65,7 @@ from _common import add_common_args, emit_json, interleaved, print_settings, rou
 
 from minienv.kv import (BlockPool, BlockTable, KVPool, PagedAttentionMetadata, Workspace, batched_attention,
                         causal_hidden_mask, paged_attention)
-from minienv.kv.paged_attention import DEFAULT_TILE_BYTES, auto_kernel_of
+from minienv.kv.paged_attention import DEFAULT_TILE_BYTES, _attend_lone_run, auto_kernel_of
 
 REPO = Path(__file__).resolve().parent.parent
 BATCHES = (1, 8, 32)
@@ -202,10 +204,14 @@ def dense_variants(q, k_dense, v_dense, hidden, tile: int) -> dict:
         sc = softmax_rows(np.einsum("shgd,sthd->shgt", q.reshape(batch, hkv, g, d) * scale, k_dense, optimize=True))
         return np.einsum("shgt,sthd->shgd", sc, v_dense, optimize=True)
 
-    return {"dense_whole": whole, "dense_tiled": tiled, "dense_blockwise": blockwise,
-            "dense_matmat": mm(k_tm, v_tm), "dense_matvec": mv(k_tm, v_tm),
-            "dense_matmat_headmajor": mm(k_hm, v_hm), "dense_matvec_headmajor": mv(k_hm, v_hm),
-            "dense_kq_headmajor": kq_hm, "dense_einsum": einsum}
+    variants = {"dense_whole": whole, "dense_tiled": tiled, "dense_blockwise": blockwise,
+                "dense_matmat": mm(k_tm, v_tm), "dense_matvec": mv(k_tm, v_tm),
+                "dense_matmat_headmajor": mm(k_hm, v_hm), "dense_matvec_headmajor": mv(k_hm, v_hm),
+                "dense_kq_headmajor": kq_hm, "dense_einsum": einsum}
+    if batch == 1:  # the paged batch-1 kernel itself on the head-major slab: its maths, none of paging's costs
+        k_t = k_hm[0].transpose(0, 2, 1)  # [Hkv, D, T]
+        variants["dense_lone_headmajor"] = lambda: _attend_lone_run(q, k_t, v_hm[0], 0, context)
+    return variants
 
 
 #: the dense baseline of earlier versions of this benchmark ("today's dense" in the issue that asked for this)
