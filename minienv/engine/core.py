@@ -247,6 +247,7 @@ class InferenceEngine:
         self._metrics: Any = None  # minienv.metrics.EngineMetrics, made by the `metrics` property on first use
         self._kv_events: list[KVEvent] = []
         self._interrupt_guard = _InterruptGuard()
+        self._ones = np.ones(model.config.vocab_size, dtype=np.float32)  # _sample's row sums
         if history_size:
             self.kv_cache_manager.add_listener(self._kv_events.append)
 
@@ -584,10 +585,14 @@ class InferenceEngine:
         ``fast``: when every request is greedy, the per-request loop is skipped (the tokens are the argmax list,
         a non-finite row gives 0 and the error); ``fast=False`` always runs the loop
         (``test_all_greedy_sampling_equals_the_per_request_loop``)."""
-        # A row whose float32 sum is finite holds no NaN or inf (both propagate through a sum): one reduction
-        # instead of a boolean matrix. A non-finite sum may also be a float32 overflow of finite values, so only
-        # those rows are checked element by element.
-        finite = [math.isfinite(x) for x in np.add.reduce(logits, axis=-1).tolist()]
+        # A row whose float32 sum is finite holds no NaN or inf (both propagate through a sum, in any order): one
+        # matrix-vector product with a ones vector (BLAS, which the model just ran, instead of numpy's reduction
+        # machinery: 2-3x faster) rather than a boolean matrix. A non-finite sum may also be a float32 overflow of
+        # finite values, so only those rows are checked element by element — so the summation order never matters.
+        ones = self._ones
+        if len(ones) != logits.shape[-1]:
+            ones = self._ones = np.ones(logits.shape[-1], dtype=np.float32)
+        finite = [math.isfinite(x) for x in np.dot(logits, ones).tolist()]
         if not all(finite):
             finite = [f or bool(np.isfinite(row).all()) for f, row in zip(finite, logits, strict=True)]
         if logits.shape[-1] > self.num_sampled_ids:  # a padded vocabulary: never pick an id without a token

@@ -529,3 +529,30 @@ def test_step_record_of_equals_the_constructor(model, tok):
         assert fast.stats == plain.stats == rec.stats and fast.stats is fast.stats
         with pytest.raises(AttributeError):
             fast.step = 0
+
+
+def test_sampling_finiteness_check_equals_isfinite_per_row(model, tok):
+    """``_sample``'s finiteness test (row sums as one product with a ones vector; rows whose sum is not finite
+    checked element by element) flags exactly the rows ``np.isfinite(row).all()`` rejects: NaN, +inf, -inf, mixed,
+    and finite rows whose float32 sum overflows (no error); 1-16 rows, and logits narrower than the vocabulary."""
+    e = _engine(model, tok)
+    reqs = [e.scheduler.requests[e.add_request("x", GREEDY)] for _ in range(16)]
+    rng = np.random.default_rng(11)
+    vocab = model.config.vocab_size
+    flagged = overflowed = 0
+    for _ in range(300):
+        n, width = int(rng.integers(1, 17)), int(rng.choice([vocab, vocab, 37]))
+        scale = rng.choice([1.0, 1e3, 1e36])  # 1e36: same-sign rows whose float32 sum overflows
+        logits = ((np.abs if scale > 1e30 else np.asarray)(rng.standard_normal((n, width))) * scale).astype(np.float32)
+        for row in range(n):
+            if rng.random() < 0.3:
+                logits[row, rng.integers(0, width, rng.integers(1, 3))] = rng.choice([np.nan, np.inf, -np.inf])
+        with np.errstate(over="ignore", invalid="ignore"):  # overflowing sums and inf - inf are the point
+            tokens, errors = e._sample(reqs[:n], logits)
+        want = [bool(np.isfinite(row).all()) for row in logits]
+        assert [err is None for err in errors] == want
+        assert [t for t, ok in zip(tokens, want) if ok] == [int(np.argmax(r)) for r, ok in zip(logits, want) if ok]
+        flagged += want.count(False)
+        with np.errstate(over="ignore"):
+            overflowed += sum(ok and not np.isfinite(r.sum(dtype=np.float32)) for r, ok in zip(logits, want))
+    assert flagged and overflowed  # both kinds of row occurred
