@@ -15,8 +15,9 @@ or the shape ``training/train.py`` gives it when the model is not bundled yet), 
   batch 1 the lone sequence's blocks are one physical run (nobody else allocated in between), so "auto" reads
   them through a view — the friendliest layout; batches 8 and 32 are fully interleaved.
 * *paged_backend* (batch 1): the call ``PagedAttentionBackend.attend`` makes after writing the new token's K/V —
-  the batch-1 kernel on the pool's per-head views, which ``KVPool.head_views`` makes once per layer, where the
-  free function ``paged_attention`` makes them from the layer array on every call.
+  the batch-1 kernel on the run's slice of the pool's per-head views (``KVPool.head_views``, made once per
+  layer; the backend slices every layer's run once per step, timed here per call), where the free function
+  ``paged_attention`` makes the views from the layer array on every call.
 * *dense*: the same attention over contiguous per-sequence K/V (each sequence owns a slab), nine ways (ten at
   batch 1):
   :func:`minienv.kv.batched_attention` on the whole batch (matrix-matrix below 1024 keys, matrix-vector from
@@ -214,7 +215,7 @@ def dense_variants(q, k_dense, v_dense, hidden, tile: int) -> dict:
                 "dense_kq_headmajor": kq_hm, "dense_einsum": einsum}
     if batch == 1:  # the paged batch-1 kernel itself on the head-major slab: its maths, none of paging's costs
         k_t = k_hm[0].transpose(0, 2, 1)  # [Hkv, D, T]
-        variants["dense_lone_headmajor"] = lambda: _attend_lone_run(q, k_t, v_hm[0], 0, context)
+        variants["dense_lone_headmajor"] = lambda: _attend_lone_run(q, k_t, v_hm[0])
     return variants
 
 
@@ -251,9 +252,11 @@ def bench_decode(shape: dict, min_seconds: float, rounds: int, seed: int, tile_b
 
             fns["gather_only"] = gather_only
             step = meta._plans[("step", "auto", hkv, d, tile_bytes, id(ws))]  # what auto resolved for this step
-            if step.lone_run is not None:  # batch 1: the call PagedAttentionBackend.attend makes after its write,
-                # on the pool's per-head views made once per layer (paged_attention makes them from the layer array)
-                fns["paged_backend"] = lambda: _attend_lone_run(q, *kv.head_views(0), *step.lone_run)
+            if step.lone_run is not None:  # batch 1: PagedAttentionBackend.attend's call after its write, with its
+                # share of the step's work: slicing the run from the pool's head views (made once per layer)
+                k_heads, v_heads = kv.head_views(0)
+                first, last = step.lone_run
+                fns["paged_backend"] = lambda: _attend_lone_run(q, k_heads[:, :, first:last], v_heads[:, first:last])
             dense = dense_variants(q, k_dense, v_dense, hidden, tile)
             fns.update(dense)
             ref = dense["dense_whole"]().reshape(batch, hq, d).copy()

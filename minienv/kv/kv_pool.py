@@ -86,8 +86,8 @@ class KVPool:
 
     def head_views(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Layer ``layer``'s K as ``[H, D, num_slots]`` and V as ``[H, num_slots, D]``: views of ``kv_cache``,
-        made once, from which paged attention slices a sequence whose blocks are one physical run
-        (``paged_attention.pool_head_views`` makes the same views from a layer array)."""
+        made once, from which the paged attention backend slices a sequence whose blocks are one physical run
+        (``paged_attention.pool_run_views`` makes the same slices from a layer array)."""
         views = self._head_views[layer]
         if views[1].base is not self.kv_cache:  # a copied pool (its views were copied apart from its array)
             self._make_slot_views()

@@ -721,7 +721,7 @@ def paged_attention(
     if step is None:
         step = meta._plans[key] = resolve_kernel(meta, hkv, d, tile_bytes, workspace, kernel)
     if step.lone_run is not None:  # batch 1 (run_kernel's first case, one Python frame sooner)
-        return _attend_lone_run(q, *pool_head_views(kv_layer), *step.lone_run)
+        return _attend_lone_run(q, *pool_run_views(kv_layer, *step.lone_run))
     return run_kernel(q, kv_layer, meta, step, workspace)
 
 
@@ -762,7 +762,7 @@ def run_kernel(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata
                workspace: Workspace) -> np.ndarray:
     """One layer of :func:`paged_attention` with the step's kernel already resolved (:func:`resolve_kernel`)."""
     if step.lone_run is not None:
-        return _attend_lone_run(q, *pool_head_views(kv_layer), *step.lone_run)
+        return _attend_lone_run(q, *pool_run_views(kv_layer, *step.lone_run))
     if step.inplace is not None:
         return inplace_decode_attention(q, kv_layer, step.inplace, workspace)
     plan = step.plan
@@ -787,42 +787,40 @@ def run_kernel(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata
     return out
 
 
-def pool_head_views(kv_layer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A pool layer ``[2, NB, B, Hkv, D]`` seen per head, as views: K as ``[Hkv, D, slots]`` (each head's Kᵀ, the
-    right operand of ``q @ Kᵀ``) and V as ``[Hkv, slots, D]``; a run of slots is then one slice of each.
-    (:meth:`KVPool.head_views` keeps these per layer, so the backend makes them once.)"""
+def pool_run_views(kv_layer: np.ndarray, first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pool's token slots ``[first, last)`` of a layer ``[2, NB, B, Hkv, D]`` seen per head, as views: K as
+    ``[Hkv, D, T]`` (each head's Kᵀ, the right operand of ``q @ Kᵀ``) and V as ``[Hkv, T, D]``, rows ``Hkv * D``
+    floats apart. (The backend slices the same views from :meth:`KVPool.head_views`, made once per layer.)"""
     _, _, _, hkv, d = kv_layer.shape
-    heads = kv_layer.reshape(2, -1, hkv, d).transpose(0, 2, 3, 1)  # [2, Hkv, D, slots]
-    return heads[0], heads[1].transpose(0, 2, 1)
+    kv = kv_layer.reshape(2, -1, hkv, d)[:, first:last].transpose(0, 2, 3, 1)  # [2, Hkv, D, T]
+    return kv[0], kv[1].transpose(0, 2, 1)
 
 
-def _attend_lone_run(q: np.ndarray, k_t: np.ndarray, v: np.ndarray, first: int, last: int) -> np.ndarray:
-    """One sequence's decode over the pool's token slots ``[first, last)`` (its blocks are one physical run).
-    ``q [1, Hq, D]``, the layer's :func:`pool_head_views` ``k_t [Hkv, D, slots]`` and ``v [Hkv, slots, D]``;
-    returns ``[1, Hq, D]``.
+def _attend_lone_run(q: np.ndarray, k_t: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """One sequence's decode over one physical run of the pool's slots: ``q [1, Hq, D]`` against the run's
+    per-head views ``k_t [Hkv, D, T]`` and ``v [Hkv, T, D]`` (:func:`pool_run_views`); returns ``[1, Hq, D]``.
 
-    K and V are read where they lie (a slice of each view, row stride ``Hkv * D``), and the maths is
-    :func:`_decode_attention`'s for one sequence (matrix-matrix below ``MATVEC_MIN_KEYS`` keys, matrix-vector
-    from there; :func:`_exp_rows`' softmax) written as the shortest run of numpy calls in one Python frame: no
-    batch axis, no mask, no ``out`` arrays. At a few hundred keys the work is a dozen small calls over data that
-    has left the core's caches since the previous layer, and fixed costs dominate: with cold caches and branch
-    predictors a numpy call or a Python function call costs one to a few microseconds, as much as the dense
-    kernel's whole margin (``benchmarks/bench_paged.py``, batch 1). The same dot products as the group walk over
-    the same view (bit-equal in practice; the tests hold it within 2e-6).
+    K and V are read where they lie, and the maths is :func:`_decode_attention`'s for one sequence
+    (matrix-matrix below ``MATVEC_MIN_KEYS`` keys, matrix-vector from there; :func:`_exp_rows`' softmax) written
+    as the shortest run of numpy calls in one Python frame: no batch axis, no mask, no ``out`` arrays. At a few
+    hundred keys the work is a dozen small calls over data that has left the core's caches since the previous
+    layer, and fixed costs dominate: with cold caches a numpy call or a Python function call costs one to a few
+    microseconds, as much as the dense kernel's whole margin (``benchmarks/bench_paged.py``, batch 1). The same
+    dot products as the group walk over the same view (bit-equal in practice; the tests hold it within 2e-6).
     """
     _, hq, d = q.shape
-    hkv = v.shape[0]
+    hkv, t, _ = v.shape
     qg = q.reshape(hkv, hq // hkv, d) * softmax_scale(d)  # [Hkv, G, D]
-    if last - first < MATVEC_MIN_KEYS:
-        scores = np.matmul(qg, k_t[:, :, first:last])  # [Hkv, G, T]
+    if t < MATVEC_MIN_KEYS:
+        scores = np.matmul(qg, k_t)  # [Hkv, G, T]
         scores -= np.fmax.reduce(scores, axis=-1, keepdims=True)
         np.exp(scores, out=scores)
-        o = np.matmul(scores, v[:, first:last])  # [Hkv, G, D], unnormalised
+        o = np.matmul(scores, v)  # [Hkv, G, D], unnormalised
     else:  # K [T, D] @ q[g] and p[g] @ V: no packing of K or V (see MATVEC_MIN_KEYS)
-        scores = np.matmul(k_t[:, None, :, first:last].transpose(0, 1, 3, 2), qg[..., None])[..., 0]  # [Hkv, G, T]
+        scores = np.matmul(k_t.transpose(0, 2, 1)[:, None], qg[..., None])[..., 0]  # [Hkv, G, T]
         scores -= np.fmax.reduce(scores, axis=-1, keepdims=True)
         np.exp(scores, out=scores)
-        o = np.matmul(scores[..., None, :], v[:, None, first:last])[..., 0, :]  # [Hkv, G, D], unnormalised
+        o = np.matmul(scores[..., None, :], v[:, None])[..., 0, :]  # [Hkv, G, D], unnormalised
     o /= np.add.reduce(scores, axis=-1, keepdims=True)
     return o.reshape(1, hq, d)
 
@@ -892,6 +890,7 @@ class PagedAttentionBackend:
         self._carried: _CarriedPlan | None = None  # offered by the last step that ended
         self._carrying: _CarriedPlan | None = None  # taken by the current step
         self._step_kernel: StepKernel | None = None  # the current step's, resolved by its first attend
+        self._lone_views: list | None = None  # a batch-1 step's run of K/V per layer (views), with its kernel
         # the key paged_attention files this backend's tile plan under in a step's metadata (see _tile_plan)
         self._plan_key = (kv_pool.num_kv_heads, kv_pool.head_dim, tile_bytes, id(self.workspace))
 
@@ -899,7 +898,7 @@ class PagedAttentionBackend:
         if metadata.block_size != self.kv_pool.block_size:
             raise ValueError(f"metadata block size {metadata.block_size} != pool block size {self.kv_pool.block_size}")
         self.metadata = metadata
-        self._step_kernel = None
+        self._step_kernel = self._lone_views = None
         carried, self._carried = self._carried, None  # carried at most once, and only by a step that ends
         self._carrying = None
         if carried is not None and metadata.is_decode:
@@ -935,8 +934,12 @@ class PagedAttentionBackend:
         if step is None:  # the step's first layer decides for every layer (paged_attention would per call)
             step = self._step_kernel = resolve_kernel(meta, self.kv_pool.num_kv_heads, q.shape[2],
                                                       self.tile_bytes, self.workspace, self.kernel)
-        if step.lone_run is not None:  # batch 1: the pool's per-head views, made once per layer
-            return _attend_lone_run(q, *self.kv_pool.head_views(layer_idx), *step.lone_run)
+            if step.lone_run is not None:  # batch 1: every layer's run, sliced once from the pool's head views
+                first, last = step.lone_run
+                self._lone_views = [(k_t[:, :, first:last], v[:, first:last])
+                                    for k_t, v in map(self.kv_pool.head_views, range(self.kv_pool.num_layers))]
+        if self._lone_views is not None:
+            return _attend_lone_run(q, *self._lone_views[layer_idx])
         return run_kernel(q, self.kv_pool.kv_cache[layer_idx], meta, step, self.workspace)
 
     def end_step(self) -> None:
@@ -950,7 +953,7 @@ class PagedAttentionBackend:
                                          self.workspace.buffer, meta._plans[self._plan_key])
         self._carrying = None
         self.metadata = None  # metadata describes one step; reusing it by mistake would double-write slots
-        self._step_kernel = None
+        self._step_kernel = self._lone_views = None
 
 
 def _blocks_per_seq(meta: PagedAttentionMetadata) -> np.ndarray:

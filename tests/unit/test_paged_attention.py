@@ -576,7 +576,7 @@ def test_softmax_rows_with_fmax_equal_the_max_form_and_keep_nans():
 )
 def test_a_lone_run_decode_equals_dense_and_the_gather_kernel(seed, length, block_size, hkv, group, head_dim):
     """The batch-1 path (one sequence decoding over one physical run of blocks: ``_attend_lone_run`` over views
-    of the pool) equals dense attention within 1e-5, the group walk over the same tile within 2e-6, and the gather
+    of the pool; the backend's, per layer, bit-equal to ``paged_attention``'s) equals dense attention within 1e-5, the group walk over the same tile within 2e-6, and the gather
     kernel's masked form over a copy of its blocks within 2e-6 + 4e-6 relative (its padded length may take the
     other side of ``MATVEC_MIN_KEYS``) — for lengths on both sides of the switch."""
     from minienv.kv.paged_attention import _decode_attention, _decode_bias, softmax_scale
@@ -585,15 +585,17 @@ def test_a_lone_run_decode_equals_dense_and_the_gather_kernel(seed, length, bloc
     assert 990 <= pa.MATVEC_MIN_KEYS <= 1100  # the long lengths drawn straddle the switch to matrix-vector form
     rng = np.random.default_rng(seed)
     kv, meta, q, new_k, new_v, dense_k, dense_v, _, _ = build_batch(
-        rng, block_size, [length - 1], [1], hkv, group, head_dim, scramble=0)
-    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+        rng, block_size, [length - 1], [1], hkv, group, head_dim, scramble=0, layers=2)
     q *= np.float32(rng.uniform(0.1, 4.0))  # sharper and flatter softmaxes
-    got = paged_attention(q, kv.kv_cache[0], meta, Workspace())
     backend = PagedAttentionBackend(kv)  # the same kernel on the pool's own per-head views (KVPool.head_views)
     backend.set_metadata(meta)
     backend.begin_step(meta.positions)
-    np.testing.assert_array_equal(backend.attend(0, q, new_k[0], new_v[0]), got)
+    by_backend = [backend.attend(layer, q, new_k[layer], new_v[layer]) for layer in (0, 1)]
     backend.end_step()
+    got = paged_attention(q, kv.kv_cache[0], meta, Workspace())
+    np.testing.assert_array_equal(by_backend[0], got)
+    np.testing.assert_array_equal(by_backend[1], paged_attention(q, kv.kv_cache[1], meta, Workspace()))
+    np.testing.assert_allclose(by_backend[1], dense_reference(q, meta, dense_k, dense_v, layer=1), atol=1e-5, rtol=0)
     step = pa.resolve_kernel(meta, hkv, head_dim, pa.DEFAULT_TILE_BYTES, Workspace(), "auto")
     assert step.lone_run is not None and step.lone_run[1] - step.lone_run[0] == length  # a fresh pool: one run
     np.testing.assert_allclose(got, dense_reference(q, meta, dense_k, dense_v), atol=1e-5, rtol=0)
@@ -609,10 +611,11 @@ def test_a_lone_run_decode_equals_dense_and_the_gather_kernel(seed, length, bloc
 
 def test_kv_pool_head_views_are_the_pool_per_head_also_in_a_copied_pool():
     """``KVPool.head_views(layer)``: K as ``[H, D, slots]`` and V as ``[H, slots, D]``, views of the pool's own
-    array (a copied pool's are rebuilt on its array), equal to ``pool_head_views`` of the layer array."""
+    array (a copied pool's are rebuilt on its array); sliced to a run they equal ``pool_run_views`` of the layer
+    array."""
     import copy
 
-    from minienv.kv.paged_attention import pool_head_views
+    from minienv.kv.paged_attention import pool_run_views
 
     rng = np.random.default_rng(15)
     pool = KVPool(3, 5, 4, 2, 3)
@@ -624,6 +627,7 @@ def test_kv_pool_head_views_are_the_pool_per_head_also_in_a_copied_pool():
             slots = target.kv_cache[layer].reshape(2, 20, 2, 3)  # [2, slots, H, D]
             assert np.array_equal(k_t, slots[0].transpose(1, 2, 0)) and np.array_equal(v, slots[1].transpose(1, 0, 2))
             assert np.shares_memory(k_t, target.kv_cache) and np.shares_memory(v, target.kv_cache)
-            want_k_t, want_v = pool_head_views(target.kv_cache[layer])
-            assert np.array_equal(k_t, want_k_t) and np.array_equal(v, want_v)
+            for first, last in ((0, 20), (4, 11), (7, 8)):
+                want_k_t, want_v = pool_run_views(target.kv_cache[layer], first, last)
+                assert np.array_equal(k_t[:, :, first:last], want_k_t) and np.array_equal(v[:, first:last], want_v)
     assert not np.shares_memory(pool.head_views(0)[0], twin.kv_cache)
