@@ -20,7 +20,7 @@ or the shape ``training/train.py`` gives it when the model is not bundled yet), 
   ``paged_attention`` makes the views from the layer array on every call.
 * *dense*: the same attention over contiguous per-sequence K/V (each sequence owns a slab), nine ways (ten at
   batch 1):
-  :func:`minienv.kv.batched_attention` on the whole batch (matrix-matrix below 1024 keys, matrix-vector from
+  :func:`minienv.kv.batched_attention` on the whole batch (matrix-matrix below 604 keys, matrix-vector from
   there) and in the gather kernel's sequence tiles; *blockwise* (the in-place kernel's maths on the slab);
   *matmat* (``q [G, D] @ Kᵀ [D, T]`` at every length — the baseline of earlier versions, "today's dense") and
   *matvec* (one query row against K, the softmax row against V) on the token-major slab ``[S, T, Hkv, D]``; the
@@ -169,7 +169,7 @@ def dense_variants(q, k_dense, v_dense, hidden, tile: int) -> dict:
         sc /= sc.sum(axis=-1, keepdims=True)
         return sc
 
-    def whole():  # minienv's dense path: matrix-matrix below 1024 keys, matrix-vector from there
+    def whole():  # minienv's dense path: matrix-matrix below MATVEC_MIN_KEYS (604), matrix-vector from there
         return batched_attention(q4, k_dense, v_dense, hidden, out=out_dense)
 
     def tiled():  # the same in the gather kernel's sequence tiles

@@ -71,15 +71,12 @@ INPLACE_MAX_SPAN_RATIO = 1.5
 KERNELS = ("auto", "gather", "inplace")
 #: Decode steps over at least this many keys use matrix-vector products (each query row against its head's K,
 #: each softmax row against V) instead of ``q [G, D] @ Kᵀ [D, T]``: with Kᵀ as the right operand of a matrix-matrix
-#: product OpenBLAS first repacks all of K into panels, which at long contexts falls out of cache (measured on the
-#: benchmark's grid, head dim 48: 1.7-2.3x faster at 2048 keys, 1.3-1.5x slower at 512). Same dot products.
-MATVEC_MIN_KEYS = 1024
-#: The same switch for one sequence decoding over one physical run (:func:`_attend_lone_run`, batch 1). Measured
-#: with the benchmark's head shape (4 query heads, 2 KV heads, head dim 48), caches evicted before each call: the
-#: matrix-matrix form is ~15 % faster up to 600 keys, then its cost jumps by ~60 % between 600 and 604 keys (OpenBLAS
-#: changes how it runs a ``[2, 48] @ [48, T]`` product there) and the matrix-vector form is 25-35 % faster from 604
-#: keys on (64 vs 85 us at 768, 76 vs 105 at 1024).
-LONE_RUN_MATVEC_MIN_KEYS = 604
+#: product OpenBLAS first repacks K into panels. Measured with the benchmark's head shape (4 query heads, 2 KV heads,
+#: head dim 48; caches evicted before each call): the matrix-matrix form is 15-20 % faster up to 600 keys, then its
+#: cost jumps by 60-90 % between 600 and 604 keys (OpenBLAS changes how it runs a ``[2, 48] @ [48, T]`` product
+#: there) and the matrix-vector form is 25-40 % faster from 604 keys on — at batch 1 (64 vs 85 us at 768 keys),
+#: 8 (259 vs 409 us at 608) and 32 (1.0 vs 1.55 ms at 640). Same dot products.
+MATVEC_MIN_KEYS = 604
 
 
 # ---------------------------------------------------------------------------------------------------- metadata
@@ -807,23 +804,23 @@ def _attend_lone_run(q: np.ndarray, k_t: np.ndarray, v: np.ndarray) -> np.ndarra
     per-head views ``k_t [Hkv, D, T]`` and ``v [Hkv, T, D]`` (:func:`pool_run_views`); returns ``[1, Hq, D]``.
 
     K and V are read where they lie, and the maths is :func:`_decode_attention`'s for one sequence
-    (matrix-matrix below ``LONE_RUN_MATVEC_MIN_KEYS`` keys, matrix-vector from there; :func:`_exp_rows`'
+    (matrix-matrix below ``MATVEC_MIN_KEYS`` keys, matrix-vector from there; :func:`_exp_rows`'
     softmax) written as the shortest run of numpy calls in one Python frame: no batch axis, no mask, no ``out``
     arrays. At a few hundred keys the work is a dozen small calls over data that has left the core's caches since
     the previous layer, and fixed costs dominate: with cold caches a numpy call or a Python function call costs
     one to a few microseconds, as much as the dense kernel's whole margin (``benchmarks/bench_paged.py``, batch
-    1). The same dot products as the group walk over the same view, which switches forms at ``MATVEC_MIN_KEYS``
-    instead (bit-equal where both take the same form; the tests hold them within 2e-6 + 4e-6 relative).
+    1). The same dot products as the group walk over the same view (bit-equal in practice; the tests hold them
+    within 2e-6).
     """
     _, hq, d = q.shape
     hkv, t, _ = v.shape
     qg = q.reshape(hkv, hq // hkv, d) * softmax_scale(d)  # [Hkv, G, D]
-    if t < LONE_RUN_MATVEC_MIN_KEYS:
+    if t < MATVEC_MIN_KEYS:
         scores = np.matmul(qg, k_t)  # [Hkv, G, T]
         scores -= np.fmax.reduce(scores, axis=-1, keepdims=True)
         np.exp(scores, out=scores)
         o = np.matmul(scores, v)  # [Hkv, G, D], unnormalised
-    else:  # K [T, D] @ q[g] and p[g] @ V: no packing of K or V (see LONE_RUN_MATVEC_MIN_KEYS)
+    else:  # K [T, D] @ q[g] and p[g] @ V: no packing of K or V (see MATVEC_MIN_KEYS)
         scores = np.matmul(k_t.transpose(0, 2, 1)[:, None], qg[..., None])[..., 0]  # [Hkv, G, T]
         scores -= np.fmax.reduce(scores, axis=-1, keepdims=True)
         np.exp(scores, out=scores)
