@@ -940,8 +940,8 @@ class PagedAttentionBackend:
                                                       self.tile_bytes, self.workspace, self.kernel)
             if step.lone_run is not None:  # batch 1: every layer's run, sliced once from the pool's head views
                 first, last = step.lone_run
-                self._lone_views = [(k_t[:, :, first:last], v[:, first:last])
-                                    for k_t, v in map(self.kv_pool.head_views, range(self.kv_pool.num_layers))]
+                self._lone_views = [(k_heads[:, :, first:last], v_heads[:, first:last]) for k_heads, v_heads
+                                    in map(self.kv_pool.head_views, range(self.kv_pool.num_layers))]
         if self._lone_views is not None:
             return _attend_lone_run(q, *self._lone_views[layer_idx])
         return run_kernel(q, self.kv_pool.kv_cache[layer_idx], meta, step, self.workspace)
