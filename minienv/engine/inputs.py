@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minienv.kv.block_table import pad_block_tables
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.kv.kv_pool import KVPool
 from minienv.kv.paged_attention import PagedAttentionMetadata
@@ -63,22 +64,12 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 _DECODE_CONSTANTS: dict[int, tuple[np.ndarray, ...]] = {}
 
 
-def block_tables(rows: list[list[int]]) -> np.ndarray:
-    """:func:`~minienv.kv.block_table.pad_block_tables` of a step's tables (at least one): each short row
-    extended with zeros in Python, then ONE ``np.array`` — instead of a zero array and one numpy assignment per
-    row, which costs more than the rest of a small decode step's inputs
-    (``test_block_tables_equal_pad_block_tables``)."""
-    width = max(max(map(len, rows)), 1)
-    return np.array([row if len(row) == width else [*row, *[0] * (width - len(row))] for row in rows],
-                    dtype=np.int64)
-
-
 def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool) -> StepInputs:
     sched = plan.scheduled
     if any([s.blocks_to_copy for s in sched]):
         kv_pool.copy_blocks(pair for s in sched for pair in s.blocks_to_copy)
     n = len(sched)
-    tables = block_tables([kv.request(s.request_id).block_ids for s in sched])
+    tables = pad_block_tables([kv.request(s.request_id).block_ids for s in sched])
     context_lens = np.array([s.num_computed_tokens for s in sched], dtype=np.int64)
     slot_mapping = sched[0].slot_mapping if n == 1 else np.concatenate([s.slot_mapping for s in sched])
     if len(slot_mapping) == n:  # every sequence computes one token: a decode step (the common case)

@@ -342,16 +342,13 @@ def test_all_greedy_sampling_equals_the_per_request_loop(model, tok):
 # ------------------------------------------------------------------ the steady decode step's lean path
 def _plain_paths(monkeypatch) -> None:
     """Switch the lean decode-step paths off: the scheduler's general loop for every running request,
-    ``ScheduledRequest``'s dataclass constructor, ``pad_block_tables``."""
-    import minienv.engine.inputs as inputs
-    from minienv.kv.block_table import pad_block_tables
+    ``ScheduledRequest``'s dataclass constructor (``pad_block_tables`` has its own equality test)."""
     from minienv.scheduler import ScheduledRequest, Scheduler
 
     monkeypatch.setattr(Scheduler, "_schedule_decodes", lambda self, out: 0)
     monkeypatch.setattr(ScheduledRequest, "one_token", classmethod(
         lambda cls, rid, kind, start, token, slots: cls(rid, kind, 1, start, True, token_ids=(token,),
                                                         slot_mapping=slots)))
-    monkeypatch.setattr(inputs, "block_tables", pad_block_tables)
 
 
 def _observed_run(model, tok, engine_kw: dict, script: dict) -> list:
@@ -450,19 +447,30 @@ def test_one_token_equals_the_constructor():
             fast.num_new_tokens = 2
 
 
-def test_block_tables_equal_pad_block_tables():
-    from minienv.engine.inputs import block_tables
+def test_pad_block_tables_equals_a_per_row_copy():
+    """``pad_block_tables`` (rows padded in Python, one ``np.array``: the engine pads every step) equals a zero
+    array with each row copied in: lists and arrays, empty rows, a given width; a row wider than it is refused."""
     from minienv.kv.block_table import pad_block_tables
 
+    def plain(rows, width=None):
+        width = max(max((len(r) for r in rows), default=0) if width is None else width, 1)
+        out = np.zeros((len(rows), width), dtype=np.int64)
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = r
+        return out
+
     rng = np.random.default_rng(8)
-    cases = [[[]], [[], []], [[5]], [[1, 2, 3]], [[1], [2, 3, 4], []]]
+    cases = [[], [[]], [[], []], [[5]], [[1, 2, 3]], [[1], [2, 3, 4], []], [np.array([7, 8]), [9]]]
     cases += [[rng.integers(0, 500, rng.integers(0, 9)).tolist() for _ in range(rng.integers(1, 17))]
               for _ in range(200)]
     for rows in cases:
         copies = [list(r) for r in rows]
-        got, want = block_tables(rows), pad_block_tables(rows)
-        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want), rows
-        assert rows == copies  # the engine's live tables are not changed
+        for width in (None, 12):
+            got, want = pad_block_tables(rows, width), plain(rows, width)
+            assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want), rows
+        assert [list(r) for r in rows] == copies  # the engine's live tables are not changed
+    with pytest.raises(ValueError, match="does not fit width 2"):
+        pad_block_tables([[1, 2, 3]], width=2)
 
 
 def test_manager_stats_values_count_what_a_scan_of_the_blocks_counts(model, tok):
