@@ -14,7 +14,9 @@
 2. **Prefix caching on vs off**, a 5-shot workload: 16 requests = one shared 5-example prefix + their own question.
    Prompt tokens computed, time to first token, tokens/s.
 3. **minienv's batched engine vs transformers ``generate``** on the same weights, 16 prompts x 64 new tokens,
-   greedy, both batched (transformers with left padding). Skipped with a note if torch / transformers are missing.
+   greedy, both batched (transformers with left padding), and next to them **the ceiling**: the same model's
+   forward pass over the same batch in a bare loop (``benchmarks/_ceiling.py``: dense caches, argmax, no engine),
+   an upper bound for any engine on this numpy model. Skipped with a note if torch / transformers are missing.
 
 Every run generates exactly the requested lengths (the end-of-text token is ignored, as benchmarks do). On the
 bundled model when ``assets/target`` exists; otherwise a random stand-in of the same shape (speeds comparable,
@@ -45,6 +47,8 @@ from _common import add_common_args, emit_json, print_settings, rounds_of, sched
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from _ceiling import bare_greedy  # noqa: E402  (imports minienv: after REPO is on sys.path)
 
 from minienv.engine import InferenceEngine, RequestOutput  # noqa: E402
 from minienv.model import load_model, random_weights, save_checkpoint  # noqa: E402
@@ -255,7 +259,8 @@ def bench_prefix(model, tok, rounds: int, seed: int, n_questions: int = 16, bloc
 
 # ------------------------------------------------------------------------------------------------ 3
 def bench_transformers(model_dir: Path, model, tok, rounds: int, seed: int, n_new: int = 64) -> dict | None:
-    """minienv's batched engine vs ``transformers`` batched ``generate`` (left padding), interleaved rounds."""
+    """minienv's batched engine vs ``transformers`` batched ``generate`` (left padding) vs the bare loop (the
+    ceiling, :func:`_ceiling.bare_greedy`), interleaved rounds."""
     try:
         import torch
         import transformers
@@ -272,6 +277,11 @@ def bench_transformers(model_dir: Path, model, tok, rounds: int, seed: int, n_ne
                         max_num_batched_tokens=1024)
         t, outs = timed(e, ids, params)
         return t, [list(o.token_ids) for o in outs]
+
+    def run_ceiling():
+        start = time.perf_counter()
+        out = bare_greedy(model, ids, n_new)
+        return time.perf_counter() - start, out
 
     torch.set_num_threads(int(BLAS_THREADS))
     hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -291,27 +301,38 @@ def bench_transformers(model_dir: Path, model, tok, rounds: int, seed: int, n_ne
             return time.perf_counter() - start, out
 
     make_engine(model, tok, kv_budget_tokens=1024).generate(ids[:2], SamplingParams(max_tokens=4, temperature=0))
+    bare_greedy(model, ids[:2], 4)
     with torch.no_grad():
         hf.generate(x[:2], **dict(kw, attention_mask=mask[:2], max_new_tokens=4, min_new_tokens=4))  # warm-up
-    times: dict[str, list[float]] = {"minienv": [], "transformers": []}
+    sides = {"minienv": run_minienv, "transformers": run_hf, "ceiling": run_ceiling}
+    times: dict[str, list[float]] = {side: [] for side in sides}
     outs: dict[str, list] = {}
-    for order in schedule(list(times), rounds, seed):
+    for order in schedule(list(sides), rounds, seed):
         for side in order:
-            t, outs[side] = (run_minienv if side == "minienv" else run_hf)()
+            t, outs[side] = sides[side]()
             times[side].append(t)
     agree = sum(o == h for o, h in zip(outs["minienv"], outs["transformers"], strict=True))
+    agree_ceiling = sum(o == c for o, c in zip(outs["minienv"], outs["ceiling"], strict=True))
     n = len(ids) * n_new
     t_mini, t_hf = min(times["minienv"]), min(times["transformers"])
     med_mini, med_hf = statistics.median(times["minienv"]), statistics.median(times["transformers"])
+    t_top, med_top = min(times["ceiling"]), statistics.median(times["ceiling"])
     print(f"3. minienv engine vs transformers generate — {len(ids)} prompts x {n_new} new tokens, greedy, both "
           f"batched, threads={BLAS_THREADS}, {rounds} interleaved rounds")
     print(f"   minienv InferenceEngine   {t_mini:7.2f} s min  {med_mini:7.2f} s median  {n / t_mini:8.1f} tokens/s")
     print(f"   transformers generate     {t_hf:7.2f} s min  {med_hf:7.2f} s median  {n / t_hf:8.1f} tokens/s")
+    print(f"   bare loop (the ceiling)   {t_top:7.2f} s min  {med_top:7.2f} s median  {n / t_top:8.1f} tokens/s")
     print(f"   minienv / transformers: {t_hf / t_mini:.2f}x tokens/s (median {med_hf / med_mini:.2f}x); identical "
-          f"greedy outputs: {agree}/{len(ids)}\n")
+          f"greedy outputs: {agree}/{len(ids)}")
+    print(f"   ceiling / transformers: {t_hf / t_top:.2f}x (median {med_hf / med_top:.2f}x) — no engine on this numpy "
+          f"model can beat it;\n   minienv reaches {t_top / t_mini:.0%} of the ceiling (median {med_top / med_mini:.0%}); "
+          f"identical greedy outputs: {agree_ceiling}/{len(ids)}\n")
     return {"minienv_tok_s": round(n / t_mini, 1), "transformers_tok_s": round(n / t_hf, 1),
             "ratio": round(t_hf / t_mini, 2), "ratio_median": round(med_hf / med_mini, 2),
-            "identical_outputs": agree, "torch_threads": int(BLAS_THREADS), "rounds": rounds}
+            "identical_outputs": agree, "ceiling_tok_s": round(n / t_top, 1),
+            "ceiling_over_transformers": round(t_hf / t_top, 2),
+            "minienv_over_ceiling": round(t_top / t_mini, 3), "minienv_over_ceiling_median": round(med_top / med_mini, 3),
+            "ceiling_identical_outputs": agree_ceiling, "torch_threads": int(BLAS_THREADS), "rounds": rounds}
 
 
 def main() -> None:

@@ -2,18 +2,22 @@
 
     # 1. sample a run with native frames (py-spy: `pip install py-spy`; not a minienv dependency)
     py-spy record --native -r 200 -f raw -o /tmp/run.raw -- \\
-        .venv/bin/python benchmarks/profile_engine.py --run continuous      # or: --run single
+        .venv/bin/python benchmarks/profile_engine.py --run continuous      # or: single, batched, ceiling
     # 2. split the samples taken inside the engine's run by what they were doing
     .venv/bin/python benchmarks/profile_engine.py --split /tmp/run.raw
 
 ``--run continuous``: 48 seeded requests (prompts of 16-64 tokens, 16-128 greedy output tokens), 16 running at
 once, the bundled model — a continuous-batching run. ``--run single``: one request, 32 prompt tokens, 256 tokens.
+``--run batched``: ``bench_engine.py`` part 3's batch (16 prompts x 64 greedy tokens) through the engine, 20 times;
+``--run ceiling``: the same batch through the bare loop of ``_ceiling.py`` (the model's forward pass with dense
+caches and no engine), 20 times — the largest BLAS share any engine running this numpy model could show.
 
 ``--split`` classifies each sample by its stack (a sample is one moment of the run): **BLAS** if an OpenBLAS frame
 is on it (matrix products: Q/K/V, output, MLP and LM-head projections, and the attention kernel's own products),
 else **attention** (paged attention's gathers, softmax, masks), **model** (RMSNorm, RoPE, SiLU, residual adds,
-embedding rows), or **engine** (scheduler, step inputs, sampling, commit, outputs). Only samples inside
-``InferenceEngine.run`` / ``generate`` count (not imports or model loading). Ends with one JSON line.
+embedding rows), or **engine** (scheduler, step inputs, sampling, commit, outputs; the bare loop's argmax). Only
+samples inside ``InferenceEngine.run`` / ``generate`` / ``bare_greedy`` count (not imports or model loading). Ends
+with one JSON line.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ def classify(stack: str) -> str:
     blas = any(m in lower for m in BLAS_MARKERS)
     if "PagedAttentionMetadata" in stack or "build_step_inputs" in stack:
         return "engine: step inputs"
-    if "paged_attention" in stack or "causal_attention" in stack:
+    if "paged_attention" in stack or "causal_attention" in stack or "DenseBatchDecode.attend" in stack:
         return "attention: BLAS" if blas else "attention: other (gather, softmax, masks)"
     if blas:
         return "BLAS: projections, MLP, LM head"
@@ -55,11 +59,12 @@ def split(path: Path) -> dict:
         if not line.strip():
             continue
         stack, n = line.rsplit(" ", 1)
-        if "InferenceEngine.run (" in stack or "InferenceEngine.generate (" in stack:
+        if "InferenceEngine.run (" in stack or "InferenceEngine.generate (" in stack or "bare_greedy (" in stack:
             counts[classify(stack)] += int(n)
     total = sum(counts.values())
     if not total:
-        raise SystemExit(f"{path}: no samples inside InferenceEngine.run/generate (record with py-spy --native)")
+        raise SystemExit(f"{path}: no samples inside InferenceEngine.run/generate or bare_greedy (record with py-spy "
+                         f"--native)")
     shares = {k: round(100 * v / total, 1) for k, v in counts.most_common()}
     blas = sum(v for k, v in counts.items() if k.startswith("BLAS") or k == "attention: BLAS")
     return {"samples": total, "percent": shares, "blas_percent": round(100 * blas / total, 1)}
@@ -79,6 +84,21 @@ def run(kind: str) -> None:
 
     model, tok = load_model(), load_tokenizer()
     rng = np.random.default_rng(0)
+    if kind in ("batched", "ceiling"):
+        from _ceiling import bare_greedy
+        from bench_engine import QUESTIONS
+
+        ids = [tok.encode(f"{q} ") for q in QUESTIONS]  # bench_engine part 3's batch
+        budget = 16 * (max(map(len, ids)) + 64 + 16)
+        for _ in range(20):
+            if kind == "ceiling":
+                bare_greedy(model, ids, 64)
+            else:
+                engine = InferenceEngine(model, tok, kv_budget_tokens=budget, block_size=16, max_num_seqs=16,
+                                         max_num_batched_tokens=1024, history_size=0)
+                engine.eos_token_id = None
+                engine.generate(ids, SamplingParams(max_tokens=64, temperature=0))
+        return
     if kind == "single":
         engine = InferenceEngine(model, tok, kv_budget_tokens=4096)
         engine.eos_token_id = None
@@ -95,7 +115,7 @@ def run(kind: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     group = ap.add_mutually_exclusive_group(required=True)
-    group.add_argument("--run", choices=["continuous", "single"], help="the run to sample (under py-spy)")
+    group.add_argument("--run", choices=["continuous", "single", "batched", "ceiling"], help="the run to sample (under py-spy)")
     group.add_argument("--split", type=Path, help="a py-spy --native raw file of such a run")
     args = ap.parse_args()
     if args.run:
