@@ -110,6 +110,10 @@ class SchedulerOutput:
     running: list[str]
     max_num_batched_tokens: int
     scheduling: SchedulingPolicy = "continuous"
+    #: the slots of the leading run of one-token decodes (``scheduled[:len(decode_slots)]``), as one array whose
+    #: one-element slices are those requests' ``slot_mapping``: a decode step's slot mapping as it is (no
+    #: concatenation); None when the run is empty
+    decode_slots: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def _tokens(self, *kinds: StepKind) -> int:
         if not kinds:
@@ -275,24 +279,43 @@ class Scheduler:
         return budget
 
     def _schedule_decodes(self, out: SchedulerOutput) -> int:
-        """Schedule the running requests from the first on that each compute one token and carry no drafts,
-        through :meth:`_decode_fast`, up to the first that is not such a decode or whose slot the fast path
-        declines; return how many were scheduled (each takes one token of the budget).
+        """Schedule the running requests from the first on that each compute one token and carry no drafts, up to
+        the first that is not such a decode or whose slot the manager's fast path (``append_slot``) declines;
+        return how many were scheduled (each takes one token of the budget).
 
         The general loop of :meth:`_schedule_running` would schedule them identically (each is a decode it would
         send to :meth:`_decode_fast`, and the budget always covers one token per running request); this loop only
-        skips its per-request budget arithmetic and draft slicing. It then continues at the first request left."""
+        skips its per-request budget arithmetic and draft slicing, and makes ONE slot array for the whole run
+        (``out.decode_slots``, which the step's inputs use as their slot mapping; each request's ``slot_mapping``
+        is its one-element slice, the array itself for a lone request): an array per request and their
+        concatenation cost more than the rest of a decode's scheduling. Each request joins the plan as soon as
+        its slot is reserved (so a rollback finds it) and gets its slice once the array exists, before the plan
+        leaves the scheduler. It then continues at the first request left. ``out.scheduled`` is empty when it
+        runs (the run leads the step)."""
+        append_slot, one_token = self.kv.append_slot, ScheduledRequest.one_token
         scheduled = out.scheduled
-        before = len(scheduled)
+        slots: list[int] = []
         for req in self.running:
             tokens = req.all_token_ids
-            if len(tokens) - req.num_computed_tokens != 1 or req.spec_token_ids:
+            start = req.num_computed_tokens
+            if len(tokens) - start != 1 or req.spec_token_ids:
                 break
-            s = self._decode_fast(req, tokens)
-            if s is None:
+            token = tokens[start]
+            slot = append_slot(req.request_id, token)
+            if slot is None:
                 break
-            scheduled.append(s)
-        return len(scheduled) - before
+            scheduled.append(one_token(req.request_id, "decode" if start >= len(req.prompt_token_ids) else "prefill",
+                                       start, token, None))  # its slot_mapping is set below, before anyone reads it
+            slots.append(slot)
+        n = len(slots)
+        if n:
+            out.decode_slots = batch = np.array(slots, dtype=np.int64)
+            if n == 1:
+                scheduled[0].__dict__["slot_mapping"] = batch
+            else:
+                for k, s in enumerate(scheduled):
+                    s.__dict__["slot_mapping"] = batch[k:k + 1]
+        return n
 
     def _decode_fast(self, req: Request, tokens: list[int] | None = None) -> ScheduledRequest | None:
         """One token through the manager's decode fast path (an int slot, no result object); None if it declined

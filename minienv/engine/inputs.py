@@ -71,7 +71,11 @@ def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool
     n = len(sched)
     tables = pad_block_tables([kv.request(s.request_id).block_ids for s in sched])
     context_lens = np.array([s.num_computed_tokens for s in sched], dtype=np.int64)
-    slot_mapping = sched[0].slot_mapping if n == 1 else np.concatenate([s.slot_mapping for s in sched])
+    decode_slots = plan.decode_slots  # the leading run of decodes' slots, already one array
+    if decode_slots is not None and len(decode_slots) == n:
+        slot_mapping = decode_slots
+    else:
+        slot_mapping = sched[0].slot_mapping if n == 1 else np.concatenate([s.slot_mapping for s in sched])
     if len(slot_mapping) == n:  # every sequence computes one token: a decode step (the common case)
         meta = decode_metadata(tables, context_lens, slot_mapping, kv.block_size)
     else:

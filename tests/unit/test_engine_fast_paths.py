@@ -267,15 +267,28 @@ def test_kv_pool_memory_is_reserved_at_construction_so_steps_never_fault_it_in()
 
 def test_decode_step_inputs_equal_the_general_derivation(model, tok, monkeypatch):
     """``build_step_inputs``'s decode shortcut (every sequence decodes and samples one token: rows 0..n-1) gives
-    the sampling indices, logits rows and logits counts the general derivation gives, on every step of a run with
-    prefill chunks, mixed steps and decode steps; and the run's outputs are each request's alone output."""
+    the sampling indices, logits rows and logits counts the general derivation gives, and its slot mapping (the
+    scheduler's one array for a whole decode step) the concatenation of every chunk's slots, on every step of a
+    run with prefill chunks, mixed steps and decode steps; and the run's outputs are each request's alone output."""
     import minienv.engine.core as core
     from minienv.engine.inputs import _sampling_rows, build_step_inputs
 
     kinds: list[bool] = []
+    whole_runs: list[bool] = []
 
     def checked(plan, kv, pool):
         inputs = build_step_inputs(plan, kv, pool)
+        # the slot mapping: every chunk's slots concatenated in plan order, whether or not it came as the leading
+        # decode run's one array (SchedulerOutput.decode_slots, whose one-element slices are those requests' own)
+        want = np.concatenate([s.slot_mapping for s in plan.scheduled])
+        got = inputs.metadata.slot_mapping
+        assert got.dtype == want.dtype == np.int64 and np.array_equal(got, want)
+        run = plan.decode_slots
+        if run is not None:
+            assert run.dtype == np.int64 and 1 <= len(run) <= len(plan.scheduled)
+            for k, s in enumerate(plan.scheduled[:len(run)]):
+                assert s.num_new_tokens == 1 and s.slot_mapping.shape == (1,) and s.slot_mapping[0] == run[k]
+            whole_runs.append(got is run)
         sampling, rows, num_logits = _sampling_rows(plan.scheduled, inputs.metadata)
         assert inputs.sampling == sampling and inputs.num_logits == num_logits
         assert inputs.logits_indices.dtype == rows.dtype and np.array_equal(inputs.logits_indices, rows)
@@ -290,6 +303,7 @@ def test_decode_step_inputs_equal_the_general_derivation(model, tok, monkeypatch
     ids = [e.add_request(p, GREEDY) for p in PROMPTS]
     _finish_and_compare(e, model, tok, ids)
     assert any(kinds) and not all(kinds)  # both the shortcut and the general path ran
+    assert any(whole_runs) and not all(whole_runs)  # the run's array as the slot mapping, and concatenated
 
 
 def test_step_record_stats_equal_engine_stats_after_each_step(model, tok):
