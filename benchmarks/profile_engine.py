@@ -41,7 +41,8 @@ def classify(stack: str) -> str:
     if blas:
         return "BLAS: projections, MLP, LM head"
     if "forward_step (" in stack:
-        for key, name in (("rms_norm", "RMSNorm"), ("apply_rope", "RoPE"), ("RopeTable", "RoPE"),
+        for key, name in (("rms_norm", "RMSNorm"), ("apply_rope", "RoPE"), ("rotate_in_place", "RoPE"),
+                          ("RopeTable", "RoPE"),
                           ("silu", "SiLU"), ("_check", "input checks")):
             if key in stack:
                 return f"model: {name}"

@@ -63,3 +63,15 @@ def test_profile_split_counts_the_bare_loop_and_files_its_attention_under_attent
     assert result["blas_percent"] == 62.5
     assert classify(frames + "DenseBatchDecode.attend (_ceiling.py:60);memcpy") == \
         "attention: other (gather, softmax, masks)"
+
+
+def test_profile_split_files_each_model_piece_under_its_name():
+    """Each model function the forward pass calls is named in the split (RoPE's in-place rotation included)."""
+    step = "bare_greedy (_ceiling.py:72);LlamaModel.forward_step (minienv/model/llama.py:307);"
+    for func, name in (("rms_norm (minienv/model/llama.py:41)", "model: RMSNorm"),
+                       ("rotate_in_place (minienv/model/llama.py:101)", "model: RoPE"),
+                       ("RopeTable.rows (minienv/model/llama.py:161)", "model: RoPE"),
+                       ("silu_and_mul (minienv/model/llama.py:66)", "model: SiLU"),
+                       ("LlamaModel._check_tokens (minienv/model/llama.py:222)", "model: input checks")):
+        assert classify(step + func + ";FLOAT_add (numpy)") == name, func
+    assert classify(step + "FLOAT_add (numpy)") == "model: other numpy (residuals, embedding, slicing)"
