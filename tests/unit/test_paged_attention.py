@@ -257,6 +257,20 @@ def test_auto_on_long_scattered_decodes_runs_the_in_place_kernel_and_agrees(monk
     assert pa.auto_kernel_of(shared, 2, 8) == "gather"
 
 
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=40), st.integers(1, 600))
+@settings(max_examples=200, deadline=None)
+def test_auto_mean_keys_test_equals_numpys_mean(lens, keys):
+    """auto's "do these sequences average >= keys?" is an integer sum compared with ``keys * S``: the answer of
+    ``np.mean(seq_lens) >= keys`` at every length mix, the boundary (mean exactly ``keys``) included."""
+    pa = sys.modules["minienv.kv.paged_attention"]
+    for lens_ in (lens, [keys] * len(lens)):  # any mix, and one whose mean is exactly at the threshold
+        context = [n - 1 for n in lens_]  # + one decode token each: seq_lens == lens_
+        meta = PagedAttentionMetadata(np.zeros((len(lens_), 1), dtype=np.int64), context, [1] * len(lens_),
+                                      context, block_size=max(lens_))
+        assert meta.seq_lens.tolist() == lens_
+        assert pa._mean_keys_at_least(meta, keys) == (float(np.mean(lens_)) >= keys)
+
+
 @pytest.mark.parametrize("kernel", ["gather", "inplace"])
 def test_batched_decode_of_many_sequences(kernel):
     """More than 8 sequences: the in-place kernel sums block outputs with a gather instead of a one-hot matmul."""
