@@ -257,7 +257,7 @@ chunk_engine.run(max_steps=2)  # the three are decoding now
 long_id = chunk_engine.add_request(rng.integers(0, 128, 120).tolist(), SamplingParams(max_tokens=3, temperature=0))
 rows = step_budget_rows(chunk_engine, long_id)  # until the long prompt samples its first token
 for r in rows:
-    print(f"step {r.step}: {r.decode_tokens} decodes + prefill chunk of {r.chunk:>3} tokens = {r.total} tokens")
+    print(f"step {r.step + 1}: {r.decode_tokens} decodes + prefill chunk of {r.chunk:>3} tokens = {r.total} tokens")
 chunk_engine.run()  # steps to the end (the timeline below shows it all)
 assert all(r.decode_tokens == 3 for r in rows)  # every running request decoded in every step
 assert [r.chunk for r in rows] == [c for _, c in toy_steps(3, 120, 32, True)]  # the toy's chunks exactly
@@ -296,10 +296,10 @@ print(f"{ts.num_steps} steps, {ts.num_preemptions} preemptions, {ts.num_computed
 events = preemptions_and_resumes(tight)
 for e in events:
     if e.kind == "preempted":
-        print(f"step {e.step:>2}: request {e.request_id} preempted (the most recently admitted; still running: "
+        print(f"step {e.step + 1:>2}: request {e.request_id} preempted (the most recently admitted; still running: "
               f"{list(e.running_after)})")
     else:
-        print(f"step {e.step:>2}: request {e.request_id} resumes: {e.cached:>2} of its {e.cached + e.recomputed} "
+        print(f"step {e.step + 1:>2}: request {e.request_id} resumes: {e.cached:>2} of its {e.cached + e.recomputed} "
               f"tokens from the prefix cache, {e.recomputed} recomputed")
 print(f"prefix cache over the run: {ts.prefix_cache_hits_tokens} of {ts.prefix_cache_queries_tokens} queried tokens "
       f"hit; {ts.evicted_blocks} cached blocks evicted")

@@ -89,7 +89,7 @@ while by_hand.has_unfinished_requests():
         deltas[o.request_id] += o.delta_text  # schedule -> one batched forward -> sample -> stream -> finish
     plan = by_hand.history[-1].scheduler_output
     news = ", ".join(f"{o.request_id}+{o.delta_text!r}" + (" (done)" if o.finished else "") for o in step_outputs)
-    print(f"step {plan.step}: {plan.num_scheduled_tokens:>2} tokens ({plan.num_prefill_tokens} prefill, "
+    print(f"step {plan.step + 1}: {plan.num_scheduled_tokens:>2} tokens ({plan.num_prefill_tokens} prefill, "
           f"{plan.num_decode_tokens} decode) -> {news}")
 print("aborted:", by_hand.output(doomed).finish_reason)
 

@@ -236,7 +236,8 @@ class RequestTimeline(SvgView):
         return " — ".join(p for p in (self.title, self._caption) if p)
 
     def _hover(self, s: Segment) -> str:
-        steps = f"step {s.start}" if s.length == 1 else f"steps {s.start}–{s.end - 1}"
+        # counted from 1, like every caption of the series: the step with index 0 is "step 1"
+        steps = f"step {s.start + 1}" if s.length == 1 else f"steps {s.start + 1}–{s.end}"
         what = {"prefill": f"prefill chunk of {s.num_tokens} tokens", "decode": f"{s.num_tokens} decode step(s)",
                 "waiting": "waiting (no KV held)", "paused": "running, no budget left for its chunk",
                 "preempted": "preempted: KV freed, back to the front of the queue"}[s.state]

@@ -133,3 +133,23 @@ def test_matches_the_engine_history_including_preemptions(model):
         samples = sum(1 for s in tl.segments if s.request_id == o.request_id and s.state == "prefill"
                       and (s.finished or tl.state_at(o.request_id, s.end) == "decode"))
         assert decoded + samples >= len(o.token_ids) - 1
+
+
+def test_hover_counts_steps_from_one_like_the_dashboards_captions(model):
+    """The step a hover names is the step the dashboard's caption named when it ran: both count from 1 (the record
+    with ``step == 0`` is "step 1"), so a reader can match a bar to a caption and to ``finished_step``."""
+    from minienv.viz.dashboard import step_caption
+
+    eng = InferenceEngine(model, Ids(), kv_budget_tokens=64, block_size=4, max_num_seqs=2, max_num_batched_tokens=16)
+    eng.generate([[1] * 6, [2] * 6, [3] * 6], SamplingParams(max_tokens=3, temperature=0))
+    tl = RequestTimeline(live="html")
+    tl.update(eng.timeline(), num_steps=eng.stats.num_steps)
+    captions = {rec.step: step_caption(rec).split(":")[0] for rec in eng.history}
+    assert captions[0] == "step 1"
+    for seg in tl.segments:
+        hover = tl._hover(seg)
+        first = hover.split("<br>")[1].split(":")[0]  # "step 3" or "steps 3–5"
+        label = captions[seg.start] if seg.length == 1 else f"steps {seg.start + 1}–{seg.end}"
+        assert first == label, (seg, hover)
+        if seg.length > 1:
+            assert captions[seg.end - 1] == f"step {seg.end}"  # its last step, as the caption said
