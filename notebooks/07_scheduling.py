@@ -264,7 +264,7 @@ assert [r.chunk for r in rows] == [c for _, c in toy_steps(3, 120, 32, True)]  #
 assert all(r.total <= 32 for r in rows) and sum(r.chunk for r in rows) == 120
 
 # %%
-chunk_tl = RequestTimeline(title="chunked prefill: the 120-token prompt arrives at step 2", live="html", step_px=18)
+chunk_tl = RequestTimeline(title="chunked prefill: the 120-token prompt arrives after step 2", live="html", step_px=18)
 chunk_tl.update(chunk_engine.timeline(), num_steps=chunk_engine.stats.num_steps)
 chunk_tl.static()
 
