@@ -470,12 +470,15 @@ class InferenceEngine:
             sampling = inputs.sampling  # indices into plan.scheduled, in order: all of them in a decode step
             with guard:
                 self._commit(plan, plan.scheduled if len(sampling) == len(plan.scheduled) else
-                             [plan.scheduled[i] for i in sampling], inputs.num_logits, logits, t0)
+                             [plan.scheduled[i] for i in sampling], inputs.num_logits, logits, t0,
+                             len(inputs.token_ids))
         finally:
             guard.uninstall()
 
-    def _commit(self, plan, sampling, num_logits: list[int], logits: np.ndarray, t0: float) -> None:
-        """After the model call: sample (verify drafts), commit the K/V, append, finish; record the step."""
+    def _commit(self, plan, sampling, num_logits: list[int], logits: np.ndarray, t0: float,
+                num_tokens: int) -> None:
+        """After the model call: sample (verify drafts), commit the K/V, append, finish; record the step.
+        ``num_tokens``: the tokens the model computed (``plan.num_scheduled_tokens``, which sums the plan)."""
         reqs = [self.requests[s.request_id] for s in sampling]
         if self.speculator is not None:
             self.speculator.last_results.clear()
@@ -489,7 +492,7 @@ class InferenceEngine:
         if self.kv_tier is not None:  # newly full, committed (verified) blocks go to the persistent tier
             self.kv_tier.save_committed(plan, self.kv_cache_manager)
         c = self.counters
-        c.computed_tokens += plan.num_scheduled_tokens
+        c.computed_tokens += num_tokens
         for s in plan.scheduled if plan.admitted else ():  # is_new: exactly the requests admitted in this step
             if s.is_new and not s.is_resume:
                 req = self.requests[s.request_id]
@@ -500,6 +503,7 @@ class InferenceEngine:
         done_step = plan.step + 1  # the step count at which the token exists
         sampled: dict[str, int] = {}
         finished: dict[str, FinishReason] = {}
+        eos, notify = self.eos_token_id, self.router.notify
         for req, toks, err in zip(reqs, emitted, errors, strict=True):
             reason: FinishReason | None = "error" if err else None
             if err is None:
@@ -508,7 +512,7 @@ class InferenceEngine:
                     req.metrics.first_token_time, req.metrics.first_token_step = now, done_step
                 for tok in toks:  # one token, or the verified run of a speculative decode
                     try:
-                        reason = append_token(req, tok, self.eos_token_id)
+                        reason = append_token(req, tok, eos)
                     except Exception as exc:  # noqa: BLE001 - the tokenizer failed on this request's token
                         reason, err = "error", f"could not detokenize token {tok}: {type(exc).__name__}: {exc}"
                     c.generated_tokens += reason != "eos" and err is None
@@ -518,7 +522,7 @@ class InferenceEngine:
                 self._finish(req, reason, now, done_step, err)
                 finished[req.request_id] = reason
             else:
-                self.router.notify(req)
+                notify(req)
         c.peak_blocks_in_use = max(c.peak_blocks_in_use, self.kv_cache_manager.pool.num_used_blocks)
         if self.speculator is not None:
             self._propose(plan)
@@ -592,15 +596,19 @@ class InferenceEngine:
         ones = self._ones
         if len(ones) != logits.shape[-1]:
             ones = self._ones = np.ones(logits.shape[-1], dtype=np.float32)
-        finite = [math.isfinite(x) for x in np.dot(logits, ones).tolist()]
-        if not all(finite):
+        sums = np.dot(logits, ones).tolist()
+        # The sums' own sum, in Python floats, is finite iff every row's is (a float64 sum of float32-finite values
+        # cannot overflow): one test for the common case instead of one per row.
+        all_finite = math.isfinite(sum(sums))
+        finite = [True] * len(sums) if all_finite else [math.isfinite(x) for x in sums]
+        if not all_finite and not all(finite):
             finite = [f or bool(np.isfinite(row).all()) for f, row in zip(finite, logits, strict=True)]
         if logits.shape[-1] > self.num_sampled_ids:  # a padded vocabulary: never pick an id without a token
             logits = logits.copy()
             logits[:, self.num_sampled_ids:] = -np.inf
         argmax = logits.argmax(axis=-1).tolist() if len(reqs) else []
         if fast and not any([req.sampling_params.temperature for req in reqs]):  # all greedy
-            if all(finite):
+            if all_finite or all(finite):
                 return argmax, [None] * len(reqs)
             return ([t if f else 0 for t, f in zip(argmax, finite, strict=True)],
                     [None if f else self._NON_FINITE for f in finite])

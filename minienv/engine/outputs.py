@@ -126,7 +126,8 @@ def append_token(req: Request, token: int, eos_token_id: int | None) -> FinishRe
     req.append_output_token(token)
     before = len(req.text)
     req.text += piece
-    stops = req.sampling_params.stop_strings
+    params = req.sampling_params
+    stops = params.stop_strings
     if stops:
         tail = req.text[max(0, before - max(map(len, stops)) + 1):]
         hit = [s for s in stops if s in tail]
@@ -134,7 +135,7 @@ def append_token(req: Request, token: int, eos_token_id: int | None) -> FinishRe
             req.stop_reason = min(hit, key=req.text.find)
             req.text = trim_at_stop(req.text, stops)
             return "stop"
-    if len(req.output_token_ids) >= req.sampling_params.max_tokens:  # num_output_tokens >= max_tokens
+    if len(req.output_token_ids) >= params.max_tokens:  # num_output_tokens >= max_tokens
         req.text += detok.flush()
         return "length"
     return None

@@ -12,6 +12,7 @@ earlier — so at most ``B - 1`` slots per sequence are wasted.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -68,14 +69,21 @@ def batch_slot_mapping(block_tables: np.ndarray, seq_idx: np.ndarray, positions:
 def pad_block_tables(tables: Sequence[Sequence[int]], width: int | None = None) -> np.ndarray:
     """Stack ragged block tables into ``[num_seqs, width]`` int64, padded with block 0 — a valid id, so the gather
     stays a plain ``np.take``; attention masks every slot past a sequence's length, so the padding is never read."""
-    width = max(max((len(t) for t in tables), default=0) if width is None else width, 1)
-    if len(tables) == 0:
+    n = len(tables)
+    if width is None:
+        width = max(max(map(len, tables), default=0), 1)
+    else:
+        width = max(width, 1)
+        if any([len(t) > width for t in tables]):
+            raise ValueError(f"a block table of {max(map(len, tables))} blocks does not fit width {width}")
+    if n == 0:
         return np.zeros((0, width), dtype=np.int64)
-    if any(len(t) > width for t in tables):
-        raise ValueError(f"a block table of {max(map(len, tables))} blocks does not fit width {width}")
-    # short rows extended with zeros in Python, then one np.array: a zero array and one numpy assignment per row
-    # cost more than the rest of a small decode step's inputs (the engine pads every step)
-    return np.array([t if len(t) == width else [*t, *[0] * (width - len(t))] for t in tables], dtype=np.int64)
+    # short rows extended with zeros in Python, then the rows' ids read into one array by np.fromiter: a zero array
+    # and one numpy assignment per row, or np.array over a list of lists (which discovers the shape first), cost
+    # more than the rest of a small decode step's inputs (the engine pads every step)
+    return np.fromiter(itertools.chain.from_iterable([t if len(t) == width else [*t, *[0] * (width - len(t))]
+                                                      for t in tables]),
+                       dtype=np.int64, count=n * width).reshape(n, width)
 
 
 @dataclass

@@ -283,6 +283,7 @@ def test_decode_step_inputs_equal_the_general_derivation(model, tok, monkeypatch
         want = np.concatenate([s.slot_mapping for s in plan.scheduled])
         got = inputs.metadata.slot_mapping
         assert got.dtype == want.dtype == np.int64 and np.array_equal(got, want)
+        assert len(inputs.token_ids) == plan.num_scheduled_tokens  # what the engine counts as computed
         run = plan.decode_slots
         if run is not None:
             assert run.dtype == np.int64 and 1 <= len(run) <= len(plan.scheduled)
