@@ -11,7 +11,11 @@ same model:
 * ``routing="prefix"`` — :class:`~minienv.serving.router.PrefixRouter` picks the instance by the chain hash of the
   prompt's first full blocks, so requests that share a system prompt meet the same prefix cache; an instance
   that is overloaded gives way to the least-loaded one. Each instance has its own channel; a call refused with
-  ``UNAVAILABLE`` before its first message moves to the router's next choice.
+  ``UNAVAILABLE`` before its first message moves to the router's next choice, and the instance that refused is
+  *ejected* for a while (Envoy's and gRPC's "outlier detection"): the router ranks it last, so the requests after
+  it do not each pay a refused call first. Ejection only reorders — an ejected instance is still tried when the
+  others refuse too — and ends after ``eject_seconds`` times the instance's consecutive refusals, or at once when
+  it serves a call.
 
 Every RPC error reaches the caller as :class:`ServingError`, carrying the gRPC status code and the server's
 message. A stream ends in exactly one of three ways: its :class:`Completion`, a :class:`ServingError`, or — after
@@ -23,6 +27,8 @@ Invariants:
    this client started, and every :class:`Completion` names the address that served it.
 2. ``Client.in_flight`` counts the calls started and not yet terminated, per address (the router's load signal);
    the gRPC call's done-callback decrements it, so an abandoned iterator cannot leak a count.
+3. An address is in ``Client.ejected`` only after it refused a call (``UNAVAILABLE`` before any output) and until
+   its ejection time passes or it completes a call; ejection never removes an address from a ranking.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +53,8 @@ from minienv.serving.server import SERVED_BY_KEY
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 _SERVICE = pb.DESCRIPTOR.services_by_name["MinienvEngine"].full_name
 ROUTINGS = ("round_robin", "prefix")
+#: an instance that keeps refusing is ejected for at most this many times ``eject_seconds`` at once
+MAX_EJECTIONS = 5
 
 
 def service_config(max_attempts: int = 4) -> dict:
@@ -131,13 +140,16 @@ class Stream:
     iteration ends without an error. :meth:`result` drains the stream and returns the completion.
     """
 
-    def __init__(self, request_id: str, start: Callable[[int], tuple[Any, str]], num_candidates: int):
+    def __init__(self, request_id: str, start: Callable[[int], tuple[Any, str]], num_candidates: int,
+                 report: Callable[[str, bool], None] | None = None):
         self.request_id = request_id
         self.completion: Completion | None = None
         self.cancelled = False
         self.address = ""
+        self.attempts = 1  # instances this call was sent to (more than one after a failover)
         self._start = start  # attempt number -> (the gRPC call, the address it was sent to, "" if the balancer's)
         self._num_candidates = num_candidates
+        self._report = report  # (address, served) -> the client's ejection bookkeeping; None: nothing to report
         self._lock = threading.Lock()
         self._call, self.address = start(0)
         self._iter: Iterator[Chunk] | None = None
@@ -175,14 +187,19 @@ class Stream:
                     raise ServingError(grpc.StatusCode.INTERNAL, "the stream ended without a final message",
                                        request_id=self.request_id, address=self.address)
                 self.completion = Completion.from_proto(self.request_id, complete, self.address)
+                if self._report is not None and self.address:
+                    self._report(self.address, True)
                 return
             except grpc.RpcError as exc:
                 if self.cancelled and exc.code() == grpc.StatusCode.CANCELLED:
                     return
                 # The router's failover: an instance that refused before sending anything -> the next candidate.
-                if (exc.code() == grpc.StatusCode.UNAVAILABLE and not received
-                        and attempt + 1 < self._num_candidates):
+                refused = exc.code() == grpc.StatusCode.UNAVAILABLE and not received
+                if refused and self._report is not None and self.address:
+                    self._report(self.address, False)
+                if refused and attempt + 1 < self._num_candidates:
                     attempt += 1
+                    self.attempts += 1
                     with self._lock:
                         if self.cancelled:
                             return
@@ -221,6 +238,8 @@ class _Instance:
     stub: pb_grpc.MinienvEngineStub
     health: health_pb2_grpc.HealthStub
     in_flight: int = 0
+    refusals: int = 0  # consecutive calls it refused (UNAVAILABLE before any output); 0 once it serves one
+    ejected_until: float = 0.0  # time.monotonic() until which the router ranks it last
 
 
 class Client:
@@ -232,6 +251,8 @@ class Client:
         router: for ``routing="prefix"``, a configured :class:`~minienv.serving.router.PrefixRouter` (default: one
             with its defaults, the bundled tokenizer for text prompts).
         max_attempts: attempts per call under ``UNAVAILABLE`` (gRPC's retry policy / the router's failover).
+        eject_seconds: under prefix routing, how long an instance that refused a call is ranked last, per
+            consecutive refusal (1, 2, 3 ... times this, at most ``MAX_EJECTIONS`` times); see invariant 3.
         tls_ca: talk TLS, trusting this PEM certificate (a path or its bytes; a self-signed server certificate
             is its own CA). None: plaintext, as a server on loopback without ``--tls-cert`` speaks.
 
@@ -240,7 +261,8 @@ class Client:
     """
 
     def __init__(self, addresses: str | Sequence[str] = DEFAULT_ADDRESS, *, routing: str = "round_robin",
-                 router: Any = None, max_attempts: int = 4, tls_ca: str | Path | bytes | None = None):
+                 router: Any = None, max_attempts: int = 4, tls_ca: str | Path | bytes | None = None,
+                 eject_seconds: float = 2.0):
         addrs = [addresses] if isinstance(addresses, str) else list(addresses)
         if not addrs:
             raise ValueError("Client needs at least one address (HOST:PORT)")
@@ -252,7 +274,10 @@ class Client:
             _split_address(a)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 5:
             raise ValueError(f"max_attempts must be an int in [1, 5] (gRPC caps retries at 5), got {max_attempts!r}")
+        if isinstance(eject_seconds, bool) or not isinstance(eject_seconds, (int, float)) or not eject_seconds >= 0:
+            raise ValueError(f"eject_seconds must be a number of seconds >= 0, got {eject_seconds!r}")
         self.addresses, self.routing, self.max_attempts = addrs, routing, max_attempts
+        self.eject_seconds = float(eject_seconds)
         self._lock = threading.Lock()
         self._credentials = None
         if tls_ca is not None:
@@ -294,6 +319,26 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    @property
+    def ejected(self) -> set[str]:
+        """The addresses the router ranks last now: each refused a call recently (invariant 3)."""
+        now = time.monotonic()
+        with self._lock:
+            return {a for a, i in self._instances.items() if i.ejected_until > now}
+
+    def _report(self, address: str, served: bool) -> None:
+        """A call's outcome on ``address``: served (it completed a call: not ejected any more) or refused (ejected
+        for ``eject_seconds`` times its consecutive refusals, at most ``MAX_EJECTIONS`` times)."""
+        with self._lock:
+            inst = self._instances.get(address)
+            if inst is None:
+                return
+            if served:
+                inst.refusals, inst.ejected_until = 0, 0.0
+            else:
+                inst.refusals += 1
+                inst.ejected_until = time.monotonic() + self.eject_seconds * min(inst.refusals, MAX_EJECTIONS)
 
     @property
     def in_flight(self) -> dict[str, int]:
@@ -342,7 +387,7 @@ class Client:
             self._track(rid, address, call)
             return call, address or ""
 
-        return Stream(rid, start, len(candidates))
+        return Stream(rid, start, len(candidates), self._report if self.routing == "prefix" else None)
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 16, **kw: Any) -> Completion:
         """Run one request to the end (keyword arguments as :meth:`stream`). Raises :class:`ServingError`."""

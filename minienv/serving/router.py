@@ -18,7 +18,10 @@ the client's own count of calls in flight per instance: no extra RPC on the requ
 block has no prefix to share and goes to the least-loaded instance.
 
 :meth:`PrefixRouter.rank` returns every instance in order of preference; the client tries the first and moves
-down the list when an instance is ``UNAVAILABLE`` before it has sent anything.
+down the list when an instance is ``UNAVAILABLE`` before it has sent anything. Instances the client has *ejected*
+(they refused a call recently: ``Client.ejected``) move to the end of the ranking, in their order, so a dead
+instance costs one refused call, not one per request; they stay in it, so nothing is lost if it was the others
+that failed.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class PrefixRouter:
     overload_min: int = 16
     tokenizer: Any = None
     block_size: int | None = None
-    decisions: Counter = field(default_factory=Counter)  # "prefix" / "overloaded" / "no_full_block"
+    decisions: Counter = field(default_factory=Counter)  # "prefix" / "overloaded" / "no_full_block" / "ejected"
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _rotation: int = 0
 
@@ -92,7 +95,15 @@ class PrefixRouter:
         raise last
 
     def rank(self, client: Any, prompt: str | Sequence[int]) -> list[str]:
-        """Every address of ``client``, best first, for ``prompt`` (text or token ids)."""
+        """Every address of ``client``, best first, for ``prompt`` (text or token ids); the client's ejected
+        addresses last (``decisions["ejected"]`` counts the rankings whose first choice was one of them)."""
+        order = self._rank(client, prompt)
+        ejected = getattr(client, "ejected", set())
+        if ejected and order[0] in ejected:
+            self.decisions["ejected"] += 1
+        return [a for a in order if a not in ejected] + [a for a in order if a in ejected]
+
+    def _rank(self, client: Any, prompt: str | Sequence[int]) -> list[str]:
         addresses = list(client.addresses)
         if self.block_size is None:
             self.block_size = self._read_block_size(client)

@@ -5,7 +5,8 @@ What must hold: a completion over the wire equals the in-process engine's greedy
 and its chunks concatenate to it; cancel, abort and deadlines end the request and give its blocks back; errors
 arrive as ``ServingError`` with the status code and the server's message; round robin uses every instance; prefix
 routing sends a shared prefix to one instance (which then serves it from its cache) and gives way when that
-instance is overloaded; the CLI streams and exits with clear codes.
+instance is overloaded, and ranks an instance that refused a call last for a while (it is still tried); the CLI
+streams and exits with clear codes.
 """
 
 from __future__ import annotations
@@ -220,6 +221,8 @@ def test_info_and_health(cluster):
     (dict(addresses="127.0.0.1:5", routing="random"), "routing must be one of"),
     (dict(addresses=["127.0.0.1:5", "127.0.0.1:5"]), "duplicate"),
     (dict(addresses="127.0.0.1:5", max_attempts=9), "max_attempts"),
+    (dict(addresses="127.0.0.1:5", eject_seconds=-1), "eject_seconds"),
+    (dict(addresses="127.0.0.1:5", eject_seconds="2"), "eject_seconds"),
 ])
 def test_client_bad_arguments(args, message):
     with pytest.raises(ValueError, match=message):
@@ -312,3 +315,36 @@ def test_prefix_routing_reads_the_block_size_from_an_instance_that_answers(clust
     with Client(["127.0.0.1:1", *cluster.addresses], routing="prefix") as client:
         done = client.generate(SYSTEM + "Who is there?", 2)
         assert done.address in cluster.addresses and client.router.block_size == 16
+
+
+def test_prefix_routing_ejects_an_instance_that_refused_so_later_requests_go_straight_to_a_live_one(cluster):
+    dead = "127.0.0.1:1"  # nothing listens there: every call to it is refused (UNAVAILABLE, nothing sent)
+    with Client([dead, *cluster.addresses], routing="prefix", eject_seconds=60) as client:
+        router = client.router
+        prompt = next(p for p in (f"Scene {i}. " + SYSTEM for i in range(64))
+                      if router.rank(client, p)[0] == dead)  # a prefix whose first choice is the dead address
+        assert client.ejected == set()
+        first = client.stream(prompt, 2)
+        done = first.result()
+        assert first.attempts == 2 and done.address in cluster.addresses  # refused, then served by the next one
+        assert client.ejected == {dead}
+        before = router.decisions["ejected"]
+        again = client.stream(prompt, 2)
+        assert again.result().token_ids == done.token_ids and again.attempts == 1  # no refused call first
+        assert router.decisions["ejected"] == before + 1
+        assert router.rank(client, prompt)[-1] == dead  # ranked last, never dropped
+
+
+def test_ejection_only_reorders_and_ends_after_its_time():
+    """Every instance down: each call still tries all of them (nothing is lost to ejection); an ejection lasts
+    ``eject_seconds`` per consecutive refusal, then the instance ranks by its prefix again."""
+    dead = ["127.0.0.1:1", "127.0.0.1:2"]
+    with Client(dead, routing="prefix", eject_seconds=0.5, router=PrefixRouter(block_size=16)) as client:
+        for _ in range(2):
+            stream = client.stream(SYSTEM, 2, deadline=10)
+            with pytest.raises(ServingError) as err:
+                stream.result()
+            assert err.value.code == grpc.StatusCode.UNAVAILABLE and stream.attempts == 2
+        assert client.ejected == set(dead)
+        time.sleep(0.5 * 2 + 0.2)  # two refusals each: ejected for 2 x 0.5 s
+        assert client.ejected == set()
