@@ -344,7 +344,8 @@ def serve_main(argv: Sequence[str]) -> int:
           flush=True)
     if server.http_port is not None:
         scheme = "https" if tls is not None else "http"
-        print(f"minienv serve: OpenAI-compatible HTTP API at {scheme}://{args.host}:{server.http_port}/v1", flush=True)
+        http_host = f"[{args.host}]" if ":" in args.host else args.host  # a URL brackets an IPv6 host
+        print(f"minienv serve: OpenAI-compatible HTTP API at {scheme}://{http_host}:{server.http_port}/v1", flush=True)
     # Wait in short slices, not one untimed wait: a SIGTERM the kernel hands to one of gRPC's threads only sets
     # Python's pending-signal flag, and the main thread runs the handler when it next wakes — an untimed wait
     # never wakes, so the server ignored the signal until SIGKILL (seen under load, about once in 40 stops).

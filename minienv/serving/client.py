@@ -221,14 +221,29 @@ def _split_address(address: str) -> tuple[str, int]:
 
 
 def balanced_target(addresses: Sequence[str]) -> str:
-    """The gRPC target naming every instance: ``ipv4:127.0.0.1:50051,127.0.0.1:50052`` (the ``ipv4`` resolver
-    takes a static list; host names are resolved once, here, to IPv4 addresses)."""
-    parts = []
+    """The gRPC target naming every instance: ``ipv4:127.0.0.1:50051,127.0.0.1:50052`` or
+    ``ipv6:[::1]:50051,[::1]:50052``. gRPC's static-list resolvers take one IP family per target, so host names are
+    resolved once, here: to IPv4 when every host has an IPv4 address (``localhost`` does), else to IPv6 when every
+    one has an IPv6 address; a list that needs both families raises ``ValueError`` (prefix routing, one channel per
+    instance, takes any mix)."""
+    resolved: list[tuple[dict[int, str], int, str]] = []
     for a in addresses:
         host, port = _split_address(a)
-        ip = socket.gethostbyname(host)
-        parts.append(f"{ip}:{port}")
-    return "ipv4:" + ",".join(parts)
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise ValueError(f"cannot resolve the host of {a!r}: {exc.strerror}") from None
+        by_family: dict[int, str] = {}
+        for family, *_, sockaddr in infos:
+            by_family.setdefault(family, sockaddr[0])
+        resolved.append((by_family, port, a))
+    for family, scheme, form in ((socket.AF_INET, "ipv4", "{}:{}"), (socket.AF_INET6, "ipv6", "[{}]:{}")):
+        if all(family in fams for fams, _, _ in resolved):
+            return f"{scheme}:" + ",".join(form.format(fams[family], port) for fams, port, _ in resolved)
+    kinds = ", ".join(f"{a} ({'/'.join('IPv4' if f == socket.AF_INET else 'IPv6' for f in fams)})"
+                      for fams, _, a in resolved)
+    raise ValueError(f"round robin balances over one IP family, and these addresses need both: {kinds}; use "
+                     f"addresses of one family, or routing='prefix'")
 
 
 @dataclass

@@ -522,7 +522,8 @@ class EngineServer:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        """``HOST:PORT`` as clients and gRPC targets write it: an IPv6 host in brackets (``[::1]:50051``)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     async def _build_grpc(self, address: str) -> int:
         """On the loop: the gRPC server, its services and its port (health NOT_SERVING until the engine loads)."""

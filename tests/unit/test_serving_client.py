@@ -222,6 +222,8 @@ def test_info_and_health(cluster):
     (dict(addresses=["127.0.0.1:5", "127.0.0.1:5"]), "duplicate"),
     (dict(addresses="127.0.0.1:5", max_attempts=9), "max_attempts"),
     (dict(addresses="127.0.0.1:5", eject_seconds=-1), "eject_seconds"),
+    (dict(addresses=["127.0.0.1:5", "[::1]:6"]), "one IP family"),
+    (dict(addresses=["no-such-host.invalid:5"]), "cannot resolve the host of 'no-such-host.invalid:5'"),
     (dict(addresses="127.0.0.1:5", eject_seconds="2"), "eject_seconds"),
 ])
 def test_client_bad_arguments(args, message):
@@ -348,3 +350,17 @@ def test_ejection_only_reorders_and_ends_after_its_time():
         assert client.ejected == set(dead)
         time.sleep(0.5 * 2 + 0.2)  # two refusals each: ejected for 2 x 0.5 s
         assert client.ejected == set()
+
+
+def test_servers_on_ipv6_loopback_behind_either_routing(reference):
+    """``serve --host ::1`` prints ``[::1]:PORT``; round robin balances over an ``ipv6:`` target, prefix routing
+    over one channel per instance, and both serve the engine's output."""
+    want = reference(PROMPTS[:2])
+    with launch(2, ["--host", "::1", "--kv-budget-tokens", str(KV), "--grace", "1"], cwd=REPO) as six:
+        assert all(a.startswith("[::1]:") for a in six.addresses), six.addresses
+        for routing in ("round_robin", "prefix"):
+            with Client(six.addresses, routing=routing) as client:
+                client.wait_until_serving()
+                for w, p in zip(want, PROMPTS[:2]):
+                    done = client.generate(p, 12)
+                    assert done.token_ids == tuple(w.token_ids) and done.address in six.addresses
