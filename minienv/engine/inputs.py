@@ -66,13 +66,16 @@ _DECODE_CONSTANTS: dict[int, tuple[np.ndarray, ...]] = {}
 
 def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool) -> StepInputs:
     sched = plan.scheduled
-    if any([s.blocks_to_copy for s in sched]):
-        kv_pool.copy_blocks(pair for s in sched for pair in s.blocks_to_copy)
     n = len(sched)
+    # The scheduler's leading run of one-token decodes is the whole step (the steady state): its slots are
+    # already one array, and every chunk of the run samples its one token and copies no block.
+    decode_slots = plan.decode_slots
+    whole_run = decode_slots is not None and len(decode_slots) == n
+    if not whole_run and any([s.blocks_to_copy for s in sched]):
+        kv_pool.copy_blocks(pair for s in sched for pair in s.blocks_to_copy)
     tables = pad_block_tables([kv.request(s.request_id).block_ids for s in sched])
     context_lens = np.array([s.num_computed_tokens for s in sched], dtype=np.int64)
-    decode_slots = plan.decode_slots  # the leading run of decodes' slots, already one array
-    if decode_slots is not None and len(decode_slots) == n:
+    if whole_run:
         slot_mapping = decode_slots
     else:
         slot_mapping = sched[0].slot_mapping if n == 1 else np.concatenate([s.slot_mapping for s in sched])
@@ -87,7 +90,7 @@ def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool
     else:
         token_ids = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in sched), dtype=np.int64,
                                 count=len(slot_mapping))  # one slot per token
-    if meta.is_decode and all([s.samples for s in sched]):
+    if whole_run or meta.is_decode and all([s.samples for s in sched]):
         # every sequence decodes one token and samples it (no drafts: one token each): token i is sequence i's
         # last row, so the rows are the shared read-only arange (what the general lines below compute)
         return StepInputs(token_ids, meta, list(range(n)), meta.token_seq_idx, [1] * n)

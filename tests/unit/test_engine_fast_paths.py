@@ -289,6 +289,7 @@ def test_decode_step_inputs_equal_the_general_derivation(model, tok, monkeypatch
             assert run.dtype == np.int64 and 1 <= len(run) <= len(plan.scheduled)
             for k, s in enumerate(plan.scheduled[:len(run)]):
                 assert s.num_new_tokens == 1 and s.slot_mapping.shape == (1,) and s.slot_mapping[0] == run[k]
+                assert s.samples and not s.blocks_to_copy and not s.num_spec_tokens  # what the inputs skip checking
             whole_runs.append(got is run)
         sampling, rows, num_logits = _sampling_rows(plan.scheduled, inputs.metadata)
         assert inputs.sampling == sampling and inputs.num_logits == num_logits
