@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from minienv.engine.inputs import build_step_inputs
+from minienv.engine.inputs import BlockTableCache, build_step_inputs
 from minienv.engine.observe import (EngineSnapshot, EngineStats, StepRecord, TimelineEntry, engine_snapshot,
                                     engine_stats, stats_values, timeline)
 from minienv.engine.outputs import (Consumer, IncrementalDetokenizer, OutputRouter, RequestOutput, append_token,
@@ -248,6 +248,7 @@ class InferenceEngine:
         self._kv_events: list[KVEvent] = []
         self._interrupt_guard = _InterruptGuard()
         self._ones = np.ones(model.config.vocab_size, dtype=np.float32)  # _sample's row sums
+        self._table_cache = BlockTableCache()  # the padded block tables, carried while they only grow
         if history_size:
             self.kv_cache_manager.add_listener(self._kv_events.append)
 
@@ -453,7 +454,7 @@ class InferenceEngine:
                 # the model call: a Ctrl-C lands at once, and the step is rolled back
                 if plan.is_empty:  # validation guarantees a lone request always fits
                     raise RuntimeError(f"engine step {plan.step} scheduled nothing with requests pending: {plan}")
-                inputs = build_step_inputs(plan, self.kv_cache_manager, self.kv_pool)
+                inputs = build_step_inputs(plan, self.kv_cache_manager, self.kv_pool, self._table_cache)
                 self.backend.set_metadata(inputs.metadata)
                 # a decode step's rows are every token in order (the metadata's shared 0..n-1): the model's own
                 # rows then, without a gather of x that changes nothing

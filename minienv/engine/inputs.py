@@ -10,6 +10,7 @@ Copy-on-write copies the manager asked for are applied to the KV pool here, befo
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,7 +65,54 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 _DECODE_CONSTANTS: dict[int, tuple[np.ndarray, ...]] = {}
 
 
-def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool) -> StepInputs:
+class BlockTableCache:
+    """The padded block tables of the previous step, carried into the next while the manager's tables only grew.
+
+    A decode step leaves almost every table as it was (one gains a block every ``block_size`` tokens), yet
+    padding the tables anew reads every block id of every request in Python, every step. This keeps the last
+    padded array with the very list objects it was padded from, their lengths and the manager's
+    ``table_epoch`` (bumped by every table change other than an append). While the epoch stands and the step's
+    tables are the same lists in the same order, a table at least as long as before still starts with the ids it
+    had: equal lengths give the same array, a table that grew gets its new ids written into a copy (the array a
+    previous step was given is never changed: it is read-only). Anything else pads anew. Equal to
+    :func:`pad_block_tables` of the same tables (``test_block_table_cache_equals_padding_anew``).
+    """
+
+    __slots__ = ("rows", "lens", "epoch", "array")
+
+    def __init__(self) -> None:
+        self.rows: list[list[int]] = []
+        self.lens: list[int] = []
+        self.epoch = -1
+        self.array: np.ndarray | None = None
+
+    def tables(self, rows: list[list[int]], epoch: int) -> np.ndarray:
+        """``pad_block_tables(rows)``, where ``rows`` are a manager's live block-id lists and ``epoch`` its
+        ``table_epoch`` now."""
+        lens = list(map(len, rows))
+        array = self.array
+        if (epoch != self.epoch or array is None or len(rows) != len(self.rows)
+                or not all(map(operator.is_, rows, self.rows))):
+            array = pad_block_tables(rows)
+        elif lens != self.lens:
+            if max(lens) > array.shape[1] or any(map(operator.lt, lens, self.lens)):
+                array = pad_block_tables(rows)  # wider (or, misused, shorter): pad anew
+            else:
+                array = array.copy()
+                for i, (row, old, new) in enumerate(zip(rows, self.lens, lens)):
+                    if new != old:
+                        array[i, old:new] = row[old:new]
+        else:
+            return array
+        array.flags.writeable = False
+        self.rows, self.lens, self.epoch, self.array = rows, lens, epoch, array
+        return array
+
+
+def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool,
+                      table_cache: BlockTableCache | None = None) -> StepInputs:
+    """The model inputs of one step. ``table_cache``: the engine's :class:`BlockTableCache`, used over a manager
+    that keeps a ``table_epoch`` (minienv's own); without it the tables are padded anew."""
     sched = plan.scheduled
     n = len(sched)
     # The scheduler's leading run of one-token decodes is the whole step (the steady state): its slots are
@@ -73,7 +121,9 @@ def build_step_inputs(plan: SchedulerOutput, kv: KVCacheManager, kv_pool: KVPool
     whole_run = decode_slots is not None and len(decode_slots) == n
     if not whole_run and any([s.blocks_to_copy for s in sched]):
         kv_pool.copy_blocks(pair for s in sched for pair in s.blocks_to_copy)
-    tables = pad_block_tables([kv.request(s.request_id).block_ids for s in sched])
+    rows = [kv.request(s.request_id).block_ids for s in sched]
+    epoch = getattr(kv, "table_epoch", None) if table_cache is not None else None
+    tables = pad_block_tables(rows) if epoch is None else table_cache.tables(rows, epoch)
     context_lens = np.array([s.num_computed_tokens for s in sched], dtype=np.int64)
     if whole_run:
         slot_mapping = decode_slots

@@ -222,6 +222,11 @@ class KVCacheManager:
         self.index = PrefixIndex()
         self.prefix_stats = PrefixCacheStats()
         self.cow_copies = 0
+        #: bumped by every change to a live block table other than appending blocks to it (a copy-on-write
+        #: replacement, a deduplicated block, a truncation): while it stands, a table's list seen before still
+        #: starts with the ids it had then (what lets the engine carry its padded tables from step to step). A new
+        #: request's table is a new list, so admissions, forks and frees need no bump.
+        self.table_epoch = 0
         #: cached-free blocks, counted as blocks change state (``stats()`` runs after every engine step, so it
         #: must not scan the index); ``check_invariants`` compares it with a scan
         self._num_cached_free = 0
@@ -464,6 +469,7 @@ class KVCacheManager:
             req.block_ids[-1] = private
             copies = ((last.block_id, private),)
             self.cow_copies += 1
+            self.table_epoch += 1
             self._emit("cow", private, request_id, None, last.block_id)
         new_ids = self._take_free_blocks(num_new_blocks, request_id)
         req.block_ids.extend(new_ids)
@@ -575,6 +581,7 @@ class KVCacheManager:
                     break  # a genuine collision: this block (and so its children) stays out of the index
                 self._touch([indexed_bid], request_id)  # deduplicate: hold the indexed copy, release ours
                 block_ids[j] = indexed_bid
+                self.table_epoch += 1
                 self._release([bid], request_id)
             hashes.append(block_hash)
         return indexed
@@ -638,6 +645,7 @@ class KVCacheManager:
         _check_int("num_tokens", num_tokens, 1, req.num_tokens)
         keep = cdiv(num_tokens, self.block_size)
         dropped = req.block_ids[keep:][::-1]
+        self.table_epoch += 1
         self._release(dropped, request_id)
         del req.block_ids[keep:], req.token_ids[num_tokens:], req.block_hashes[num_tokens // self.block_size:]
         req.pending_hash = None

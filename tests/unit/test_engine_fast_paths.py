@@ -273,11 +273,19 @@ def test_decode_step_inputs_equal_the_general_derivation(model, tok, monkeypatch
     import minienv.engine.core as core
     from minienv.engine.inputs import _sampling_rows, build_step_inputs
 
+    from minienv.kv.block_table import pad_block_tables
+
     kinds: list[bool] = []
     whole_runs: list[bool] = []
+    carried: list[bool] = []
 
-    def checked(plan, kv, pool):
-        inputs = build_step_inputs(plan, kv, pool)
+    def checked(plan, kv, pool, cache=None):
+        assert cache is not None  # the engine passes its BlockTableCache
+        inputs = build_step_inputs(plan, kv, pool, cache)
+        tables = pad_block_tables([kv.request(s.request_id).block_ids for s in plan.scheduled])
+        got_tables = inputs.metadata.block_tables
+        assert got_tables.dtype == tables.dtype and np.array_equal(got_tables, tables)
+        carried.append(got_tables is cache.array and not got_tables.flags.writeable)
         # the slot mapping: every chunk's slots concatenated in plan order, whether or not it came as the leading
         # decode run's one array (SchedulerOutput.decode_slots, whose one-element slices are those requests' own)
         want = np.concatenate([s.slot_mapping for s in plan.scheduled])
@@ -306,6 +314,7 @@ def test_decode_step_inputs_equal_the_general_derivation(model, tok, monkeypatch
     _finish_and_compare(e, model, tok, ids)
     assert any(kinds) and not all(kinds)  # both the shortcut and the general path ran
     assert any(whole_runs) and not all(whole_runs)  # the run's array as the slot mapping, and concatenated
+    assert all(carried)  # the tables came from the engine's cache, read-only
 
 
 def test_step_record_stats_equal_engine_stats_after_each_step(model, tok):
@@ -358,10 +367,14 @@ def test_all_greedy_sampling_equals_the_per_request_loop(model, tok):
 # ------------------------------------------------------------------ the steady decode step's lean path
 def _plain_paths(monkeypatch) -> None:
     """Switch the lean decode-step paths off: the scheduler's general loop for every running request,
-    ``ScheduledRequest``'s dataclass constructor (``pad_block_tables`` has its own equality test)."""
+    ``ScheduledRequest``'s dataclass constructor, block tables padded anew every step (``pad_block_tables`` has
+    its own equality test)."""
+    from minienv.engine.inputs import BlockTableCache
+    from minienv.kv.block_table import pad_block_tables
     from minienv.scheduler import ScheduledRequest, Scheduler
 
     monkeypatch.setattr(Scheduler, "_schedule_decodes", lambda self, out: 0)
+    monkeypatch.setattr(BlockTableCache, "tables", lambda self, rows, epoch: pad_block_tables(rows))
     monkeypatch.setattr(ScheduledRequest, "one_token", classmethod(
         lambda cls, rid, kind, start, token, slots: cls(rid, kind, 1, start, True, token_ids=(token,),
                                                         slot_mapping=slots)))
@@ -580,3 +593,94 @@ def test_sampling_finiteness_check_equals_isfinite_per_row(model, tok):
         with np.errstate(over="ignore"):
             overflowed += sum(ok and not np.isfinite(r.sum(dtype=np.float32)) for r, ok in zip(logits, want))
     assert flagged and overflowed  # both kinds of row occurred
+
+
+def test_block_table_cache_equals_padding_anew():
+    """``BlockTableCache.tables`` against ``pad_block_tables`` of the same live tables, on a real KV cache manager
+    driven through every kind of table change: decode appends (``append_slot``) and chunks (``append_slots``)
+    that cross block boundaries, prefix hits, forks and the copy-on-write that follows, truncations, frees,
+    admissions, and commits that deduplicate a block two requests computed at once; the tables asked for in the
+    same order (carried, grown in place), a changed order and subsets. Arrays handed out earlier never change."""
+    from minienv.engine.inputs import BlockTableCache
+    from minienv.kv.block_table import pad_block_tables
+
+    rng = np.random.default_rng(12)
+    kv = KVCacheManager(96, 4)
+    cache = BlockTableCache()
+    handed: list[tuple[np.ndarray, np.ndarray]] = []
+    stats = {"same": 0, "grown": 0, "anew": 0, "dedup": 0, "cow": 0}
+    names = iter(range(10**6))
+    prompts = [rng.integers(0, 50, 9).tolist(), rng.integers(0, 50, 6).tolist()]
+
+    def live() -> list:
+        return kv.request_ids()
+
+    def admit() -> None:
+        rid = f"r{next(names)}"
+        prompt = list(prompts[rng.integers(0, 2)]) + rng.integers(0, 50, rng.integers(0, 4)).tolist()
+        if kv.allocate(rid, prompt) is not None and rng.random() < 0.7:
+            kv.commit(rid)
+
+    for _ in range(3):
+        admit()
+    for _ in range(1500):
+        ids = live()
+        op = rng.random()
+        if not ids or op < 0.06:
+            admit()
+        elif op < 0.60:  # a decode step: every request one token (a boundary takes a block)
+            for rid in ids:
+                if kv.append_slot(rid, int(rng.integers(0, 50))) is None:
+                    kv.append_slots(rid, [int(rng.integers(0, 50))])  # copy-on-write (or no block: None)
+                kv.commit(rid)
+        elif op < 0.70:
+            rid = ids[rng.integers(0, len(ids))]
+            kv.append_slots(rid, rng.integers(0, 50, rng.integers(1, 7)).tolist())
+            kv.commit(rid)
+        elif op < 0.76:
+            rid = ids[rng.integers(0, len(ids))]
+            n = kv.request(rid).num_tokens
+            if n > 1:
+                kv.truncate(rid, int(rng.integers(max(1, n - 9), n)))
+                if rng.random() < 0.7:  # regrown before the next step (a rolled-back step run again)
+                    kv.append_slots(rid, rng.integers(0, 50, n - kv.request(rid).num_tokens).tolist())
+                    kv.commit(rid)
+        elif op < 0.82:
+            kv.free(ids[rng.integers(0, len(ids))])
+        elif op < 0.88:  # fork: the children share every block; their next write copies a partial last block
+            parent = ids[rng.integers(0, len(ids))]
+            if kv.request(parent).num_computed_tokens == kv.request(parent).num_tokens:
+                child = f"r{next(names)}"
+                kv.fork(parent, [child])
+                before = kv.cow_copies
+                kv.append_slots(child, [int(rng.integers(0, 50))])
+                stats["cow"] += kv.cow_copies > before
+        elif op < 0.94:  # two requests compute the same new prompt at once: the second commit deduplicates
+            prompt = rng.integers(50, 99, 8).tolist()
+            a, b = f"r{next(names)}", f"r{next(names)}"
+            if kv.allocate(a, prompt) is not None and kv.allocate(b, prompt) is not None:
+                before = kv.table_epoch
+                kv.commit(a)
+                kv.commit(b)
+                stats["dedup"] += kv.table_epoch > before
+        if len(live()) > 12:
+            kv.free(live()[0])
+        ids = live()
+        if not ids:
+            continue
+        if rng.random() < 0.15:  # another order, or a subset
+            ids = list(rng.permutation(ids))[:rng.integers(1, len(ids) + 1)]
+        rows = [kv.request(rid).block_ids for rid in ids]
+        previous = cache.array
+        carried = previous is not None and cache.epoch == kv.table_epoch and len(rows) == len(cache.rows) \
+            and all(a is b for a, b in zip(rows, cache.rows))
+        got = cache.tables(rows, kv.table_epoch)
+        want = pad_block_tables(rows)
+        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+        assert not got.flags.writeable
+        stats["same" if got is previous else "grown" if carried and got.shape == previous.shape else "anew"] += 1
+        handed.append((got, got.copy()))
+        kv.check_invariants()
+    for array, copy in handed:
+        assert np.array_equal(array, copy)  # never changed after it was handed out
+    assert all(v >= 5 for v in stats.values()), stats  # every kind of step occurred
