@@ -151,8 +151,13 @@ class KVPool:
         if k_slots.base is not self.kv_cache:  # a copied pool (its views were copied apart from its array)
             self._make_slot_views()
             k_slots, v_slots = self._slot_views[layer]
-        k_slots[slots] = k
-        v_slots[slots] = v
+        if n == 1:  # one token (a lone decode): a plain index, half the cost of a one-slot scatter
+            one = int(slots[0])
+            k_slots[one] = k[0]
+            v_slots[one] = v[0]
+        else:
+            k_slots[slots] = k
+            v_slots[slots] = v
 
     def copy_blocks(self, blocks_to_copy: Iterable[tuple[int, int]]) -> None:
         """Apply the KV cache manager's copy-on-write copies: block ``dst`` gets block ``src``'s K and V in every

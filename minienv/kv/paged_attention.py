@@ -967,7 +967,7 @@ class PagedAttentionBackend:
 
 
 def _blocks_per_seq(meta: PagedAttentionMetadata) -> np.ndarray:
-    return -(-meta.seq_lens // meta.block_size)
+    return (meta.seq_lens + (meta.block_size - 1)) // meta.block_size  # ceil division: two numpy calls, not three
 
 
 def _same_ints(a: np.ndarray, b: np.ndarray) -> bool:

@@ -207,13 +207,16 @@ def test_kv_pool_write_lands_where_slot_arithmetic_says_also_in_a_copied_pool():
     pool = KVPool(3, 5, 4, 2, 3)
     twin = copy.deepcopy(pool)  # its slot views were copied apart from its array: write must still reach it
     for target in (pool, twin):
-        slots = rng.permutation(20)[:6]
-        k, v = (rng.standard_normal((6, 2, 3)).astype(np.float32) for _ in range(2))
-        target.write(2, slots, k, v)
-        blocks, offsets = slots // 4, slots % 4
-        assert np.array_equal(target.kv_cache[2, 0, blocks, offsets], k)
-        assert np.array_equal(target.kv_cache[2, 1, blocks, offsets], v)
-        assert not target.kv_cache[:2].any()  # other layers untouched
+        for n in (6, 1):  # a scatter, and one token (written through a plain index)
+            target.kv_cache[...] = 0
+            slots = rng.permutation(20)[:n]
+            k, v = (rng.standard_normal((n, 2, 3)).astype(np.float32) for _ in range(2))
+            target.write(2, slots, k, v)
+            blocks, offsets = slots // 4, slots % 4
+            assert np.array_equal(target.kv_cache[2, 0, blocks, offsets], k)
+            assert np.array_equal(target.kv_cache[2, 1, blocks, offsets], v)
+            assert not target.kv_cache[:2].any()  # other layers untouched
+            assert np.count_nonzero(target.kv_cache[2].any(axis=(-1, -2))) == 2 * n  # and no other slot
     assert not np.shares_memory(pool.kv_cache, twin.kv_cache)
 
 
