@@ -297,9 +297,11 @@ def test_tls_servers_behind_either_routing_and_the_cli(tmp_path, reference):
 def test_cli_client_ctrl_c_exits_130_and_the_server_aborts_the_request(cluster):
     import signal
 
+    # Ctrl-C in a terminal: SIGINT at its default disposition in the child, even when this test runs under a job
+    # that ignores it (a background shell job starts with SIGINT ignored, and children inherit that)
     proc = subprocess.Popen([sys.executable, "-m", "minienv", "client", PROMPTS[0], "--address", cluster.addresses[0],
                              "--max-tokens", "900"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.read(10)  # streaming
         proc.send_signal(signal.SIGINT)
