@@ -25,6 +25,8 @@ from minienv.model import LlamaModel, causal_attention
 class DenseBatchDecode:
     """An attention backend for a fixed batch of S sequences: per layer, K and V in ``[S, T_max, Hkv, D]`` arrays
     (each sequence's keys contiguous from slot 0), the strongest dense layout for numpy's batched matmul.
+    (minienv's own :class:`~minienv.model.kv_cache.ContiguousBatch` attends each sequence on its own, a loop of S
+    calls per layer: a fair cache for ``generate``, too slow to bound an engine that batches attention.)
 
     The first step is the prefill (every prompt, flattened, each attended causally on its own); every later step
     is one decode token per sequence, written at slot ``lens[i]`` and attended over the first ``max(lens) + 1``

@@ -291,7 +291,9 @@ class Scheduler:
         concatenation cost more than the rest of a decode's scheduling. Each request joins the plan as soon as
         its slot is reserved (so a rollback finds it) and gets its slice once the array exists, before the plan
         leaves the scheduler. It then continues at the first request left. ``out.scheduled`` is empty when it
-        runs (the run leads the step)."""
+        runs (the run leads the step). The loop body is :meth:`_decode_fast`'s, written out rather than called: a
+        shared helper returning the request and its slot measured 4-9 us per step slower at 16 requests (a call
+        and a tuple per request); ``test_lean_decode_steps_equal_the_general_path`` holds the two equal."""
         append_slot, one_token = self.kv.append_slot, ScheduledRequest.one_token
         scheduled = out.scheduled
         slots: list[int] = []
