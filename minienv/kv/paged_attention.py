@@ -767,6 +767,23 @@ def resolve_kernel(meta: PagedAttentionMetadata, hkv: int, d: int, tile_bytes: i
     return StepKernel(plan, inplace, lone_run)
 
 
+def lone_run_of(meta: PagedAttentionMetadata, block_ids: np.ndarray) -> tuple[int, int] | None:
+    """The pool slots ``[first, last)`` of a step that is one sequence decoding over one physical run of blocks
+    (:class:`StepKernel`'s ``lone_run``, found without planning the step), else None. ``block_ids``: ``arange``
+    of at least the pool's block count (the backend keeps one), so "the sequence's blocks are ``first, first + 1,
+    ...``" is one comparison of bytes instead of a ``diff`` over the table."""
+    if not meta.is_decode or len(meta.seq_lens) != 1:
+        return None
+    b = meta.block_size
+    seq_len = int(meta.seq_lens[0])
+    nb = (seq_len + b - 1) // b
+    row = meta.block_tables[0, :nb]
+    first = int(row[0])
+    if row.dtype != block_ids.dtype or row.tobytes() != block_ids[first:first + nb].tobytes():
+        return None
+    return first * b, first * b + seq_len
+
+
 def run_kernel(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata, step: StepKernel,
                workspace: Workspace) -> np.ndarray:
     """One layer of :func:`paged_attention` with the step's kernel already resolved (:func:`resolve_kernel`)."""
@@ -885,7 +902,10 @@ class PagedAttentionBackend:
     ``end_step``) plan from scratch. ``reused_plans`` counts the steps that carried a plan.
 
     The step's kernel (:func:`resolve_kernel`: its tile plan, auto's choice, the in-place plan) is resolved by the
-    first layer's ``attend`` and kept for the other layers, which go straight to :func:`run_kernel`.
+    first layer's ``attend`` and kept for the other layers, which go straight to :func:`run_kernel`. A step that
+    is one sequence decoding over one physical run of blocks (a lone request, the common batch-1 case) is
+    recognised in ``set_metadata`` without planning (:func:`lone_run_of`, one comparison of bytes): every layer's
+    K/V are sliced from the pool's per-head views there, and nothing is planned or carried.
     """
 
     def __init__(self, kv_pool: KVPool, tile_bytes: int = DEFAULT_TILE_BYTES, kernel: str = "auto"):
@@ -903,6 +923,7 @@ class PagedAttentionBackend:
         self._lone_views: list | None = None  # a batch-1 step's run of K/V per layer (views), with its kernel
         # the key paged_attention files this backend's tile plan under in a step's metadata (see _tile_plan)
         self._plan_key = (kv_pool.num_kv_heads, kv_pool.head_dim, tile_bytes, id(self.workspace))
+        self._block_ids = np.arange(kv_pool.num_blocks, dtype=np.int64)  # lone_run_of's "one run" test
 
     def set_metadata(self, metadata: PagedAttentionMetadata) -> None:
         if metadata.block_size != self.kv_pool.block_size:
@@ -911,6 +932,13 @@ class PagedAttentionBackend:
         self._step_kernel = self._lone_views = None
         carried, self._carried = self._carried, None  # carried at most once, and only by a step that ends
         self._carrying = None
+        if self.kernel != "inplace":  # batch 1 over one run: every layer's K/V sliced now, nothing planned
+            run = lone_run_of(metadata, self._block_ids)
+            if run is not None:
+                first, last = run
+                self._lone_views = [(k_heads[:, :, first:last], v_heads[:, first:last]) for k_heads, v_heads
+                                    in map(self.kv_pool.head_views, range(self.kv_pool.num_layers))]
+                return
         if carried is not None and metadata.is_decode:
             self._carry(carried, metadata)
 
@@ -940,16 +968,12 @@ class PagedAttentionBackend:
     def attend(self, layer_idx: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         meta = self.metadata
         self.kv_pool.write(layer_idx, meta.slot_mapping, k, v)
+        if self._lone_views is not None:  # batch 1 over one run (set_metadata sliced every layer's K/V)
+            return _attend_lone_run(q, *self._lone_views[layer_idx])
         step = self._step_kernel
         if step is None:  # the step's first layer decides for every layer (paged_attention would per call)
             step = self._step_kernel = resolve_kernel(meta, self.kv_pool.num_kv_heads, q.shape[2],
                                                       self.tile_bytes, self.workspace, self.kernel)
-            if step.lone_run is not None:  # batch 1: every layer's run, sliced once from the pool's head views
-                first, last = step.lone_run
-                self._lone_views = [(k_heads[:, :, first:last], v_heads[:, first:last]) for k_heads, v_heads
-                                    in map(self.kv_pool.head_views, range(self.kv_pool.num_layers))]
-        if self._lone_views is not None:
-            return _attend_lone_run(q, *self._lone_views[layer_idx])
         return run_kernel(q, self.kv_pool.kv_cache[layer_idx], meta, step, self.workspace)
 
     def end_step(self) -> None:

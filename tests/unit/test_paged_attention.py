@@ -433,7 +433,8 @@ def test_a_backend_carrying_its_plan_across_steps_equals_a_fresh_plan_at_every_s
     """A run of steps through one backend — steady decodes (tables equal), decodes that take a new block,
     reordered, dropped and added sequences, prefill and mixed steps, rolled-back sequences, and the same tables
     over rewritten pool contents — equals, step by step and bit for bit, a fresh backend that plans every step;
-    and the backend carries its plan exactly when two consecutive decode steps have equal tables."""
+    and the backend carries its plan exactly when two consecutive decode steps that plan (not a lone sequence over
+    one run of blocks, which is sliced instead) have equal tables."""
     rng = np.random.default_rng(seed)
     layers, hkv, head_dim = 2, 2, 8
     pool = BlockPool(6 * (160 // block_size + 2))
@@ -474,10 +475,14 @@ def test_a_backend_carrying_its_plan_across_steps_equals_a_fresh_plan_at_every_s
             previous = None
             continue
         meta = _run_step(rng, backend, kv, pool, seqs, query_lens, layers, hkv, group, head_dim)
-        if meta.is_decode and previous is not None and np.array_equal(meta.block_tables, previous.block_tables) \
+        # a lone sequence decoding over one run of blocks is sliced, not planned: nothing to carry either way
+        lone = kernel != "inplace" and sys.modules["minienv.kv.paged_attention"].lone_run_of(
+            meta, np.arange(kv.num_blocks)) is not None
+        if meta.is_decode and not lone and previous is not None \
+                and np.array_equal(meta.block_tables, previous.block_tables) \
                 and np.array_equal(-(-meta.seq_lens // block_size), -(-previous.seq_lens // block_size)):
             expected_reuse += 1
-        previous = meta if meta.is_decode else None
+        previous = meta if meta.is_decode and not lone else None
     assert backend.reused_plans == expected_reuse
 
 
@@ -647,3 +652,54 @@ def test_kv_pool_head_views_are_the_pool_per_head_also_in_a_copied_pool():
                 want_k_t, want_v = pool_run_views(target.kv_cache[layer], first, last)
                 assert np.array_equal(k_t[:, :, first:last], want_k_t) and np.array_equal(v[:, first:last], want_v)
     assert not np.shares_memory(pool.head_views(0)[0], twin.kv_cache)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    first=st.integers(0, 40),
+    seq_len=st.integers(1, 80),
+    block_size=st.sampled_from([1, 4, 16]),
+    queries=st.integers(1, 3),
+    bend=st.sampled_from([None, "swap", "bump_last", "bump_first", "pad_after"]),
+    kernel=st.sampled_from(["auto", "gather", "inplace"]),
+)
+def test_the_backends_lone_run_test_agrees_with_planning_the_step(first, seq_len, block_size, queries, bend, kernel):
+    """``lone_run_of`` (the backend's test for "one sequence decoding over one physical run", made without planning
+    the step) gives exactly ``resolve_kernel``'s ``lone_run`` — on runs, on tables one change away from a run
+    (two blocks swapped, the first or last id moved, ids past the sequence's blocks), with padded rows, for a
+    decode of one sequence, and never for a chunk or a batch; and the backend's answer through it is bit-equal to
+    ``paged_attention``'s for every kernel (an explicit "inplace" never takes the lone path)."""
+    pa = sys.modules["minienv.kv.paged_attention"]
+    nb = -(-seq_len // block_size)
+    row = list(range(first, first + nb))
+    if bend == "swap" and nb > 1:
+        row[0], row[1] = row[1], row[0]
+    elif bend == "bump_last" and nb > 1:
+        row[-1] += 1
+    elif bend == "bump_first" and nb > 1:
+        row[0] += 100
+    row += [7] * 2 if bend == "pad_after" else [0] * 2  # padding past the sequence's blocks is never read
+    q_len = queries if seq_len > queries else 1
+    ctx = seq_len - q_len
+    slots = np.array([row[p // block_size] * block_size + p % block_size for p in range(ctx, seq_len)])
+    meta = PagedAttentionMetadata(np.array([row]), [ctx], [q_len], slots, block_size)
+    ids = np.arange(max(row) + 1, dtype=np.int64)
+    expected = pa.resolve_kernel(meta, 2, 8, pa.DEFAULT_TILE_BYTES, Workspace(), "auto").lone_run
+    assert pa.lone_run_of(meta, ids) == expected
+    assert pa.lone_run_of(meta, ids.astype(np.int32)) is None  # another dtype is never taken for equal bytes
+    if expected is not None:
+        assert expected == (first * block_size, first * block_size + seq_len) and bend in (None, "pad_after") or nb == 1
+    # the backend over a pool holding these blocks: the lone path (or not) == paged_attention, bit for bit
+    rng = np.random.default_rng(seed=seq_len * 7 + first)
+    kv = KVPool(1, max(row) + 1, block_size, 2, 8)
+    kv.kv_cache[...] = rng.standard_normal(kv.kv_cache.shape).astype(np.float32)
+    q = rng.standard_normal((q_len, 4, 8)).astype(np.float32)
+    new_k, new_v = (rng.standard_normal((q_len, 2, 8)).astype(np.float32) for _ in range(2))
+    backend = PagedAttentionBackend(kv, kernel=kernel)
+    backend.set_metadata(meta)
+    assert (backend._lone_views is not None) == (expected is not None and kernel != "inplace")
+    backend.begin_step(meta.positions)
+    got = backend.attend(0, q, new_k, new_v)
+    backend.end_step()
+    fresh = PagedAttentionMetadata(np.array([row]), [ctx], [q_len], slots, block_size)
+    np.testing.assert_array_equal(got, paged_attention(q, kv.kv_cache[0], fresh, Workspace(), kernel=kernel))
