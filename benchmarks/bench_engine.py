@@ -16,7 +16,8 @@
 3. **minienv's batched engine vs transformers ``generate``** on the same weights, 16 prompts x 64 new tokens,
    greedy, both batched (transformers with left padding), and next to them **the ceiling**: the same model's
    forward pass over the same batch in a bare loop (``benchmarks/_ceiling.py``: dense caches, argmax, no engine),
-   an upper bound for any engine on this numpy model. Skipped with a note if torch / transformers are missing.
+   an upper bound for any engine on this numpy model. At least 9 rounds (``PART3_MIN_ROUNDS``: each is a fraction
+   of a second). Skipped with a note if torch / transformers are missing.
 
 Every run generates exactly the requested lengths (the end-of-text token is ignored, as benchmarks do). On the
 bundled model when ``assets/target`` exists; otherwise a random stand-in of the same shape (speeds comparable,
@@ -258,6 +259,10 @@ def bench_prefix(model, tok, rounds: int, seed: int, n_questions: int = 16, bloc
 
 
 # ------------------------------------------------------------------------------------------------ 3
+#: Part 3's rounds last a fraction of a second each (16 x 64 tokens), short enough for a busy host's hiccups to
+#: move a min-of-3 by 10-20 %: it runs at least this many rounds, whatever ``--rounds`` says (about 7 s in all).
+PART3_MIN_ROUNDS = 9
+
 def bench_transformers(model_dir: Path, model, tok, rounds: int, seed: int, n_new: int = 64) -> dict | None:
     """minienv's batched engine vs ``transformers`` batched ``generate`` (left padding) vs the bare loop (the
     ceiling, :func:`_ceiling.bare_greedy`), interleaved rounds."""
@@ -357,7 +362,8 @@ def main() -> None:
     batching = bench_batching(model, tok, workloads, n_requests, args.max_num_seqs, rounds, args.seed,
                               max_len=64 if args.quick else 384)
     prefix = bench_prefix(model, tok, rounds=rounds, seed=args.seed, n_questions=8 if args.quick else 16)
-    hf = None if args.quick or args.no_transformers else bench_transformers(model_dir, model, tok, rounds, args.seed)
+    hf = None if args.quick or args.no_transformers else bench_transformers(
+        model_dir, model, tok, max(rounds, PART3_MIN_ROUNDS), args.seed)
     if args.quick or args.no_transformers:
         print("3. minienv vs transformers: skipped (--quick / --no-transformers)")
     main_w = "mixed" if "mixed" in batching else workloads[0]
