@@ -18,6 +18,10 @@
    forward pass over the same batch in a bare loop (``benchmarks/_ceiling.py``: dense caches, argmax, no engine),
    an upper bound for any engine on this numpy model. At least 9 rounds (``PART3_MIN_ROUNDS``: each is a fraction
    of a second). Skipped with a note if torch / transformers are missing.
+4. **A continuous-batching run vs its own ceiling**: 48 requests (``_ceiling.continuous_run``, the run
+   ``profile_engine.py --run continuous`` samples) through the engine, and the same run's steps replayed without
+   one (``_ceiling.replay``: each step's tokens at their positions through the model, dense slot caches, an
+   argmax, every index laid out before the clock starts). The replay's tokens are checked against the engine's.
 
 Every run generates exactly the requested lengths (the end-of-text token is ignored, as benchmarks do). On the
 bundled model when ``assets/target`` exists; otherwise a random stand-in of the same shape (speeds comparable,
@@ -49,7 +53,8 @@ from _common import add_common_args, emit_json, print_settings, rounds_of, sched
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _ceiling import bare_greedy  # noqa: E402  (imports minienv: after REPO is on sys.path)
+from _ceiling import (CONTINUOUS, bare_greedy, continuous_run, replay, slot_steps,  # noqa: E402  (imports minienv)
+                      traced_continuous_run)
 
 from minienv.engine import InferenceEngine, RequestOutput  # noqa: E402
 from minienv.model import load_model, random_weights, save_checkpoint  # noqa: E402
@@ -340,6 +345,49 @@ def bench_transformers(model_dir: Path, model, tok, rounds: int, seed: int, n_ne
             "ceiling_identical_outputs": agree_ceiling, "torch_threads": int(BLAS_THREADS), "rounds": rounds}
 
 
+# ------------------------------------------------------------------------------------------------ 4
+def bench_continuous_ceiling(model, tok, rounds: int) -> dict:
+    """A continuous-batching run through the engine vs the same run replayed without an engine
+    (:func:`_ceiling.replay`: each step's tokens at their positions through the model, dense slot caches, an
+    argmax, every index laid out before the clock starts), interleaved rounds."""
+    steps = traced_continuous_run(model, tok)
+    slots = CONTINUOUS["max_num_seqs"]
+    laid = slot_steps(steps, slots)
+    max_len = max(ctx + len(toks) for step in steps for _, ctx, toks in step.chunks)
+    n = sum(len(step.sampled) for step in steps)
+    outs: dict[str, list] = {}
+
+    def run_engine():
+        engine = continuous_run(model, tok)
+        start = time.perf_counter()
+        engine.run()
+        return time.perf_counter() - start, None
+
+    def run_replay():
+        start = time.perf_counter()
+        out = replay(model, laid, slots, max_len)
+        return time.perf_counter() - start, out
+
+    sides = {"engine": run_engine, "replay": run_replay}
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for order in schedule(list(sides), rounds, 0):
+        for side in order:
+            t, outs[side] = sides[side]()
+            times[side].append(t)
+    same = sum(o == list(step.sampled) for o, step in zip(outs["replay"], steps, strict=True))
+    t_e, t_r = min(times["engine"]), min(times["replay"])
+    m_e, m_r = statistics.median(times["engine"]), statistics.median(times["replay"])
+    print(f"4. a continuous run vs its replay without an engine — 48 requests, {len(steps)} steps, {n} tokens, "
+          f"{rounds} interleaved rounds")
+    print(f"   minienv InferenceEngine   {t_e:7.2f} s min  {m_e:7.2f} s median  {n / t_e:8.1f} tokens/s")
+    print(f"   replay (the ceiling)      {t_r:7.2f} s min  {m_r:7.2f} s median  {n / t_r:8.1f} tokens/s")
+    print(f"   minienv reaches {t_r / t_e:.0%} of the ceiling (median {m_r / m_e:.0%}); the replay's tokens equal the "
+          f"engine's at {same}/{len(steps)} steps\n")
+    return {"steps": len(steps), "tokens": n, "minienv_tok_s": round(n / t_e, 1), "replay_tok_s": round(n / t_r, 1),
+            "minienv_over_ceiling": round(t_r / t_e, 3), "minienv_over_ceiling_median": round(m_r / m_e, 3),
+            "identical_steps": same, "rounds": rounds}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory (default: bundled assets/target)")
@@ -366,6 +414,7 @@ def main() -> None:
         model_dir, model, tok, max(rounds, PART3_MIN_ROUNDS), args.seed)
     if args.quick or args.no_transformers:
         print("3. minienv vs transformers: skipped (--quick / --no-transformers)")
+    continuous = bench_continuous_ceiling(model, tok, rounds)
     main_w = "mixed" if "mixed" in batching else workloads[0]
     result = {
         "benchmark": "bench_engine",
@@ -383,6 +432,7 @@ def main() -> None:
                                  "workloads": batching},
         "prefix_caching": prefix,
         "vs_transformers": hf if hf is not None else "skipped",
+        "continuous_vs_ceiling": continuous,
     }
     emit_json(result, settings)
 

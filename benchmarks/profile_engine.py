@@ -2,12 +2,16 @@
 
     # 1. sample a run with native frames (py-spy: `pip install py-spy`; not a minienv dependency)
     py-spy record --native -r 200 -f raw -o /tmp/run.raw -- \\
-        .venv/bin/python benchmarks/profile_engine.py --run continuous      # or: single, batched, ceiling
+        .venv/bin/python benchmarks/profile_engine.py --run continuous  # or continuous_ceiling, single, batched, ceiling
     # 2. split the samples taken inside the engine's run by what they were doing
     .venv/bin/python benchmarks/profile_engine.py --split /tmp/run.raw
 
 ``--run continuous``: 48 seeded requests (prompts of 16-64 tokens, 16-128 greedy output tokens), 16 running at
-once, the bundled model — a continuous-batching run. ``--run single``: one request, 32 prompt tokens, 256 tokens.
+once, the bundled model — a continuous-batching run (``_ceiling.continuous_run``), 5 times. ``--run
+continuous_ceiling``: the same run's steps replayed without an engine, 5 times — each step's tokens at their
+positions through the model with dense slot caches and an argmax, every index laid out before the clock starts
+(``_ceiling.replay``; a child process records the run's trace first, unsampled) — the largest BLAS share an
+engine could show on that run. ``--run single``: one request, 32 prompt tokens, 256 tokens.
 ``--run batched``: ``bench_engine.py`` part 3's batch (16 prompts x 64 greedy tokens) through the engine, 20 times;
 ``--run ceiling``: the same batch through the bare loop of ``_ceiling.py`` (the model's forward pass with dense
 caches and no engine), 20 times — the largest BLAS share any engine running this numpy model could show.
@@ -15,9 +19,9 @@ caches and no engine), 20 times — the largest BLAS share any engine running th
 ``--split`` classifies each sample by its stack (a sample is one moment of the run): **BLAS** if an OpenBLAS frame
 is on it (matrix products: Q/K/V, output, MLP and LM-head projections, and the attention kernel's own products),
 else **attention** (paged attention's gathers, softmax, masks), **model** (RMSNorm, RoPE, SiLU, residual adds,
-embedding rows), or **engine** (scheduler, step inputs, sampling, commit, outputs; the bare loop's argmax). Only
-samples inside ``InferenceEngine.run`` / ``generate`` / ``bare_greedy`` count (not imports or model loading). Ends
-with one JSON line.
+embedding rows), or **engine** (scheduler, step inputs, sampling, commit, outputs; the bare loops' argmax). Only
+samples inside ``InferenceEngine.run`` / ``generate`` / ``bare_greedy`` / ``replay`` count (not imports or model
+loading). Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ import sys
 from pathlib import Path
 
 BLAS_MARKERS = ("openblas", "sgemm", "gemv", "cblas", "dgemm", "gemm_")
+#: the frames under which a sample counts: the engine's run, the bare loop, the continuous run's replay
+ROOTS = ("InferenceEngine.run (", "InferenceEngine.generate (", "bare_greedy (", "replay (")
+#: the continuous run (and its replay) is repeated, fresh each time, so a 200 Hz profile holds ~2,000 samples
+REPEATS = 5
 
 
 def classify(stack: str) -> str:
@@ -36,7 +44,8 @@ def classify(stack: str) -> str:
     blas = any(m in lower for m in BLAS_MARKERS)
     if "PagedAttentionMetadata" in stack or "build_step_inputs" in stack:
         return "engine: step inputs"
-    if "paged_attention" in stack or "causal_attention" in stack or "DenseBatchDecode.attend" in stack:
+    if "paged_attention" in stack or "causal_attention" in stack or "DenseBatchDecode.attend" in stack \
+            or "DenseSlots.attend" in stack:
         return "attention: BLAS" if blas else "attention: other (gather, softmax, masks)"
     if blas:
         return "BLAS: projections, MLP, LM head"
@@ -60,19 +69,20 @@ def split(path: Path) -> dict:
         if not line.strip():
             continue
         stack, n = line.rsplit(" ", 1)
-        if "InferenceEngine.run (" in stack or "InferenceEngine.generate (" in stack or "bare_greedy (" in stack:
+        if any(root in stack for root in ROOTS):
             counts[classify(stack)] += int(n)
     total = sum(counts.values())
     if not total:
-        raise SystemExit(f"{path}: no samples inside InferenceEngine.run/generate or bare_greedy (record with py-spy "
-                         f"--native)")
+        raise SystemExit(f"{path}: no samples inside InferenceEngine.run/generate, bare_greedy or replay (record "
+                         f"with py-spy --native)")
     shares = {k: round(100 * v / total, 1) for k, v in counts.most_common()}
     blas = sum(v for k, v in counts.items() if k.startswith("BLAS") or k == "attention: BLAS")
     return {"samples": total, "percent": shares, "blas_percent": round(100 * blas / total, 1)}
 
 
-def run(kind: str) -> None:
+def run(kind: str, trace: Path | None = None) -> None:
     import os
+    import pickle
 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     import numpy as np
@@ -105,22 +115,37 @@ def run(kind: str) -> None:
         engine.eos_token_id = None
         engine.generate([rng.integers(1, tok.vocab_size, 32).tolist()], SamplingParams(max_tokens=256, temperature=0))
         return
-    engine = InferenceEngine(model, tok, kv_budget_tokens=8192, max_num_seqs=16, max_num_batched_tokens=512)
-    engine.eos_token_id = None
-    for _ in range(48):
-        prompt = rng.integers(1, tok.vocab_size, int(rng.integers(16, 64))).tolist()
-        engine.add_request(prompt, SamplingParams(max_tokens=int(rng.integers(16, 128)), temperature=0))
-    engine.run()
+    from _ceiling import CONTINUOUS, continuous_run, replay, slot_steps, traced_continuous_run
+
+    if kind == "trace":  # the continuous run's trace, for continuous_ceiling (in a child process: not sampled)
+        assert trace is not None
+        trace.write_bytes(pickle.dumps(traced_continuous_run(model, tok)))
+        return
+    if kind == "continuous_ceiling":
+        import subprocess
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.pkl"
+            subprocess.run([sys.executable, __file__, "--run", "trace", "--trace", str(path)], check=True)
+            steps = slot_steps(pickle.loads(path.read_bytes()), CONTINUOUS["max_num_seqs"])
+        for _ in range(REPEATS):
+            replay(model, steps, CONTINUOUS["max_num_seqs"], 256)
+        return
+    for _ in range(REPEATS):
+        continuous_run(model, tok).run()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     group = ap.add_mutually_exclusive_group(required=True)
-    group.add_argument("--run", choices=["continuous", "single", "batched", "ceiling"], help="the run to sample (under py-spy)")
+    group.add_argument("--run", choices=["continuous", "continuous_ceiling", "single", "batched", "ceiling", "trace"],
+                       help="the run to sample (under py-spy); trace: write the continuous run's trace to --trace")
     group.add_argument("--split", type=Path, help="a py-spy --native raw file of such a run")
+    ap.add_argument("--trace", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
-        run(args.run)
+        run(args.run, args.trace)
         return
     result = split(args.split)
     for name, pct in result["percent"].items():

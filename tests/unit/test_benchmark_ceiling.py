@@ -16,7 +16,8 @@ import numpy as np
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-from _ceiling import DenseBatchDecode, bare_greedy  # noqa: E402
+import _ceiling  # noqa: E402
+from _ceiling import DenseBatchDecode, bare_greedy, replay, slot_steps, trace_of  # noqa: E402
 from profile_engine import classify, split  # noqa: E402
 
 from minienv.engine import InferenceEngine  # noqa: E402
@@ -75,3 +76,69 @@ def test_profile_split_files_each_model_piece_under_its_name():
                        ("LlamaModel._check_tokens (minienv/model/llama.py:222)", "model: input checks")):
         assert classify(step + func + ";FLOAT_add (numpy)") == name, func
     assert classify(step + "FLOAT_add (numpy)") == "model: other numpy (residuals, embedding, slicing)"
+
+
+def _traced_run(model, tok):
+    """A small continuous run, every step kept: 8 requests of 3-40 prompt tokens, at most 4 running, 24 tokens a
+    step (so prompts are chunked, and chunks share steps with decodes), 2-12 greedy tokens each."""
+    engine = InferenceEngine(model, tok, kv_budget_tokens=2048, block_size=16, max_num_seqs=4,
+                             max_num_batched_tokens=24, history_size=10_000)
+    engine.eos_token_id = None
+    rng = np.random.default_rng(3)
+    for _ in range(8):
+        engine.add_request(rng.integers(1, tok.vocab_size, int(rng.integers(3, 41))).tolist(),
+                           SamplingParams(max_tokens=int(rng.integers(2, 13)), temperature=0))
+    engine.run()
+    return trace_of(engine.history)
+
+
+def test_the_replay_of_a_continuous_run_computes_the_engines_tokens_step_for_step(model, tok, monkeypatch):
+    """The continuous run's ceiling replays its steps without an engine; it is evidence only if every step's greedy
+    tokens equal what the engine sampled there — and the test fails if the decode batch's length mask is dropped
+    (rows of different lengths then read each other's stale or zero keys)."""
+    steps = _traced_run(model, tok)
+    assert any(len(toks) > 1 and ctx > 0 for st in steps for _, ctx, toks in st.chunks)  # a chunk mid-prompt
+    assert any(len(st.chunks) > 1 and len({len(t) for _, _, t in st.chunks}) > 1 for st in steps)  # mixed steps
+    laid = slot_steps(steps, 4)
+    max_len = max(ctx + len(toks) for st in steps for _, ctx, toks in st.chunks)
+    got = replay(model, laid, 4, max_len)
+    assert got == [list(st.sampled) for st in steps]
+    assert sum(map(len, got)) == sum(len(st.sampled) for st in steps) > 8
+    monkeypatch.setattr(_ceiling, "hidden_bias", lambda hidden: None)  # no length mask
+    assert replay(model, slot_steps(steps, 4), 4, max_len) != got
+
+
+def test_slot_steps_give_each_request_the_lowest_free_row_for_its_lifetime(model, tok):
+    steps = _traced_run(model, tok)
+    laid = slot_steps(steps, 4)
+    live: dict[str, int] = {}
+    for st, ss in zip(steps, laid, strict=True):
+        rows = {}
+        t = 0
+        for (rid, ctx, toks), _ in zip(st.chunks, st.samples, strict=True):
+            if len(toks) == 1 and ctx > 0:
+                rows[rid] = int(ss.dec_row[list(ss.dec_tok).index(t)])
+            else:
+                rows[rid] = next(r for r, start, _, _ in ss.chunks if start == t)
+            t += len(toks)
+        for rid, row in rows.items():
+            if rid in live:
+                assert live[rid] == row  # the same row for the request's whole life
+            else:
+                assert row == min(set(range(4)) - set(live.values()))  # the lowest free row
+                live[rid] = row
+        assert len(set(live.values())) == len(live)  # never two requests on one row
+        for rid in st.finished:
+            live.pop(rid)
+
+
+def test_profile_split_counts_the_replay_and_files_its_attention_under_attention(tmp_path):
+    frames = "<module> (profile_engine.py:1);run (profile_engine.py:2);replay (_ceiling.py:200);" \
+             "LlamaModel.forward_step (minienv/model/llama.py:308);"
+    raw = tmp_path / "run.raw"
+    raw.write_text(f"{frames}DenseSlots.attend (_ceiling.py:180);memcpy (libc.so.6) 2\n"
+                   f"{frames}sgemm_kernel (libscipy_openblas64_.so) 6\n"
+                   "<module> (profile_engine.py:1);run (profile_engine.py:2);traced_continuous_run (x:1) 9\n")
+    result = split(raw)
+    assert result["samples"] == 8 and result["blas_percent"] == 75.0
+    assert result["percent"]["attention: other (gather, softmax, masks)"] == 25.0
