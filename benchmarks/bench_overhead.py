@@ -12,7 +12,8 @@ Greedy, exactly ``--max-tokens`` tokens (end-of-text ignored on both sides), and
 produce the same token ids. Each round builds a fresh engine before its clock starts (so a prefix-cache hit from
 the round before never helps), on the bundled model when ``assets/target`` exists, else a random stand-in of the
 same shape. Rounds are interleaved in the harness's rotated order; best and median on this thread's CPU time and
-on wall time. Ends with exactly one JSON line.
+on wall time, and the *paired* ratio (engine / generate within each round, median over rounds: a round's two runs
+are adjacent, so a host whose speed drifts from second to second moves both). Ends with exactly one JSON line.
 """
 
 from __future__ import annotations
@@ -110,12 +111,16 @@ def main() -> None:
         result[f"{name}_tokens_per_s"] = tps
         print(f"{name:10} {tps['cpu']['best']:>12,.1f} ({tps['cpu']['median']:>9,.1f}) "
               f"{tps['wall']['best']:>12,.1f} ({tps['wall']['median']:>9,.1f})")
-    for clock in ("cpu", "wall"):
+    for clock, ts in (("cpu", cpu), ("wall", wall)):
         g, e = result["generate_tokens_per_s"][clock], result["engine_tokens_per_s"][clock]
-        result[f"generate_over_engine_{clock}"] = {"best": g["best"] / e["best"], "median": g["median"] / e["median"]}
-    r = result["generate_over_engine_cpu"]
-    print(f"\ngenerate / engine tokens/s: {r['best']:.3f} best ({r['median']:.3f} median) on CPU time, "
-          f"{result['generate_over_engine_wall']['best']:.3f} best on wall time (1.0 = no engine overhead)")
+        # paired: engine time / generate time within each round, median over rounds — the two runs of a round are
+        # adjacent and share the host's state, so this is the estimate that survives a host whose speed drifts
+        paired = statistics.median(te / tg for te, tg in zip(ts["engine"], ts["generate"], strict=True))
+        result[f"generate_over_engine_{clock}"] = {"best": g["best"] / e["best"], "median": g["median"] / e["median"],
+                                                   "paired": paired}
+    r, w = result["generate_over_engine_cpu"], result["generate_over_engine_wall"]
+    print(f"\ngenerate / engine tokens/s: {r['paired']:.3f} paired ({r['best']:.3f} best, {r['median']:.3f} median) on "
+          f"CPU time; {w['paired']:.3f} paired ({w['best']:.3f} best) on wall time (1.0 = no engine overhead)")
     emit_json(result, settings)
 
 
