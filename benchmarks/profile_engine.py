@@ -6,6 +6,9 @@
     # 2. split the samples taken inside the engine's run by what they were doing
     .venv/bin/python benchmarks/profile_engine.py --split /tmp/run.raw
 
+Keep the rate near 200 Hz: py-spy pauses the process for each native stack it reads, and at 1000 Hz on one host
+the 5-second bare loop ran for 160 s under it and its BLAS share read 26 % instead of 61 %.
+
 ``--run continuous``: 48 seeded requests (prompts of 16-64 tokens, 16-128 greedy output tokens), 16 running at
 once, the bundled model — a continuous-batching run (``_ceiling.continuous_run``), 5 times. ``--run
 continuous_ceiling``: the same run's steps replayed without an engine, 5 times — each step's tokens at their
