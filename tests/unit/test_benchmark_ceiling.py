@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -52,18 +53,25 @@ def test_dense_batch_decode_masks_each_sequences_padding(model):
     assert (bias[0] == 0).all()
 
 
-def test_profile_split_counts_the_bare_loop_and_files_its_attention_under_attention(tmp_path):
-    frames = "<module> (profile_engine.py:1);run (profile_engine.py:2);bare_greedy (_ceiling.py:72);" \
+@pytest.mark.parametrize("root, attend, outside", [
+    ("bare_greedy (_ceiling.py:72)", "DenseBatchDecode.attend (_ceiling.py:60)", "load_model (minienv/model/llama.py:328)"),
+    ("replay (_ceiling.py:200)", "DenseSlots.attend (_ceiling.py:180)", "traced_continuous_run (_ceiling.py:260)"),
+])
+def test_profile_split_counts_the_bare_loops_and_files_their_attention_under_attention(tmp_path, root, attend,
+                                                                                       outside):
+    """The lockstep bare loop and the continuous run's replay: their samples count, their backends' attention is
+    filed under attention, and what runs outside them (model loading, recording the trace) is not counted."""
+    frames = f"<module> (profile_engine.py:1);run (profile_engine.py:2);{root};" \
              "LlamaModel.forward_step (minienv/model/llama.py:308);"
     raw = tmp_path / "run.raw"
-    raw.write_text(f"{frames}DenseBatchDecode.attend (_ceiling.py:60);memcpy (libc.so.6) 3\n"
+    raw.write_text(f"{frames}{attend};memcpy (libc.so.6) 3\n"
                    f"{frames}sgemm_kernel (libscipy_openblas64_.so) 5\n"
-                   "<module> (profile_engine.py:1);load_model (minienv/model/llama.py:328) 7\n")
+                   f"<module> (profile_engine.py:1);run (profile_engine.py:2);{outside} 7\n")
     result = split(raw)
-    assert result["samples"] == 8  # model loading is not counted
+    assert result["samples"] == 8  # model loading / the trace's engine run are not counted
     assert result["blas_percent"] == 62.5
-    assert classify(frames + "DenseBatchDecode.attend (_ceiling.py:60);memcpy") == \
-        "attention: other (gather, softmax, masks)"
+    assert result["percent"]["attention: other (gather, softmax, masks)"] == 37.5
+    assert classify(frames + f"{attend};memcpy") == "attention: other (gather, softmax, masks)"
 
 
 def test_profile_split_files_each_model_piece_under_its_name():
@@ -130,15 +138,3 @@ def test_slot_steps_give_each_request_the_lowest_free_row_for_its_lifetime(model
         assert len(set(live.values())) == len(live)  # never two requests on one row
         for rid in st.finished:
             live.pop(rid)
-
-
-def test_profile_split_counts_the_replay_and_files_its_attention_under_attention(tmp_path):
-    frames = "<module> (profile_engine.py:1);run (profile_engine.py:2);replay (_ceiling.py:200);" \
-             "LlamaModel.forward_step (minienv/model/llama.py:308);"
-    raw = tmp_path / "run.raw"
-    raw.write_text(f"{frames}DenseSlots.attend (_ceiling.py:180);memcpy (libc.so.6) 2\n"
-                   f"{frames}sgemm_kernel (libscipy_openblas64_.so) 6\n"
-                   "<module> (profile_engine.py:1);run (profile_engine.py:2);traced_continuous_run (x:1) 9\n")
-    result = split(raw)
-    assert result["samples"] == 8 and result["blas_percent"] == 75.0
-    assert result["percent"]["attention: other (gather, softmax, masks)"] == 25.0
