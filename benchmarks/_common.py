@@ -215,6 +215,25 @@ def interleaved(
     return out
 
 
+def paired(num: list[float], den: list[float]) -> float:
+    """``num / den`` within each round, median over rounds: a round's runs are adjacent and share the host's state,
+    so this survives a host whose speed drifts from second to second (each side's minimum and median do not)."""
+    return statistics.median(a / b for a, b in zip(num, den, strict=True))
+
+
+def race(sides: dict[str, Callable[[], tuple[float, Any]]], rounds: int, seed: int = 0
+         ) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Run each side (a callable returning ``(seconds, output)``) once per round in :func:`schedule`'s order:
+    every side's times, round by round, and its last output."""
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    outs: dict[str, Any] = {}
+    for order in schedule(list(sides), rounds, seed):
+        for side in order:
+            t, outs[side] = sides[side]()
+            times[side].append(t)
+    return times, outs
+
+
 def schedule(names: list[str], rounds: int, seed: int = 0) -> list[list[str]]:
     """The order :func:`interleaved` runs ``names`` in, round by round (for scripts that drive rounds
     themselves, e.g. with a fresh engine per call, and for tests of the harness)."""

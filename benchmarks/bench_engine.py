@@ -49,7 +49,8 @@ from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path 
 BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
-from _common import add_common_args, emit_json, print_settings, rounds_of, schedule, target_stand_in  # noqa: E402
+from _common import (add_common_args, emit_json, paired, print_settings, race, rounds_of,  # noqa: E402
+                     schedule, target_stand_in)
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -122,12 +123,6 @@ def timed(engine: InferenceEngine, prompts, params) -> tuple[float, list[Request
 
 def mean(xs) -> float:
     return float(np.mean(list(xs)))
-
-
-def paired(num: list[float], den: list[float]) -> float:
-    """``num / den`` within each round, median over rounds: a round's runs are adjacent and share the host's state,
-    so this survives a host whose speed drifts from second to second (minima and medians of each side do not)."""
-    return statistics.median(a / b for a, b in zip(num, den, strict=True))
 
 
 # ------------------------------------------------------------------------------------------------ 1
@@ -321,13 +316,7 @@ def bench_transformers(model_dir: Path, model, tok, rounds: int, seed: int, n_ne
     bare_greedy(model, ids[:2], 4)
     with torch.no_grad():
         hf.generate(x[:2], **dict(kw, attention_mask=mask[:2], max_new_tokens=4, min_new_tokens=4))  # warm-up
-    sides = {"minienv": run_minienv, "transformers": run_hf, "ceiling": run_ceiling}
-    times: dict[str, list[float]] = {side: [] for side in sides}
-    outs: dict[str, list] = {}
-    for order in schedule(list(sides), rounds, seed):
-        for side in order:
-            t, outs[side] = sides[side]()
-            times[side].append(t)
+    times, outs = race({"minienv": run_minienv, "transformers": run_hf, "ceiling": run_ceiling}, rounds, seed)
     agree = sum(o == h for o, h in zip(outs["minienv"], outs["transformers"], strict=True))
     agree_ceiling = sum(o == c for o, c in zip(outs["minienv"], outs["ceiling"], strict=True))
     n = len(ids) * n_new
@@ -355,7 +344,7 @@ def bench_transformers(model_dir: Path, model, tok, rounds: int, seed: int, n_ne
 
 
 # ------------------------------------------------------------------------------------------------ 4
-def bench_continuous_ceiling(model, tok, rounds: int) -> dict:
+def bench_continuous_ceiling(model, tok, rounds: int, seed: int) -> dict:
     """A continuous-batching run through the engine vs the same run replayed without an engine
     (:func:`_ceiling.replay`: each step's tokens at their positions through the model, dense slot caches, an
     argmax, every index laid out before the clock starts), interleaved rounds."""
@@ -364,7 +353,6 @@ def bench_continuous_ceiling(model, tok, rounds: int) -> dict:
     laid = slot_steps(steps, slots)
     max_len = max(ctx + len(toks) for step in steps for _, ctx, toks in step.chunks)
     n = sum(len(step.sampled) for step in steps)
-    outs: dict[str, list] = {}
 
     def run_engine():
         engine = continuous_run(model, tok)
@@ -377,12 +365,7 @@ def bench_continuous_ceiling(model, tok, rounds: int) -> dict:
         out = replay(model, laid, slots, max_len)
         return time.perf_counter() - start, out
 
-    sides = {"engine": run_engine, "replay": run_replay}
-    times: dict[str, list[float]] = {side: [] for side in sides}
-    for order in schedule(list(sides), rounds, 0):
-        for side in order:
-            t, outs[side] = sides[side]()
-            times[side].append(t)
+    times, outs = race({"engine": run_engine, "replay": run_replay}, rounds, seed)
     same = sum(o == list(step.sampled) for o, step in zip(outs["replay"], steps, strict=True))
     t_e, t_r = min(times["engine"]), min(times["replay"])
     m_e, m_r = statistics.median(times["engine"]), statistics.median(times["replay"])
@@ -425,7 +408,7 @@ def main() -> None:
         model_dir, model, tok, max(rounds, PART3_MIN_ROUNDS), args.seed)
     if args.quick or args.no_transformers:
         print("3. minienv vs transformers: skipped (--quick / --no-transformers)")
-    continuous = bench_continuous_ceiling(model, tok, rounds)
+    continuous = bench_continuous_ceiling(model, tok, rounds, args.seed)
     main_w = "mixed" if "mixed" in batching else workloads[0]
     result = {
         "benchmark": "bench_engine",

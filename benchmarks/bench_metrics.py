@@ -39,7 +39,7 @@ from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path 
 BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
-from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
+from _common import add_common_args, emit_json, paired, print_settings, rounds_of, schedule  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -135,14 +135,13 @@ def main() -> None:
         ratio = med_off / med  # tokens/s ratio = inverse time ratio (same tokens)
         ratio_min = min(times["off"]) / lo
         # paired: off / variant within each round (adjacent runs share the machine's load), median over rounds
-        paired = statistics.median(o / t for o, t in zip(times["off"], times[v], strict=True))
-        cpu_paired = statistics.median(o / t for o, t in zip(cpu_times["off"], cpu_times[v], strict=True))
-        print(f"{v:<14} {lo:7.3f} {med:9.3f} {tokens[v] / med:15.1f} {ratio:13.3f} {paired:13.3f} "
+        ratio_paired, cpu_paired = paired(times["off"], times[v]), paired(cpu_times["off"], cpu_times[v])
+        print(f"{v:<14} {lo:7.3f} {med:9.3f} {tokens[v] / med:15.1f} {ratio:13.3f} {ratio_paired:13.3f} "
               f"{cpu_paired:11.3f}")
         key = v.replace(" + ", "_").replace(", ", "_").replace(" ", "_")
         result[key] = {"min_s": round(lo, 4), "median_s": round(med, 4), "tokens_per_s": round(tokens[v] / med, 1),
                        "ratio_vs_off_median": round(ratio, 4), "ratio_vs_off_min": round(ratio_min, 4),
-                       "ratio_vs_off_paired_median": round(paired, 4),
+                       "ratio_vs_off_paired_median": round(ratio_paired, 4),
                        "cpu_ratio_vs_off_paired_median": round(cpu_paired, 4),
                        "cpu_min_s": round(min(cpu_times[v]), 4)}
     emit_json(result, settings)

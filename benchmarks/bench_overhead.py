@@ -30,7 +30,7 @@ BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
 
-from _common import add_common_args, emit_json, print_settings, rounds_of, schedule, target_stand_in  # noqa: E402
+from _common import add_common_args, emit_json, paired, print_settings, rounds_of, schedule, target_stand_in  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -115,9 +115,8 @@ def main() -> None:
         g, e = result["generate_tokens_per_s"][clock], result["engine_tokens_per_s"][clock]
         # paired: engine time / generate time within each round, median over rounds — the two runs of a round are
         # adjacent and share the host's state, so this is the estimate that survives a host whose speed drifts
-        paired = statistics.median(te / tg for te, tg in zip(ts["engine"], ts["generate"], strict=True))
         result[f"generate_over_engine_{clock}"] = {"best": g["best"] / e["best"], "median": g["median"] / e["median"],
-                                                   "paired": paired}
+                                                   "paired": paired(ts["engine"], ts["generate"])}
     r, w = result["generate_over_engine_cpu"], result["generate_over_engine_wall"]
     print(f"\ngenerate / engine tokens/s: {r['paired']:.3f} paired ({r['best']:.3f} best, {r['median']:.3f} median) on "
           f"CPU time; {w['paired']:.3f} paired ({w['best']:.3f} best) on wall time (1.0 = no engine overhead)")
