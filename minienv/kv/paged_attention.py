@@ -36,8 +36,8 @@ property tests hold both to the dense reference:
 ``kernel="auto"`` uses views for steps made of contiguous runs, in place for other decode steps over long
 sequences, and gather otherwise. It decides once per step from facts that cost O(sequences) (is it a decode, the
 mean sequence length); only a step it sends to the in-place kernel pays for that kernel's O(blocks) plan, which
-also checks that no block is shared. ``benchmarks/bench_paged.py`` reports, per point, auto's time over the
-faster of the two kernels, so a wrong threshold shows. There is no loop over tokens, and decode needs no
+also checks that no block is shared. ``benchmarks/bench_paged.py`` reports, per point, the median time of the
+kernel auto chose over the faster kernel's, so a wrong threshold shows. There is no loop over tokens, and decode needs no
 per-sequence Python work.
 
 **What paging costs here.** Decode attention reads all of K and V once; a copy of them costs about as much as
