@@ -31,13 +31,15 @@ or the shape ``training/train.py`` gives it when the model is not bundled yet), 
 
 Reported per point: paged / strongest dense (and, at batch 1, the backend's path / strongest dense); paged /
 today's dense (matmat); the gather's share of the gather
-kernel's time; auto / the faster of the two kernels (1.00 = auto chose well); and every path's effective
+kernel's time; the median time of the kernel auto chose / the faster kernel's (1.00 = auto chose well); and every
+path's effective
 bandwidth, K+V bytes / time, beside this machine's measured ``memcpy`` bandwidth — the physical limit for a kernel
 that must read all of K and V once.
 
-Same data (the dense slabs are copies of the paged blocks), same process, every path once per round in the
-harness's interleaved rounds (``benchmarks/_common.py``: order rotated each round), with the CPU caches evicted
-(a 16 MiB read) before every timed call, so no path inherits data another path warmed. Each call is timed on the
+Same data (the dense slabs are copies of the paged blocks; every timed path reads its own copy), same process,
+every path once per round in the harness's interleaved rounds (``benchmarks/_common.py``: order rotated each
+round), with the L2 cache evicted (a 16 MiB read) before every timed call, so no path inherits data another path
+warmed. Each call is timed on the
 thread's CPU time (``time.thread_time``: with one BLAS thread, the work itself, whatever the neighbours do) and
 on the wall clock. The ratios use each path's fastest round on the CPU clock; medians and wall-clock ratios are
 in the JSON too. Every path's output is checked against the dense one (within 1e-5).
@@ -51,6 +53,7 @@ The last line printed is one JSON object with every figure.
 from __future__ import annotations
 
 import sys
+from typing import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -112,11 +115,25 @@ def build_case(batch: int, context: int, hq: int, hkv: int, d: int, seed: int = 
     return kv, meta, k_dense, v_dense, q
 
 
-#: read before every timed call: larger than this machine's L2 (2 MiB per core), so every path starts with its
-#: K/V out of L2. Without it the dense variants, which all read the same slabs, found them warm after one another
-#: while the paged kernels read the pool cold (batch 1 x 2048: the same call on the same shapes timed 1.4x apart).
-#: Read, not written: evicting dirty lines would make the next (timed) call pay for their write-back.
+#: read before every timed call: larger than the L2 of the machines this ran on (1-2 MiB per core), so every path
+#: starts with its K/V out of L2. Without it the dense variants, which all read the same slabs, found them warm
+#: after one another while the paged kernels read the pool cold (batch 1 x 2048: the same call on the same shapes
+#: timed 1.4x apart). Read, not written: evicting dirty lines would make the next (timed) call pay for their
+#: write-back. It does not empty a larger L3 (32 MiB on one host): reading that much before each call also evicts
+#: numpy's own code and timed a 20 us call at 100 us, which no engine step sees. What survives in L3 is made fair
+#: instead: every timed path reads its own copy of K/V (:func:`own_pools`, and one copy per dense variant).
 _EVICT = np.ones(16 << 20 >> 2, dtype=np.float32)
+
+
+def own_pools(kv: KVPool, names: Sequence[str]) -> dict[str, KVPool]:
+    """A copy of the pool ``kv`` per name: one per timed paged path. Shared arrays left the data of whichever
+    paths read them most often warm in the L3 cache: nine dense variants read two slabs, five paged paths one pool,
+    and at batch 1 that alone moved paged / strongest dense from 1.21-1.52 to 1.41-2.16 (one host, 32 MiB L3)."""
+    pools = {}
+    for name in names:
+        pools[name] = KVPool(kv.num_layers, kv.num_blocks, kv.block_size, kv.num_kv_heads, kv.head_dim)
+        pools[name].kv_cache[...] = kv.kv_cache
+    return pools
 
 
 def evict_caches() -> None:
@@ -231,33 +248,36 @@ def bench_decode(shape: dict, min_seconds: float, rounds: int, seed: int, tile_b
     for batch in BATCHES:
         for context in CONTEXTS:
             kv, meta, k_dense, v_dense, q = build_case(batch, context, hq, hkv, d)
-            kv_layer = kv.kv_cache[0]
+            own = own_pools(kv, ("paged", "gather", "inplace", "gather_only", "paged_backend"))
             hidden = causal_hidden_mask(meta.context_lens, meta.query_lens, 1, context)  # once per step
             tile = max(1, min(batch, tile_bytes // (2 * context * hkv * d * 4)))
             kv_bytes = k_dense.nbytes + v_dense.nbytes  # what any exact kernel must read once
 
             ws = Workspace()
-            fns = {"paged": lambda: paged_attention(q, kv_layer, meta, ws, tile_bytes, "auto")}
+            fns = {"paged": lambda: paged_attention(q, own["paged"].kv_cache[0], meta, ws, tile_bytes, "auto")}
             wss = {k: Workspace() for k in ("gather", "inplace")}
-            fns["gather"] = lambda: paged_attention(q, kv_layer, meta, wss["gather"], tile_bytes, "gather")
-            fns["inplace"] = lambda: paged_attention(q, kv_layer, meta, wss["inplace"], tile_bytes, "inplace")
+            fns["gather"] = lambda: paged_attention(q, own["gather"].kv_cache[0], meta, wss["gather"], tile_bytes,
+                                                    "gather")
+            fns["inplace"] = lambda: paged_attention(q, own["inplace"].kv_cache[0], meta, wss["inplace"], tile_bytes,
+                                                     "inplace")
             fns["paged"]()
             auto_kernel = auto_kernel_of(meta, hkv, d, tile_bytes, ws)
             fns["gather"]()
             tiles = meta._plans[(hkv, d, tile_bytes, id(wss["gather"]))].tiles  # the gather kernel's tile plan
 
-            def gather_only():  # the gather kernel's copies alone (views cost nothing): its price for paging
-                for t in tiles:
+            def gather_only(kv_layer=own["gather_only"].kv_cache[0]):  # the gather kernel's copies alone (views
+                for t in tiles:  # cost nothing): its price for paging
                     t.kv_of(kv_layer)
 
             fns["gather_only"] = gather_only
             step = meta._plans[("step", "auto", hkv, d, tile_bytes, id(ws))]  # what auto resolved for this step
             if step.lone_run is not None:  # batch 1: PagedAttentionBackend.attend's call after its write, with its
                 # share of the step's work: slicing the run from the pool's head views (made once per layer)
-                k_heads, v_heads = kv.head_views(0)
+                k_heads, v_heads = own["paged_backend"].head_views(0)
                 first, last = step.lone_run
                 fns["paged_backend"] = lambda: _attend_lone_run(q, k_heads[:, :, first:last], v_heads[:, first:last])
-            dense = dense_variants(q, k_dense, v_dense, hidden, tile)
+            dense = {name: dense_variants(q, k_dense.copy(), v_dense.copy(), hidden, tile)[name]  # own copies
+                     for name in dense_variants(q, k_dense, v_dense, hidden, tile)}
             fns.update(dense)
             ref = dense["dense_whole"]().reshape(batch, hq, d).copy()
             err = max(float(np.abs(f().reshape(batch, hq, d) - ref).max()) for k, f in fns.items()
