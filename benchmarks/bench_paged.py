@@ -127,8 +127,9 @@ _EVICT = np.ones(16 << 20 >> 2, dtype=np.float32)
 
 def own_pools(kv: KVPool, names: Sequence[str]) -> dict[str, KVPool]:
     """A copy of the pool ``kv`` per name: one per timed paged path. Shared arrays left the data of whichever
-    paths read them most often warm in the L3 cache: nine dense variants read two slabs, five paged paths one pool,
-    and at batch 1 that alone moved paged / strongest dense from 1.21-1.52 to 1.41-2.16 (one host, 32 MiB L3)."""
+    paths read them most often warm in the L3 cache: nine dense variants read two slabs, five paged paths one pool.
+    On one host (32 MiB L3) the backend's batch-1 path / strongest dense read 1.41-2.16 over the three contexts with
+    shared arrays and 1.21-1.52 with a copy per path, in back-to-back runs."""
     pools = {}
     for name in names:
         pools[name] = KVPool(kv.num_layers, kv.num_blocks, kv.block_size, kv.num_kv_heads, kv.head_dim)
