@@ -30,19 +30,17 @@ or the shape ``training/train.py`` gives it when the model is not bundled yet), 
   paged kernels do is counted as a win for paging.
 
 Reported per point: paged / strongest dense (and, at batch 1, the backend's path / strongest dense); paged /
-today's dense (matmat); the gather's share of the gather
-kernel's time; the median time of the kernel auto chose / the faster kernel's (1.00 = auto chose well); and every
-path's effective
-bandwidth, K+V bytes / time, beside this machine's measured ``memcpy`` bandwidth — the physical limit for a kernel
-that must read all of K and V once.
+today's dense (matmat); the gather's share of the gather kernel's time; the median time of the kernel auto chose
+over the faster kernel's (1.00 = auto chose well); and every path's effective bandwidth, K+V bytes / time, beside
+this machine's measured ``memcpy`` bandwidth — the physical limit for a kernel that must read all of K and V once.
 
 Same data (the dense slabs are copies of the paged blocks; every timed path reads its own copy), same process,
 every path once per round in the harness's interleaved rounds (``benchmarks/_common.py``: order rotated each
 round), with the L2 cache evicted (a 16 MiB read) before every timed call, so no path inherits data another path
-warmed. Each call is timed on the
-thread's CPU time (``time.thread_time``: with one BLAS thread, the work itself, whatever the neighbours do) and
-on the wall clock. The ratios use each path's fastest round on the CPU clock; medians and wall-clock ratios are
-in the JSON too. Every path's output is checked against the dense one (within 1e-5).
+warmed. Each call is timed on the thread's CPU time (``time.thread_time``: with one BLAS thread, the work itself,
+whatever the neighbours do) and on the wall clock. The ratios use each path's fastest round on the CPU clock
+(auto's choice: medians); medians and wall-clock ratios are in the JSON too. Every path's output is checked
+against the dense one (within 1e-5).
 
 **Block pool**: ``allocate(1)`` + ``free`` pairs in a tight loop, and batched ``allocate(64)`` + ``free(64)``;
 one allocate or one freed block counts as one operation. Target >= 1 M ops/s.
@@ -53,8 +51,8 @@ The last line printed is one JSON object with every figure.
 from __future__ import annotations
 
 import sys
-from typing import Sequence
 from pathlib import Path
+from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -317,7 +315,7 @@ def bench_decode(shape: dict, min_seconds: float, rounds: int, seed: int, tile_b
             print(f"  batch {batch:3d}  context {context:5d}  paged {r['paged_us']:9.1f} us (auto: {auto_kernel:7s})"
                   f"  strongest dense {us[strongest]:9.1f} us ({strongest})  |  paged/strongest {r['ratio']:.2f}"
                   f" (median {r['ratio_of_medians']:.2f})  paged/today {r['ratio_vs_today']:.2f}  gather share "
-                  f"{r['gather_fraction']:.0%}  auto/best kernel {r['auto_over_best_kernel']:.2f}"
+                  f"{r['gather_fraction']:.0%}  auto's choice/faster kernel (medians) {r['auto_choice_cost']:.2f}"
                   + (f"  backend's path/strongest {r['ratio_backend']:.2f}" if r["ratio_backend"] else ""), flush=True)
             print("      " + "  ".join(f"{k} {v:.1f}" for k, v in us.items()) + "  (us)", flush=True)
             print("      GB/s " + "  ".join(f"{k} {v:.1f}" for k, v in r["gbps"].items())
