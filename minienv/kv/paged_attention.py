@@ -760,20 +760,14 @@ def resolve_kernel(meta: PagedAttentionMetadata, hkv: int, d: int, tile_bytes: i
     chosen = _auto_choice(meta, hkv, d, plan.use_views) if kernel == "auto" else kernel
     # auto's in-place plan was built when it chose (force=False); an explicit "inplace" plans regardless of size
     inplace = _inplace_plan(meta, hkv, d, force=kernel == "inplace") if chosen == "inplace" else None
-    lone_run = None
-    if inplace is None and meta.is_decode and len(plan.decode_tiles) == 1:
-        tile = plan.decode_tiles[0]
-        if tile.run_start is not None and tile.num_keys is not None:
-            first = tile.run_start * meta.block_size
-            lone_run = (first, first + tile.num_keys)
-    return StepKernel(plan, inplace, lone_run)
+    return StepKernel(plan, inplace, lone_run_of(meta) if inplace is None else None)
 
 
-def lone_run_of(meta: PagedAttentionMetadata, block_ids: np.ndarray) -> tuple[int, int] | None:
+def lone_run_of(meta: PagedAttentionMetadata, block_ids: np.ndarray | None = None) -> tuple[int, int] | None:
     """The pool slots ``[first, last)`` of a step that is one sequence decoding over one physical run of blocks
-    (:class:`StepKernel`'s ``lone_run``, found without planning the step), else None. ``block_ids``: ``arange``
-    of at least the pool's block count (the backend keeps one), so "the sequence's blocks are ``first, first + 1,
-    ...``" is one comparison of bytes instead of a ``diff`` over the table."""
+    (:class:`StepKernel`'s ``lone_run``; it needs no plan), else None. "The sequence's blocks are ``first, first +
+    1, ...``" is one comparison of bytes with an ``arange``: ``block_ids``, one of at least the pool's block count
+    that the backend keeps, or one made here."""
     if not meta.is_decode or len(meta.seq_lens) != 1:
         return None
     b = meta.block_size
@@ -781,7 +775,8 @@ def lone_run_of(meta: PagedAttentionMetadata, block_ids: np.ndarray) -> tuple[in
     nb = (seq_len + b - 1) // b
     row = meta.block_tables[0, :nb]
     first = int(row[0])
-    if row.dtype != block_ids.dtype or row.tobytes() != block_ids[first:first + nb].tobytes():
+    run = np.arange(first, first + nb, dtype=row.dtype) if block_ids is None else block_ids[first:first + nb]
+    if row.dtype != run.dtype or row.tobytes() != run.tobytes():
         return None
     return first * b, first * b + seq_len
 

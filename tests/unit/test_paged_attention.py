@@ -664,8 +664,9 @@ def test_kv_pool_head_views_are_the_pool_per_head_also_in_a_copied_pool():
     kernel=st.sampled_from(["auto", "gather", "inplace"]),
 )
 def test_the_backends_lone_run_test_agrees_with_planning_the_step(first, seq_len, block_size, queries, bend, kernel):
-    """``lone_run_of`` (the backend's test for "one sequence decoding over one physical run", made without planning
-    the step) gives exactly ``resolve_kernel``'s ``lone_run`` — on runs, on tables one change away from a run
+    """``lone_run_of`` (the test for "one sequence decoding over one physical run", made without planning the step)
+    gives exactly what the step's tile plan finds (one decode tile of one sequence, a run, its key count) — on
+    runs, on tables one change away from a run
     (two blocks swapped, the first or last id moved, ids past the sequence's blocks), with padded rows, for a
     decode of one sequence, and never for a chunk or a batch; and the backend's answer through it is bit-equal to
     ``paged_attention``'s for every kernel (an explicit "inplace" never takes the lone path)."""
@@ -684,8 +685,13 @@ def test_the_backends_lone_run_test_agrees_with_planning_the_step(first, seq_len
     slots = np.array([row[p // block_size] * block_size + p % block_size for p in range(ctx, seq_len)])
     meta = PagedAttentionMetadata(np.array([row]), [ctx], [q_len], slots, block_size)
     ids = np.arange(max(row) + 1, dtype=np.int64)
-    expected = pa.resolve_kernel(meta, 2, 8, pa.DEFAULT_TILE_BYTES, Workspace(), "auto").lone_run
+    plan = pa.plan_tiles(meta, 2, 8, pa.DEFAULT_TILE_BYTES, Workspace())
+    tile = plan.decode_tiles[0] if meta.is_decode and len(plan.decode_tiles) == 1 else None
+    expected = None if tile is None or tile.run_start is None or tile.num_keys is None else \
+        (tile.run_start * block_size, tile.run_start * block_size + tile.num_keys)
     assert pa.lone_run_of(meta, ids) == expected
+    assert pa.lone_run_of(meta) == expected  # with an arange made for the call (resolve_kernel's)
+    assert pa.resolve_kernel(meta, 2, 8, pa.DEFAULT_TILE_BYTES, Workspace(), "auto").lone_run == expected
     assert pa.lone_run_of(meta, ids.astype(np.int32)) is None  # another dtype is never taken for equal bytes
     if expected is not None:
         assert expected == (first * block_size, first * block_size + seq_len) and bend in (None, "pad_after") or nb == 1
