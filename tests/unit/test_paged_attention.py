@@ -626,8 +626,13 @@ def test_a_lone_run_decode_equals_dense_and_the_gather_kernel(seed, length, bloc
     masked = _decode_attention(q.reshape(1, hkv, group, head_dim) * softmax_scale(head_dim), full[0], full[1],
                                _decode_bias(meta.seq_lens, full.shape[2]),
                                np.empty((1, hkv, group, head_dim), np.float32))
-    # a padded length may take the other form (matrix-vector from MATVEC_MIN_KEYS): float32 rounding of two forms
-    np.testing.assert_allclose(got, masked.reshape(got.shape), atol=2e-6, rtol=4e-6)
+    # A padded length may take the other form (matrix-vector from MATVEC_MIN_KEYS): float32 rounding of two forms.
+    # Relative to each output's own scale, sum_t p_t |V_t| / sum_t p_t (attention over |V|), not to the output, which
+    # cancellation can make small: 2.2e-6 apart on an output of 0.0066 whose terms are ~100x larger (seed=2,
+    # length=599, block_size=16, hkv=2, group=4, head_dim=48).
+    abs_v = [[np.abs(v) for v in layers] for layers in dense_v]
+    scale = np.maximum(np.abs(got), dense_reference(q, meta, dense_k, abs_v))
+    assert np.all(np.abs(got - masked.reshape(got.shape)) <= 2e-6 + 4e-6 * scale)
 
 
 def test_kv_pool_head_views_are_the_pool_per_head_also_in_a_copied_pool():
