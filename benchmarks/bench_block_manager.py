@@ -23,8 +23,9 @@ The nano-vllm side is a faithful reimplementation (written here, from nano-vllm'
 cleaned (a stale entry is caught by comparing the block's stored token ids), ``deque.remove`` to take a block out
 of the free list — O(1) for the head, O(position) for a cached-free block found by a hit, which is why its cost
 grows with the pool. It hashes a block when its last token is appended (``may_append``), before the step computes
-it. Block hashes: xxhash's 64-bit chain as nano-vllm does when ``xxhash`` is installed, otherwise a sha256 chain
-truncated to 64 bits (the output says which). minienv's side calls what its scheduler calls: ``append_slot`` (the
+it. Block hashes: xxhash's 64-bit chain, as nano-vllm computes them (``xxhash`` is one of its dependencies, and
+the test extra installs it); without ``xxhash`` the script stops and says so, because its stand-in — a sha256 chain
+truncated to 64 bits, ``--nano-hash sha256`` — is slower than nano-vllm's real hash and so makes a weaker baseline. minienv's side calls what its scheduler calls: ``append_slot`` (the
 decode fast path) per decode, ``find_prefix`` + ``allocate_slots`` per admission, one ``commit_step`` after the
 step's model call (only then are blocks hashed and indexed), ``free``. Both sides produce the slot of every token
 computed, and for a prefill its input ids and positions too (nano-vllm's as its ``ModelRunner.prepare_prefill``
@@ -42,7 +43,8 @@ costs (its objects' first promotions), whichever side triggers them.
 
 Rounds are interleaved in the harness's rotated order (``_common.schedule``), each on a fresh manager built outside
 the timed region; best and median over rounds, on two clocks: this thread's CPU time (the work itself, whatever
-the neighbours on a shared machine do: the ratios quoted) and wall time. Ends with exactly one JSON line.
+the neighbours on a shared machine do: the ratios quoted) and wall time, and the *paired* ratio (the two sides
+within each round, median over rounds: what survives a host whose speed drifts). Ends with exactly one JSON line.
 """
 
 from __future__ import annotations
@@ -64,17 +66,18 @@ BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
 
-from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
+from _common import add_common_args, emit_json, paired, print_settings, rounds_of, schedule  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from minienv.kv.kv_cache_manager import KVCacheManager  # noqa: E402
 
-try:  # nano-vllm hashes with xxhash; without it, a 64-bit sha256 chain stands in
+try:  # nano-vllm hashes with xxhash (--nano-hash sha256: a slower stand-in, only when asked for)
     import xxhash  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover - depends on the environment
     xxhash = None
+NANO_HASH = "xxh64" if xxhash is not None else "sha256"  # main() sets it from --nano-hash (and insists on xxh64)
 
 BLOCK_SIZE = 16
 LIVE = 24
@@ -134,7 +137,7 @@ class NanoSequence:
 
 def nano_hash(token_ids: list[int], prefix: int = -1) -> int:
     """nano-vllm's ``compute_hash``: the parent's hash (if any) then the block's tokens, 64 bits."""
-    if xxhash is not None:
+    if NANO_HASH == "xxh64":
         h = xxhash.xxh64()
         if prefix != -1:
             h.update(prefix.to_bytes(8, "little"))
@@ -263,7 +266,7 @@ def make_trace(num_requests: int, *, hits: bool) -> list[tuple]:
 def run_minienv(mgr: KVCacheManager, trace: list[tuple]) -> tuple[float, list[int]]:
     """What minienv's scheduler calls: ``append_slot`` per decode, ``find_prefix`` + ``allocate_slots`` per
     admission, one ``commit_step`` when the step's K/V exist, ``free``."""
-    slots: list[int] = []
+    slots: list = []  # ints (decodes) and slot-mapping arrays (admissions), flattened after the clocks stop
     step: list[int] = []
     w0, c0 = time.perf_counter(), time.thread_time()
     for ev in trace:
@@ -280,11 +283,13 @@ def run_minienv(mgr: KVCacheManager, trace: list[tuple]) -> tuple[float, list[in
             hit = mgr.find_prefix(ev[2])
             alloc = mgr.allocate_slots(ev[1], ev[2], hit, len(ev[2]) - hit.num_cached_tokens)
             assert alloc is not None
-            slots.extend(alloc.slot_mapping.tolist())
+            slots.append(alloc.slot_mapping)  # the array the engine uses; listed for the comparison untimed
             step.append(ev[1])
         else:
             mgr.free(ev[1])
-    return time.perf_counter() - w0, time.thread_time() - c0, slots
+    wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+    flat = [x for s in slots for x in (s.tolist() if isinstance(s, np.ndarray) else (s,))]
+    return wall, cpu, flat
 
 
 def run_nano(mgr: NanoBlockManager, trace: list[tuple]) -> tuple[float, list[int]]:
@@ -369,6 +374,8 @@ def measure(num_blocks: int, trace: list[tuple], rounds: int, seed: int, young_p
         for stat in ("best", "median"):
             out.setdefault(f"minienv_over_nano_{clock}", {})[stat] = (
                 out[f"minienv_ops_per_s_{clock}"][stat] / out[f"nano_ops_per_s_{clock}"][stat])
+        # ops/s ratio = nano's time / minienv's, within each round
+        out[f"minienv_over_nano_{clock}"]["paired"] = paired(times["nano"], times["minienv"])
     return out
 
 
@@ -382,8 +389,17 @@ def main() -> None:
     ap.add_argument("--young-pool", action="store_true",
                     help="collect before building each manager, not after: the trace starts with a brand-new pool "
                          "whose objects the collector has not yet moved to its oldest generation")
+    ap.add_argument("--nano-hash", choices=["xxh64", "sha256"], default="xxh64",
+                    help="nano-vllm's block hash: xxh64 as nano-vllm computes it (needs the xxhash package), or "
+                         "sha256 truncated to 64 bits, a slower stand-in that weakens the baseline")
     add_common_args(ap)
     args = ap.parse_args()
+    global NANO_HASH
+    NANO_HASH = args.nano_hash
+    if NANO_HASH == "xxh64" and xxhash is None:
+        sys.exit("bench_block_manager: nano-vllm hashes blocks with xxhash, which is not installed here. Install it "
+                 "(pip install xxhash==4.1.0; the test extra has it) or pass --nano-hash sha256 for a slower stand-in "
+                 "that weakens the baseline.")
     if args.quick:
         args.blocks, args.requests, args.hit_requests = [1000, 10_000], 120, 60
     rounds = rounds_of(args)
@@ -392,9 +408,10 @@ def main() -> None:
         gc.disable()
     print(f"garbage collector during the runs: {args.gc}; each pool "
           f"{'brand-new (young)' if args.young_pool else 'moved to the oldest generation before the clocks start'}")
-    print(f"nano-vllm hash: {'xxhash xxh64' if xxhash is not None else 'sha256 truncated to 64 bits (no xxhash)'}")
+    print(f"nano-vllm hash: {'xxhash xxh64, as nano-vllm' if NANO_HASH == 'xxh64' else 'sha256 truncated to 64 bits (a stand-in slower than nano-vllm xxh64: --nano-hash sha256)'}")
     print(f"trace: {LIVE} live requests, block size {BLOCK_SIZE}, prompt {PROMPT_LEN} + {DECODE_LEN} decode tokens; "
-          f"{rounds} interleaved rounds; ops/s best (median), on this thread's CPU time [wall best]")
+          f"{rounds} interleaved rounds; ops/s best (median), on this thread's CPU time [wall best]; "
+          "minienv / nano: best (median) [paired: within each round, median over rounds]")
     results: dict[str, list[dict]] = {}
     for label, hits, n_req in (("no_hits", False, args.requests), ("hits", True, args.hit_requests)):
         trace = make_trace(n_req, hits=hits)
@@ -406,15 +423,15 @@ def main() -> None:
             row = measure(nb, trace, rounds, args.seed, args.young_pool)
             results[label].append(row)
             m, n = row["minienv_ops_per_s_cpu"], row["nano_ops_per_s_cpu"]
-            r, rw = row["minienv_over_nano_cpu"], row["minienv_over_nano_wall"]
+            r = row["minienv_over_nano_cpu"]
             print(f"{nb:>8} {m['best']:>10,.0f} ({m['median']:>8,.0f}) [{row['minienv_ops_per_s_wall']['best']:>8,.0f}]"
                   f" {n['best']:>10,.0f} ({n['median']:>8,.0f}) [{row['nano_ops_per_s_wall']['best']:>8,.0f}]"
-                  f" {r['best']:>7.2f} ({r['median']:.2f}) [{rw['best']:.2f}] {str(row['same_slots']):>10}"
+                  f" {r['best']:>7.2f} ({r['median']:.2f}) [{r['paired']:.2f}] {str(row['same_slots']):>10}"
                   f"  {'/'.join(map(str, row['minienv_gc_collections']))} | "
                   f"{'/'.join(map(str, row['nano_gc_collections']))}")
     emit_json({"benchmark": "bench_block_manager", "block_size": BLOCK_SIZE, "live_requests": LIVE,
                "prompt_len": PROMPT_LEN, "decode_len": DECODE_LEN, "rounds": rounds,
-               "nano_hash": "xxh64" if xxhash is not None else "sha256-64", "gc": args.gc,
+               "nano_hash": NANO_HASH if NANO_HASH == "xxh64" else "sha256-64", "gc": args.gc,
                "young_pool": args.young_pool, **results}, settings)
 
 

@@ -7,8 +7,10 @@ Greedy decoding of ``--tokens`` new tokens (end-of-text ignored, so every run ge
 the same prompt, on the bundled target model (``assets/target``). If the bundled model is not there yet, a random
 checkpoint of the same shape is written to a temporary folder and used instead — the speed is the same, the text
 is noise; the output says which. The decoders run in interleaved rounds (``benchmarks/_common.py``; order
-rotated each round), min and median reported; ratios use the minima. Prints a table of ratios and ends with
-exactly one JSON line (``cache_speedup``: the KV cache vs recompute figure).
+rotated each round), min and median reported; ratios use the minima. ``transformers`` runs in its fastest
+configuration here, per torch thread count: a pre-race of ``sdpa`` / ``eager`` attention x dynamic / static KV
+cache picks it (``benchmarks/_hf.py``). Prints a table of ratios and ends with exactly one JSON line
+(``cache_speedup``: the KV cache vs recompute figure).
 
 numpy's OpenBLAS runs with one thread by default here (``--blas-threads`` changes it): for matrices this small,
 a second BLAS thread costs more in hand-off than it saves, and one thread is the fair match for torch threads=1.
@@ -27,6 +29,7 @@ from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path 
 BLAS_THREADS = pin_blas_threads()
 
 from _common import add_common_args, emit_json, interleaved, print_settings, rounds_of  # noqa: E402
+from _hf import generate_variants, strongest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -70,26 +73,23 @@ def minienv_decoder(model, ids: list[int], n: int, use_cache: bool):
     return lambda: list(generate_ids(model, ids, params, use_cache=use_cache, eos_token_id=None))
 
 
-def transformers_decoder(model_dir: Path, ids: list[int], n: int, threads: int):
-    """The same through ``transformers`` generate (torch with ``threads`` threads), or None if not installed."""
+def transformers_decoder(model_dir: Path, ids: list[int], n: int, threads: int, rounds: int, seed: int):
+    """The same through ``transformers`` generate (torch with ``threads`` threads) in its fastest configuration here
+    (a pre-race, :mod:`_hf`): ``(callable, its name, the pre-race summary)``, or None if not installed."""
     try:
         import torch
-        import transformers
     except ImportError:
         return None
-    hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     x = torch.tensor([ids])
     # An explicit all-ones mask: without one, generate() infers it from pad_token_id and would mask every prompt
     # token that happens to be id 0 (there is no padding here: one unpadded prompt).
-    kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
-              eos_token_id=None)
-
-    def run() -> list[int]:
-        torch.set_num_threads(threads)  # torch's own OpenMP pool, independent of OPENBLAS_NUM_THREADS
-        with torch.no_grad():
-            return hf.generate(x, **kw)[0].tolist()[len(ids):]
-
-    return run
+    variants = generate_variants(model_dir, x, torch.ones_like(x), n, threads)
+    if variants is None:
+        return None
+    print(f"torch threads={threads}:")
+    chosen, summary = strongest(variants, rounds, seed, indent="  ")
+    run = variants[chosen]
+    return (lambda: run()[1][0]), chosen, summary
 
 
 def main() -> None:
@@ -111,13 +111,15 @@ def main() -> None:
 
     names = {"cache": "minienv, KV cache", "nocache": "minienv, no cache (recompute all)"}
     variants = {"cache": minienv_decoder(model, ids, n, True), "nocache": minienv_decoder(model, ids, n, False)}
+    hf_configs = {}
     if not (args.quick or args.no_transformers):
         for threads in (1, 2):
-            run = transformers_decoder(model_dir, ids, n, threads)
-            if run is None:
+            found = transformers_decoder(model_dir, ids, n, threads, rounds, args.seed)
+            if found is None:
                 break
-            variants[f"hf{threads}"] = run
-            names[f"hf{threads}"] = f"transformers generate, torch threads={threads}"
+            variants[f"hf{threads}"], chosen, hf_configs[str(threads)] = found
+            names[f"hf{threads}"] = f"transformers {chosen}, torch threads={threads}"
+        print()
     t = interleaved(variants, rounds=rounds, seed=args.seed)
     out_cache = t["cache"].result
     assert t["nocache"].result == out_cache, "cached and uncached greedy decoding disagree"
@@ -153,6 +155,7 @@ def main() -> None:
         "transformers_tok_s": {k[2:]: round(n / t[k].min, 1) for k in hf},
         "minienv_over_transformers": {k[2:]: round(t[k].min / t["cache"].min, 2) for k in hf},
         "greedy_prefix_agreement": {k[2:]: v for k, v in agree.items()},
+        "transformers_configs": hf_configs,
     }, settings)
 
 

@@ -136,3 +136,59 @@ def test_benchmark_runs_quick_and_ends_with_one_json_line(script, tmp_path):
     assert s["numpy"] and s["cpu_count"] >= 1
     assert lines[0].startswith("settings:") or any(ln.startswith("settings:") for ln in lines[:5]), \
         f"{script} should print its settings first"
+
+
+def test_block_manager_baseline_hashes_like_nano_vllm_or_says_why_not(tmp_path):
+    """nano-vllm hashes blocks with xxhash; without it the benchmark stops and names the package (a sha256 stand-in
+    is slower, a weaker baseline) unless the stand-in is asked for by name — and then it says so."""
+    blocker = tmp_path / "no_xxhash"
+    blocker.mkdir()
+    (blocker / "xxhash.py").write_text("raise ImportError('xxhash is blocked for this test')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(blocker), str(REPO)]))
+    script = [sys.executable, str(BENCH / "bench_block_manager.py"), "--quick"]
+    proc = subprocess.run(script, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "xxhash" in proc.stderr and "--nano-hash sha256" in proc.stderr
+    assert not any(ln.lstrip().startswith("{") for ln in proc.stdout.splitlines())  # no figures from a weak baseline
+    proc = subprocess.run(script + ["--nano-hash", "sha256"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "sha256 truncated to 64 bits" in proc.stdout
+    assert json.loads(proc.stdout.splitlines()[-1])["nano_hash"] == "sha256-64"
+    proc = subprocess.run(script, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-1])["nano_hash"] == "xxh64"
+
+
+def test_the_transformers_baseline_is_the_fastest_configuration_by_median(capsys):
+    """``_hf.strongest`` keeps the variant with the lowest median (not the lowest minimum: one lucky run must not
+    pick the baseline), prints every variant, and refuses variants that generate different tokens."""
+    import _hf
+
+    series = {"a": [5.0, 1.0, 5.0], "b": [2.0, 2.0, 2.0], "c": [3.0, 3.0, 3.0]}
+    def timed(name):
+        runs = iter(series[name])
+        return lambda: (next(runs), [[1, 2, 3]])
+    best, summary = _hf.strongest({n: timed(n) for n in series}, rounds=3, seed=0)
+    assert best == "b" and summary["chosen"] == "b"  # a has the lowest minimum, b the lowest median
+    assert summary["seconds"]["a"] == {"min": 1.0, "median": 5.0}
+    assert "b " in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match="disagree"):
+        _hf.strongest({"x": lambda: (1.0, [[1]]), "y": lambda: (1.0, [[2]])}, rounds=3, seed=0)
+
+
+@pytest.mark.reference
+def test_every_transformers_configuration_generates_the_same_tokens():
+    """The four configurations the benchmarks race (sdpa / eager attention, dynamic / static cache) are the same
+    model: on the bundled checkpoint, a padded batch, each generates the same greedy tokens, exactly n of them."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import _hf
+
+    x = torch.tensor([[0, 0, 5, 17, 901], [3, 44, 1200, 7, 7]])
+    mask = (torch.arange(5) >= torch.tensor([[2], [0]])).long()
+    variants = _hf.generate_variants(REPO / "assets" / "target", x, mask, 6, threads=1)
+    assert set(variants) == {f"{a}+{c}" for a, c in _hf.CONFIGS}
+    outs = {name: run()[1] for name, run in variants.items()}
+    first = outs["sdpa+dynamic"]
+    assert len(first) == 2 and all(len(row) == 6 for row in first)
+    assert all(out == first for out in outs.values())
