@@ -25,9 +25,10 @@ of the free list — O(1) for the head, O(position) for a cached-free block foun
 grows with the pool. It hashes a block when its last token is appended (``may_append``), before the step computes
 it. Block hashes: xxhash's 64-bit chain, as nano-vllm computes them (``xxhash`` is one of its dependencies, and
 the test extra installs it); without ``xxhash`` the script stops and says so, because its stand-in — a sha256 chain
-truncated to 64 bits, ``--nano-hash sha256`` — is slower than nano-vllm's real hash and so makes a weaker baseline. minienv's side calls what its scheduler calls: ``append_slot`` (the
-decode fast path) per decode, ``find_prefix`` + ``allocate_slots`` per admission, one ``commit_step`` after the
-step's model call (only then are blocks hashed and indexed), ``free``. Both sides produce the slot of every token
+truncated to 64 bits, ``--nano-hash sha256`` — is slower than nano-vllm's real hash and so makes a weaker baseline.
+minienv's side calls what its scheduler calls: ``append_slot`` (the decode fast path) per decode, ``find_prefix``
++ ``allocate_slots`` per admission, one ``commit_step`` after the step's model call (only then are blocks hashed
+and indexed), ``free``. Both sides produce the slot of every token
 computed, and for a prefill its input ids and positions too (nano-vllm's as its ``ModelRunner.prepare_prefill``
 computes them); the script checks that the two produce the same slots.
 
@@ -408,7 +409,8 @@ def main() -> None:
         gc.disable()
     print(f"garbage collector during the runs: {args.gc}; each pool "
           f"{'brand-new (young)' if args.young_pool else 'moved to the oldest generation before the clocks start'}")
-    print(f"nano-vllm hash: {'xxhash xxh64, as nano-vllm' if NANO_HASH == 'xxh64' else 'sha256 truncated to 64 bits (a stand-in slower than nano-vllm xxh64: --nano-hash sha256)'}")
+    print("nano-vllm hash: " + ("xxhash xxh64, as nano-vllm" if NANO_HASH == "xxh64" else "sha256 truncated to 64 "
+                                "bits (a stand-in slower than nano-vllm's xxh64: --nano-hash sha256)"))
     print(f"trace: {LIVE} live requests, block size {BLOCK_SIZE}, prompt {PROMPT_LEN} + {DECODE_LEN} decode tokens; "
           f"{rounds} interleaved rounds; ops/s best (median), on this thread's CPU time [wall best]; "
           "minienv / nano: best (median) [paired: within each round, median over rounds]")
