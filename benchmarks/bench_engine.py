@@ -18,8 +18,8 @@
    of ``sdpa`` / ``eager`` attention x dynamic / static KV cache picks it, ``benchmarks/_hf.py``), and next to
    them **the ceiling**: the same model's forward pass over the same batch in a bare loop
    (``benchmarks/_ceiling.py``: dense caches, argmax, no engine), an upper bound for any engine on this numpy
-   model. At least 9 rounds (``PART3_MIN_ROUNDS``: each is a fraction
-   of a second). Skipped with a note if torch / transformers are missing.
+   model. At least 9 rounds (``PART3_MIN_ROUNDS``: each is a fraction of a second). Skipped with a note if torch /
+   transformers are missing.
 4. **A continuous-batching run vs its own ceiling**: 48 requests (``_ceiling.continuous_run``, the run
    ``profile_engine.py --run continuous`` samples) through the engine, and the same run's steps replayed without
    one (``_ceiling.replay``: each step's tokens at their positions through the model, dense slot caches, an
