@@ -171,7 +171,9 @@ def test_the_transformers_baseline_is_the_fastest_configuration_by_median(capsys
     best, summary = _hf.strongest({n: timed(n) for n in series}, rounds=3, seed=0)
     assert best == "b" and summary["chosen"] == "b"  # a has the lowest minimum, b the lowest median
     assert summary["seconds"]["a"] == {"min": 1.0, "median": 5.0}
-    assert "b " in capsys.readouterr().out
+    printed = capsys.readouterr().out.splitlines()
+    assert [ln.split()[0] for ln in printed if ln.strip() and ln.split()[0] in series] == ["a", "b", "c"]
+    assert [ln.split()[0] for ln in printed if "<- the baseline" in ln] == ["b"]  # the choice is marked, once
     with pytest.raises(RuntimeError, match="disagree"):
         _hf.strongest({"x": lambda: (1.0, [[1]]), "y": lambda: (1.0, [[2]])}, rounds=3, seed=0)
 
