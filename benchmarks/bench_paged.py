@@ -264,9 +264,9 @@ def bench_decode(shape: dict, min_seconds: float, rounds: int, seed: int, tile_b
             fns["gather"]()
             tiles = meta._plans[(hkv, d, tile_bytes, id(wss["gather"]))].tiles  # the gather kernel's tile plan
 
-            def gather_only(kv_layer=own["gather_only"].kv_cache[0]):  # the gather kernel's copies alone (views
+            def gather_only(storage=own["gather_only"].storage[0]):  # the gather kernel's copies alone (views
                 for t in tiles:  # cost nothing): its price for paging
-                    t.kv_of(kv_layer)
+                    t.kv_of(storage)
 
             fns["gather_only"] = gather_only
             step = meta._plans[("step", "auto", hkv, d, tile_bytes, id(ws))]  # what auto resolved for this step

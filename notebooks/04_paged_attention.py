@@ -100,7 +100,7 @@ print("gathered == contiguous:", np.array_equal(gathered, k_contiguous))
 # |---|---|---|
 # | `BlockPool` | `kv/block_pool.py` | one `KVCacheBlock(block_id, ref_cnt, block_hash)` per block and the **free queue**; knows nothing of requests |
 # | `BlockTable` | `kv/block_table.py` | one sequence's physical blocks in logical order + its token count; `append_tokens`, `slot_mapping` |
-# | `KVPool` | `kv/kv_pool.py` | the preallocated arrays: per layer `[num_blocks, block_size, kv_heads, head_dim]` for K and for V |
+# | `KVPool` | `kv/kv_pool.py` | the preallocated arrays: per layer `[num_blocks, block_size, kv_heads, head_dim]` for K and for V, as you index them; in memory each head's blocks sit together (`KVPool.storage`), so a run of blocks is one contiguous slab per head, as in a dense cache |
 # | `PagedAttentionBackend` | `kv/paged_attention.py` | writes new K/V through the slot mapping, reads them back through the block tables, computes attention |
 #
 # The free queue is an `OrderedDict` (a C-implemented doubly linked list with a hash index): take the head,
@@ -560,7 +560,8 @@ check_new_blocks_needed(new_blocks_needed)
 # >   `block_table[req, pos // block_size] * block_size + pos % block_size`; minienv's `batch_slot_mapping`.
 # > * `vllm/v1/attention/backends/flash_attn.py` — `FlashAttentionMetadata` (`query_start_loc`, `seq_lens`,
 # >   `block_table`, `slot_mapping`); K/V live in a `[2, num_blocks, block_size, kv_heads, head_dim]` tensor per
-# >   layer, the layout of minienv's `KVPool.kv_cache[layer]`. `cpu_attn.py` is the CPU backend.
+# >   layer, the order in which minienv's `KVPool.kv_cache[layer]` is indexed (its memory keeps heads outermost
+# >   instead: numpy reads a head's keys fastest as one contiguous slab). `cpu_attn.py` is the CPU backend.
 # > * `csrc/attention/paged_attention_v1.cu` / `paged_attention_v2.cu` — the original PagedAttention CUDA kernels
 # >   from the paper, which read blocks in place instead of gathering them.
 # >

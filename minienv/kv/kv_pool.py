@@ -4,17 +4,24 @@ Memory is reserved once, from a token budget: ``num_blocks = kv_budget_tokens //
 ``block_size`` token slots, written once at construction so its pages are really there before any step.
 Physical memory never moves afterwards; sequences only change which blocks their block tables point at.
 
-Layout: one float32 array ``kv_cache [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`` (index 0
-is K, 1 is V — per layer this is vLLM v1's FlashAttention layout ``[2, num_blocks, block_size, H, D]``);
-``k_cache`` and ``v_cache`` are views ``[num_layers, num_blocks, block_size, H, D]``. Why this way round:
+Two views of one array. What callers index is ``kv_cache [num_layers, 2, num_blocks, block_size, H, D]`` (index
+0 is K, 1 is V — per layer vLLM v1's FlashAttention order ``[2, num_blocks, block_size, H, D]``), with
+``k_cache``/``v_cache`` its ``[num_layers, num_blocks, block_size, H, D]`` halves: block ``b``, slot ``s``, head
+``h`` is ``kv_cache[layer, 0, b, s, h]``, and fancy indexing by block ids fetches whole blocks. In memory the
+heads are outermost: ``storage [num_layers, 2, H, num_blocks, block_size, D]``, and ``kv_cache`` is a transposed
+view of it (no copy). Why memory is laid out this way round:
 
-* a block's slots are contiguous, so gathering a sequence's blocks is a copy of whole blocks, and one ``np.take``
-  on the block axis of ``kv_cache[layer]`` fetches K *and* V together (one call instead of two on the decode
-  hot path, where per-call overhead is a visible fraction of a small step);
-* a flat view ``[num_blocks * block_size, H, D]`` addresses single token slots, so writing N new tokens is one
-  vectorized scatter through the slot mapping;
-* a gathered ``[seqs, blocks, block_size, H, D]`` reshapes for free into per-sequence ``[seqs, tokens, H, D]``,
-  which matmul reads head by head without another copy.
+* a run of consecutive blocks is, per head, one contiguous ``[tokens, D]`` slab — exactly what a dense kernel
+  reads. A lone decoding request whose blocks are one physical run (the common batch-1 case) is attended on
+  views of the pool with the dense kernel's own memory access; with heads innermost (vLLM's order) each head's
+  keys would be ``H * D`` floats apart and every matrix product would read them strided;
+* gathering a sequence's blocks copies ``block_size * D`` contiguous floats per block and head, and the gathered
+  tile is again one contiguous slab per head and sequence;
+* a flat view ``[H, num_blocks * block_size, D]`` per layer addresses single token slots, so writing N new
+  tokens is one vectorized scatter through the slot mapping.
+
+The paged attention kernels take a layer of ``kv_cache`` and read its storage through
+``kv_layer.transpose(0, 3, 1, 2, 4)`` (``[2, H, num_blocks, block_size, D]``, contiguous for a pool's layer).
 """
 
 from __future__ import annotations
@@ -50,8 +57,9 @@ def num_blocks_for_budget(kv_budget_tokens: int, block_size: int) -> int:
 class KVPool:
     """Preallocated K/V storage for ``num_blocks`` blocks of ``block_size`` slots, for every layer.
 
-    ``k_cache[layer]`` and ``v_cache[layer]`` are ``[num_blocks, block_size, num_kv_heads, head_dim]``. Unused
-    tokens of the budget (``kv_budget_tokens % block_size``) are simply not allocated.
+    ``k_cache[layer]`` and ``v_cache[layer]`` are ``[num_blocks, block_size, num_kv_heads, head_dim]`` views of
+    ``storage`` (heads outermost in memory; see the module docstring). Unused tokens of the budget
+    (``kv_budget_tokens % block_size``) are simply not allocated.
     """
 
     num_layers: int
@@ -59,7 +67,8 @@ class KVPool:
     block_size: int
     num_kv_heads: int
     head_dim: int
-    kv_cache: np.ndarray = field(init=False, repr=False)
+    #: the memory: ``[num_layers, 2, H, num_blocks, block_size, D]`` (``kv_cache`` is this, transposed)
+    storage: np.ndarray = field(init=False, repr=False)
     _checked_slots: object = field(init=False, repr=False, compare=False, default=None)
     _slot_views: list = field(init=False, repr=False, compare=False, default_factory=list)
     _head_views: list = field(init=False, repr=False, compare=False, default_factory=list)
@@ -67,41 +76,48 @@ class KVPool:
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
             setattr(self, name, _positive_int(name, getattr(self, name)))
-        shape = (self.num_layers, 2, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_cache = np.zeros(shape, dtype=np.float32)
+        shape = (self.num_layers, 2, self.num_kv_heads, self.num_blocks, self.block_size, self.head_dim)
+        self.storage = np.zeros(shape, dtype=np.float32)
         # np.zeros only maps the memory: each page is faulted in (and zeroed by the kernel) the first time a step
         # writes into it, which made a fresh engine's early steps pay for the pool piece by piece (10 ms for one
         # layer's write in the first step of a 16-request run). Writing it once here reserves it for real, as the
         # module docstring says: the cost moves to construction and no step pays it.
-        self.kv_cache.fill(0.0)
+        self.storage.fill(0.0)
         self._make_slot_views()
 
     def _make_slot_views(self) -> None:
-        """Per layer, K and V as ``[num_slots, H, D]`` views of ``kv_cache``: a step's write is then one
-        first-axis scatter each."""
-        slots = self.kv_cache.reshape(self.num_layers, 2, self.num_slots, self.num_kv_heads, self.head_dim)
+        """Per layer, K and V as ``[H, num_slots, D]`` views of ``storage``: a step's write is then one scatter
+        on the slot axis each."""
+        slots = self.storage.reshape(self.num_layers, 2, self.num_kv_heads, self.num_slots, self.head_dim)
         self._slot_views = [(slots[layer, 0], slots[layer, 1]) for layer in range(self.num_layers)]
-        # the same per head: K as [H, D, num_slots] (Kᵀ per head), V as [H, num_slots, D] (see head_views)
-        self._head_views = [(k.transpose(1, 2, 0), v.transpose(1, 0, 2)) for k, v in self._slot_views]
+        # per head: K as [H, D, num_slots] (Kᵀ per head), V as [H, num_slots, D] (see head_views)
+        self._head_views = [(k.transpose(0, 2, 1), v) for k, v in self._slot_views]
+
+    def _views_of_this_pool(self) -> None:
+        if self._slot_views[0][1].base is not self.storage:  # a copied pool (its views were copied apart from it)
+            self._make_slot_views()
 
     def head_views(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Layer ``layer``'s K as ``[H, D, num_slots]`` and V as ``[H, num_slots, D]``: views of ``kv_cache``,
-        made once, from which the paged attention backend slices a sequence whose blocks are one physical run
-        (``paged_attention.pool_run_views`` makes the same slices from a layer array)."""
-        views = self._head_views[layer]
-        if views[1].base is not self.kv_cache:  # a copied pool (its views were copied apart from its array)
-            self._make_slot_views()
-            views = self._head_views[layer]
-        return views
+        """Layer ``layer``'s K as ``[H, D, num_slots]`` and V as ``[H, num_slots, D]``: views of ``storage``, made
+        once, from which the paged attention backend slices a sequence whose blocks are one physical run
+        (``paged_attention.pool_run_views`` makes the same slices from a layer of ``kv_cache``). Each head's slots
+        are contiguous ``D``-float rows."""
+        self._views_of_this_pool()
+        return self._head_views[layer]
+
+    @property
+    def kv_cache(self) -> np.ndarray:
+        """K and V of every layer, ``[num_layers, 2, num_blocks, block_size, H, D]`` (a view of ``storage``)."""
+        return self.storage.transpose(0, 1, 3, 4, 2, 5)
 
     @property
     def k_cache(self) -> np.ndarray:
-        """K of every layer, ``[num_layers, num_blocks, block_size, H, D]`` (a view into ``kv_cache``)."""
+        """K of every layer, ``[num_layers, num_blocks, block_size, H, D]`` (a view of ``storage``)."""
         return self.kv_cache[:, 0]
 
     @property
     def v_cache(self) -> np.ndarray:
-        """V of every layer, ``[num_layers, num_blocks, block_size, H, D]`` (a view into ``kv_cache``)."""
+        """V of every layer, ``[num_layers, num_blocks, block_size, H, D]`` (a view of ``storage``)."""
         return self.kv_cache[:, 1]
 
     @classmethod
@@ -124,7 +140,7 @@ class KVPool:
 
     @property
     def nbytes(self) -> int:
-        return self.kv_cache.nbytes
+        return self.storage.nbytes
 
     @property
     def bytes_per_block(self) -> int:
@@ -133,7 +149,7 @@ class KVPool:
     def write(self, layer: int, slot_mapping: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Store ``k, v [N, num_kv_heads, head_dim]`` of N new tokens at pool slots ``slot_mapping [N]``.
 
-        One vectorized scatter per array through a flat ``[num_slots, H, D]`` view (vLLM's
+        One vectorized scatter per array through a flat ``[H, num_slots, D]`` view (vLLM's
         ``reshape_and_cache``). Slots must be distinct; the block table guarantees it for live tokens.
         """
         slots = np.asarray(slot_mapping)
@@ -147,17 +163,15 @@ class KVPool:
             if n and (slots.min() < 0 or slots.max() >= self.num_slots):
                 raise IndexError(f"slot out of range [0, {self.num_slots}): {slots.min()}..{slots.max()}")
             self._checked_slots = slots
-        k_slots, v_slots = self._slot_views[layer]
-        if k_slots.base is not self.kv_cache:  # a copied pool (its views were copied apart from its array)
-            self._make_slot_views()
-            k_slots, v_slots = self._slot_views[layer]
+        self._views_of_this_pool()
+        k_slots, v_slots = self._slot_views[layer]  # [H, num_slots, D]
         if n == 1:  # one token (a lone decode): a plain index, half the cost of a one-slot scatter
             one = int(slots[0])
-            k_slots[one] = k[0]
-            v_slots[one] = v[0]
+            k_slots[:, one] = k[0]
+            v_slots[:, one] = v[0]
         else:
-            k_slots[slots] = k
-            v_slots[slots] = v
+            k_slots[:, slots] = k.transpose(1, 0, 2)
+            v_slots[:, slots] = v.transpose(1, 0, 2)
 
     def copy_blocks(self, blocks_to_copy: Iterable[tuple[int, int]]) -> None:
         """Apply the KV cache manager's copy-on-write copies: block ``dst`` gets block ``src``'s K and V in every
@@ -166,9 +180,10 @@ class KVPool:
         pairs = list(blocks_to_copy)
         if pairs:
             src, dst = (np.fromiter(col, dtype=np.int64, count=len(pairs)) for col in zip(*pairs))
-            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]  # [layers, 2 (K, V), blocks, B, H, D]
+            self.storage[:, :, :, dst] = self.storage[:, :, :, src]  # [layers, 2 (K, V), H, blocks, B, D]
 
     def read_slots(self, layer: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """K and V ``[len(slots), H, D]`` at the given slots (for tests and notebooks)."""
-        flat = self.kv_cache[layer].reshape(2, self.num_slots, self.num_kv_heads, self.head_dim)
-        return flat[0, slots], flat[1, slots]
+        self._views_of_this_pool()
+        k_slots, v_slots = self._slot_views[layer]
+        return k_slots[:, slots].transpose(1, 0, 2).copy(), v_slots[:, slots].transpose(1, 0, 2).copy()

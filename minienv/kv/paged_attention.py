@@ -15,10 +15,11 @@ between decode steps over equal block tables the backend carries the plan over a
 property tests hold both to the dense reference:
 
 * **gather** (any step: prefill chunks, decodes, shared blocks): copy each sequence's blocks, in logical order,
-  into a reused buffer with one ``np.take`` on the block axis — turning scattered blocks back into contiguous
-  ``[tokens, H, D]`` — then run :func:`batched_attention`, the very same math as over contiguous per-sequence
-  caches. The batch is walked in *tiles* of sequences sized to stay in the L2 cache (``tile_bytes``), so the
-  copy is still hot when attention reads it. In numpy that copy costs about as much as the attention itself. A
+  into a reused buffer with one ``np.take`` on the block axis of the pool's storage — turning scattered blocks
+  back into one contiguous ``[tokens, D]`` slab per sequence and head (the pool keeps heads outermost, see
+  :mod:`minienv.kv.kv_pool`) — then run :func:`batched_attention`, the very same math as over contiguous
+  per-sequence caches. The batch is walked in *tiles* of sequences sized to stay in the L2 cache
+  (``tile_bytes``), so the copy is still hot when attention reads it. In numpy that copy costs about as much as the attention itself. A
   lone sequence whose blocks are one physical run needs no copy at all: it is read through a view; a lone
   decoding sequence needs no mask either: it attends over exactly its first ``seq_len`` keys. A step that is
   nothing else (one request decoding: batch 1) skips the plan entirely and slices the layer's per-head views of
@@ -61,10 +62,11 @@ from minienv.kv.kv_pool import KVPool
 DEFAULT_TILE_BYTES = 1 << 20
 #: ``kernel="auto"`` reads blocks in place when a decode step's sequences hold at least this many tokens on
 #: average (and are not all contiguous runs, which are read through views). Measured with
-#: ``benchmarks/bench_paged.py`` (head dim 48, block 16): since the in-place kernel's per-block maxima and sums
-#: stopped being numpy reductions over a 16-wide last axis, it beats gather + attention from 256 keys at batch 8
-#: and 32; at 128 keys the two trade places from run to run, and gather is kept there ...
-INPLACE_MIN_MEAN_KEYS = 256
+#: ``benchmarks/bench_paged.py`` (head dim 48, block 16): since the pool keeps each head's block as one contiguous
+#: ``[B, D]`` slab (heads outermost), gathering copies twice as many, half-size pieces and the in-place kernel
+#: reads each block's K and V as one dense operand; it beats gather + attention from 128 keys at batch 8 and 32
+#: (by 6 % and 25 % at 128 keys, by 35-45 % from 512), the shortest context measured ...
+INPLACE_MIN_MEAN_KEYS = 128
 #: ... and the step's blocks span at most this many times as many pool blocks as they are (the in-place kernel
 #: computes over the whole range ``[min id, max id]``; blocks of other requests inside it are wasted work).
 INPLACE_MAX_SPAN_RATIO = 1.5
@@ -277,7 +279,8 @@ def _decode_attention(
 
     Below ``MATVEC_MIN_KEYS`` keys: ``q [G, D] @ Kᵀ [D, T]`` per sequence and head (matrix-matrix). From there,
     matrix-vector products, ``scores[g] = K [T, D] @ q[g]``, ``out[g] = p[g] @ V [T, D]``: BLAS reads each head's
-    K and V where they lie (row stride ``Hkv * D``), with no packing. The same dot products, so the two forms agree
+    K and V where they lie (in a gathered tile or a run of the pool, each head's ``[T, D]`` is contiguous),
+    with no packing. The same dot products, so the two forms agree
     to float32 rounding (5e-7 in the tests). (``K @ qᵀ`` with K as the left operand of a matrix-matrix product was
     also tried: fast at head dim 64, no faster than ``q @ Kᵀ`` at head dim 48.)
     """
@@ -323,18 +326,29 @@ class Workspace:
         return arr
 
 
-def gather_kv(kv_layer: np.ndarray, block_tables: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """K and V of whole sequences, in logical order: ``[2, S, num_blocks * B, H, D]`` from ``[2, NB, B, H, D]``.
+def layer_storage(kv_layer: np.ndarray) -> np.ndarray:
+    """A layer of ``KVPool.kv_cache`` (``[2, NB, B, H, D]``) as the memory under it: ``[2, H, NB, B, D]``, heads
+    outermost (see :mod:`minienv.kv.kv_pool`). For a pool's layer this is a view; an array laid out another way
+    (a token-major one made by hand, say) is copied into this order first — correct, and slow."""
+    hm = kv_layer.transpose(0, 3, 1, 2, 4)
+    return hm if hm.flags.c_contiguous else np.ascontiguousarray(hm)
 
-    One ``np.take`` on the block axis copies whole blocks (``B*H*D`` contiguous floats each). ``mode="clip"``
-    matters: with the default ``"raise"`` numpy routes ``out`` through an extra temporary copy.
+
+def gather_kv(kv_layer: np.ndarray, block_tables: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """K and V of whole sequences, in logical order: ``[2, S, num_blocks * B, H, D]`` from a layer ``[2, NB, B,
+    H, D]`` of the pool.
+
+    One ``np.take`` on the block axis of the layer's storage copies whole blocks (``B*D`` contiguous floats per
+    block and head) into ``out [2, H, S, num_blocks, B, D]``: per head and sequence one contiguous ``[tokens, D]``
+    slab. The result is that buffer seen in logical order (a view). ``mode="clip"`` matters: with the default
+    ``"raise"`` numpy routes ``out`` through an extra temporary copy.
     """
     s, nb = block_tables.shape
     _, _, b, h, d = kv_layer.shape
     if out is None:
-        out = np.empty((2, s, nb, b, h, d), dtype=kv_layer.dtype)
-    np.take(kv_layer, block_tables, axis=1, out=out, mode="clip")
-    return out.reshape(2, s, nb * b, h, d)
+        out = np.empty((2, h, s, nb, b, d), dtype=kv_layer.dtype)
+    layer_storage(kv_layer).take(block_tables, axis=2, out=out, mode="clip")
+    return out.reshape(2, h, s, nb * b, d).transpose(0, 2, 3, 1, 4)
 
 
 @dataclass(eq=False)
@@ -355,23 +369,24 @@ class _Tile:
     s0: int
     s1: int
     block_tables: np.ndarray  # [n, nb], trimmed to the blocks these sequences use
-    gather_buf: np.ndarray  # [2, n, nb, B, Hkv, D] view of the workspace: np.take writes here
-    kv: np.ndarray  # the same memory as [2, n, nb*B, Hkv, D]: per-sequence contiguous K and V
+    gather_buf: np.ndarray  # [2, Hkv, n, nb, B, D] view of the workspace: np.take writes here
+    kv: np.ndarray  # the same memory seen as [2, n, nb*B, Hkv, D]: per sequence and head contiguous K and V
     bias: np.ndarray | None  # additive causal / length mask [n, 1, 1, Q, nb*B] (hidden_bias), None: no mask
     run_start: int | None = None  # one sequence whose blocks are physically consecutive: view them, no copy
     num_keys: int | None = None  # a lone decode: its length (attend over that many keys, no mask); None: nb*B
 
-    def kv_of(self, kv_layer: np.ndarray) -> np.ndarray:
-        """This tile's K and V ``[2, n, T, Hkv, D]``: a view of the pool for a run, else gathered (one take).
-        ``T`` is ``nb*B``, or a lone decode's ``num_keys`` (a view of the first keys)."""
+    def kv_of(self, storage: np.ndarray) -> np.ndarray:
+        """This tile's K and V ``[2, n, T, Hkv, D]`` from the layer's ``storage [2, Hkv, NB, B, D]``
+        (:func:`layer_storage`): a view of the pool for a run, else gathered (one take). ``T`` is ``nb*B``, or a
+        lone decode's ``num_keys`` (a view of the first keys)."""
         if self.run_start is not None:
-            _, nb, b, h, d = self.gather_buf.shape[1:]
+            h, _, nb, b, d = self.gather_buf.shape[1:]
             first = self.run_start * b  # the run as a range of the pool's token slots
             last = first + (nb * b if self.num_keys is None else self.num_keys)
-            return kv_layer.reshape(2, 1, -1, h, d)[:, :, first:last]
+            return storage.reshape(2, h, -1, d)[:, :, first:last].transpose(0, 2, 1, 3)[:, None]
         # = gather_kv. Here and on every per-layer path, ``x.take(...)``, not ``np.take(x, ...)``: the function is a
         # Python wrapper around the method, a microsecond a call at ~18 calls a step at batch 16.
-        kv_layer.take(self.block_tables, axis=1, out=self.gather_buf, mode="clip")
+        storage.take(self.block_tables, axis=2, out=self.gather_buf, mode="clip")
         return self.kv if self.num_keys is None else self.kv[:, :, :self.num_keys]
 
 
@@ -484,7 +499,7 @@ def plan_tiles(
     made = []
     for (s0, s1, idx, nb), max_q in groups:  # once per step, one iteration per tile
         n = s1 - s0
-        buf = flat[: n * nb * per_block_floats].reshape(2, n, nb, b, hkv, d)
+        buf = flat[: n * nb * per_block_floats].reshape(2, hkv, n, nb, b, d)
         num_keys = None
         if max_q == 1 and n == 1:  # a lone decode: it sees its first seq_len keys, a view (no mask at all)
             bias, num_keys = None, int(meta.seq_lens[idx][0])
@@ -496,7 +511,7 @@ def plan_tiles(
         # A lone sequence whose blocks are consecutive physical ids (typical after a prefill from a fresh pool)
         # is already a contiguous slab of the pool: no gather needed. (Last - first == nb - 1 first: O(1).)
         run = n == 1 and int(table[0, -1]) - int(table[0, 0]) == nb - 1 and bool(np.all(np.diff(table[0]) == 1))
-        made.append(_Tile(s0, s1, table, buf, buf.reshape(2, n, nb * b, hkv, d), bias,
+        made.append(_Tile(s0, s1, table, buf, buf.reshape(2, hkv, n, nb * b, d).transpose(0, 2, 3, 1, 4), bias,
                           int(table[0, 0]) if run else None, num_keys))
     nd = len(decode)
     return TilePlan(made[:nd], made[nd:], all(t.run_start is not None for t in made), decode_rows, inverse,
@@ -791,8 +806,9 @@ def run_kernel(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata
     plan = step.plan
     n, hq, d = q.shape
     od = None
+    storage = layer_storage(kv_layer)
     if plan.decode_tiles:  # one query per sequence: no padding
-        od = _attend_decodes(q, kv_layer, plan)
+        od = _attend_decodes(q, storage, plan)
         if meta.is_decode:
             return od if plan.decode_inverse is None else od.take(plan.decode_inverse, axis=0)
     # a step with prefill chunks: its chunk queries padded to the longest chunk, causal masks per tile
@@ -801,7 +817,7 @@ def run_kernel(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata
     q_pad[pos, row] = q[plan.prefill_rows]
     o_pad = np.empty(q_pad.shape, dtype=np.float32)
     for tile in plan.prefill_tiles:
-        kv = tile.kv_of(kv_layer)
+        kv = tile.kv_of(storage)
         batched_attention(q_pad[tile.s0:tile.s1], kv[0], kv[1], out=o_pad[tile.s0:tile.s1], bias=tile.bias)
     out = np.empty((n, hq, d), dtype=np.float32)
     out[plan.prefill_rows] = o_pad[pos, row]
@@ -812,11 +828,12 @@ def run_kernel(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata
 
 def pool_run_views(kv_layer: np.ndarray, first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
     """The pool's token slots ``[first, last)`` of a layer ``[2, NB, B, Hkv, D]`` seen per head, as views: K as
-    ``[Hkv, D, T]`` (each head's Kᵀ, the right operand of ``q @ Kᵀ``) and V as ``[Hkv, T, D]``, rows ``Hkv * D``
-    floats apart. (The backend slices the same views from :meth:`KVPool.head_views`, made once per layer.)"""
+    ``[Hkv, D, T]`` (each head's Kᵀ, the right operand of ``q @ Kᵀ``) and V as ``[Hkv, T, D]``; each head's keys
+    are one contiguous ``[T, D]`` slab of the pool's storage, as in a dense cache. (The backend slices the same
+    views from :meth:`KVPool.head_views`, made once per layer.)"""
     _, _, _, hkv, d = kv_layer.shape
-    kv = kv_layer.reshape(2, -1, hkv, d)[:, first:last].transpose(0, 2, 3, 1)  # [2, Hkv, D, T]
-    return kv[0], kv[1].transpose(0, 2, 1)
+    kv = layer_storage(kv_layer).reshape(2, hkv, -1, d)[:, :, first:last]  # [2, Hkv, T, D]
+    return kv[0].transpose(0, 2, 1), kv[1]
 
 
 def _attend_lone_run(q: np.ndarray, k_t: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -849,22 +866,22 @@ def _attend_lone_run(q: np.ndarray, k_t: np.ndarray, v: np.ndarray) -> np.ndarra
     return o.reshape(1, hq, d)
 
 
-def _attend_decodes(q: np.ndarray, kv_layer: np.ndarray, plan: TilePlan) -> np.ndarray:
-    """The decode group of a step: one query row per sequence, tile by tile. Returns ``[nd, Hq, D]`` in tile
-    order (the step's order unless the group was sorted)."""
+def _attend_decodes(q: np.ndarray, storage: np.ndarray, plan: TilePlan) -> np.ndarray:
+    """The decode group of a step: one query row per sequence, tile by tile, over the layer's ``storage [2, Hkv,
+    NB, B, D]``. Returns ``[nd, Hq, D]`` in tile order (the step's order unless the group was sorted)."""
     _, hq, d = q.shape
-    hkv = kv_layer.shape[3]
+    hkv = storage.shape[1]
     qd = q if plan.decode_rows is None else q.take(plan.decode_rows, axis=0)  # tile order
     nd = len(qd)
     qg = qd.reshape(nd, hkv, hq // hkv, d) * softmax_scale(d)  # scaled once for every tile
     od = np.empty_like(qg)
     tiles = plan.decode_tiles
     if len(tiles) == 1:  # the usual case: the whole group in one tile (no per-tile slices of q and out)
-        kv = tiles[0].kv_of(kv_layer)
+        kv = tiles[0].kv_of(storage)
         _decode_attention(qg, kv[0], kv[1], tiles[0].bias, od)
     else:  # the group's K/V outgrew the cache: shortest sequences first
         for tile in tiles:
-            kv = tile.kv_of(kv_layer)
+            kv = tile.kv_of(storage)
             _decode_attention(qg[tile.s0:tile.s1], kv[0], kv[1], tile.bias, od[tile.s0:tile.s1])
     return od.reshape(nd, hq, d)
 

@@ -217,7 +217,8 @@ def test_a_sequence_whose_blocks_are_consecutive_is_attended_without_a_copy():
     got = paged_attention(q, kv.kv_cache[0], meta, ws, kernel="auto")
     (plan,) = [v for key, v in meta._plans.items() if isinstance(key[0], int)]  # the tile plan
     assert plan.use_views and plan.tiles[0].run_start == 2 and ws.buffer.size == 2 * 4 * b * hkv * d  # buffer planned ...
-    assert np.shares_memory(plan.tiles[0].kv_of(kv.kv_cache[0]), kv.kv_cache)  # ... but the K/V read is a view
+    storage = sys.modules["minienv.kv.paged_attention"].layer_storage(kv.kv_cache[0])
+    assert np.shares_memory(plan.tiles[0].kv_of(storage), kv.storage)  # ... but the K/V read is a view
     np.testing.assert_allclose(got, causal_attention(q, k, v, np.array([12])), atol=1e-5, rtol=0)
 
 
@@ -657,6 +658,36 @@ def test_kv_pool_head_views_are_the_pool_per_head_also_in_a_copied_pool():
                 want_k_t, want_v = pool_run_views(target.kv_cache[layer], first, last)
                 assert np.array_equal(k_t[:, :, first:last], want_k_t) and np.array_equal(v[:, first:last], want_v)
     assert not np.shares_memory(pool.head_views(0)[0], twin.kv_cache)
+
+
+def test_kv_pool_memory_keeps_heads_outermost_and_every_write_lands_in_its_own_pool():
+    """The layout ``KVPool``'s docstring promises: ``kv_cache[l, kv, b, s, h]`` is ``storage[l, kv, h, b, s]``, so
+    a run of blocks is, per head, one contiguous ``[tokens, D]`` slab; ``write``, ``read_slots`` and
+    ``copy_blocks`` go through that memory, also in a deep-copied pool (whose views are its own)."""
+    import copy
+
+    rng = np.random.default_rng(16)
+    pool = KVPool(2, 6, 4, 3, 5)
+    twin = copy.deepcopy(pool)
+    assert not np.shares_memory(pool.storage, twin.storage)
+    for target in (pool, twin):
+        assert np.shares_memory(target.kv_cache, target.storage) and target.storage.shape == (2, 2, 3, 6, 4, 5)
+        slots = np.array([9, 2, 17])  # block 2 slot 1, block 0 slot 2, block 4 slot 1
+        k, v = (rng.standard_normal((3, 3, 5), dtype=np.float32) for _ in range(2))
+        target.write(1, slots, k, v)
+        target.write(1, np.array([23]), k[:1] + 1, v[:1] + 1)
+        got_k, got_v = target.read_slots(1, np.array([9, 2, 17, 23]))
+        assert np.array_equal(got_k, np.concatenate([k, k[:1] + 1])) and np.array_equal(got_v[:3], v)
+        for i, slot in enumerate(slots):
+            b, s = divmod(int(slot), 4)
+            for h in range(3):
+                assert np.array_equal(target.storage[1, 0, h, b, s], k[i, h])
+                assert np.array_equal(target.kv_cache[1, 1, b, s, h], v[i, h])
+        run = target.storage[1, 0, 2, 1:4].reshape(12, 5)  # head 2's keys in blocks 1..3: reshapes without a copy
+        assert np.shares_memory(run, target.storage) and run.flags.c_contiguous
+        target.copy_blocks([(2, 5)])
+        assert np.array_equal(target.kv_cache[:, :, 5], target.kv_cache[:, :, 2])
+    assert not np.array_equal(pool.storage, twin.storage)  # each pool got its own random writes
 
 
 @settings(max_examples=300, deadline=None)
