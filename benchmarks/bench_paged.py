@@ -103,8 +103,6 @@ def build_case(batch: int, context: int, hq: int, hkv: int, d: int, seed: int = 
     for _ in range(context):  # every sequence decodes one token per step: their blocks interleave in the pool
         for t in tables:
             t.append_tokens(1, pool)
-    for t in tables:  # the step being timed: each sequence's newest token is its query
-        pass
     meta = PagedAttentionMetadata.from_block_tables(tables, [1] * batch)
     # dense: contiguous per-sequence slabs holding exactly the same K/V
     k_dense = np.ascontiguousarray(kv.k_cache[0][meta.block_tables].reshape(batch, -1, hkv, d)[:, :context])
