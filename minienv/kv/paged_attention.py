@@ -19,8 +19,9 @@ property tests hold both to the dense reference:
   back into one contiguous ``[tokens, D]`` slab per sequence and head (the pool keeps heads outermost, see
   :mod:`minienv.kv.kv_pool`) — then run :func:`batched_attention`, the very same math as over contiguous
   per-sequence caches. The batch is walked in *tiles* of sequences sized to stay in the L2 cache
-  (``tile_bytes``), so the copy is still hot when attention reads it. In numpy that copy costs about as much as the attention itself. A
-  lone sequence whose blocks are one physical run needs no copy at all: it is read through a view; a lone
+  (``tile_bytes``), so the copy is still hot when attention reads it. In numpy that copy costs about as much
+  as the attention itself. A lone sequence whose blocks are one physical run needs no copy at all: it is read
+  through a view; a lone
   decoding sequence needs no mask either: it attends over exactly its first ``seq_len`` keys. A step that is
   nothing else (one request decoding: batch 1) skips the plan entirely and slices the layer's per-head views of
   the pool (:func:`_attend_lone_run`): at a few hundred keys the fixed cost of each numpy and Python call, not
