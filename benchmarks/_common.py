@@ -17,10 +17,16 @@ Why each piece exists (the rules a skeptical reader would ask for):
 * **Pinned BLAS threads.** OpenBLAS reads its thread count once, when numpy loads it. minienv's matrices are
   tiny: a second thread costs more in hand-off than it saves, and on a shared machine spinning BLAS threads made
   small matmuls many times slower (one benchmark's ratio swung from 2.9x to 6.8x unpinned).
-* **Interleaved rounds, order rotated.** Every variant runs once per round, so drift of a shared machine (a
-  neighbour starting a job, thermal throttling) hits all variants alike instead of whichever ran last. The order
-  is a seeded shuffle rotated by one place each round: no variant always follows the same neighbour (whose cache
-  footprint or allocator state it would inherit). At least three rounds.
+* **Interleaved rounds, order rotated and balanced.** Every variant runs once per round, so drift of a shared
+  machine (a neighbour starting a job, thermal throttling) hits all variants alike instead of whichever ran last.
+  Rotating one shuffled order is not enough: it moves every variant through every position but keeps each one's
+  predecessor fixed, and a variant inherits its predecessor's state (caches, branch predictors, allocator): in
+  bench_paged (15 paths), batch 1 x 128 keys, the backend's path / strongest dense read 1.30 and 1.35 in two
+  runs of a rotation, where the path always ran after the same dense variant, and 1.19 and 1.23 in two runs of
+  the design below, the same code back to back. So the rounds follow a Williams design
+  (:func:`balanced_orders`): rotations of one seeded order whose neighbours differ by every distance, so that in
+  each cycle of n rounds (2n for an odd n) every variant runs once in every position and right after every other
+  variant equally often. At least three rounds.
 * **Min and median.** The minimum is what the code costs when it gets the CPU (noise only ever adds time); the
   median shows how typical that is. Both are reported; ratios say which they use.
 * **Settings printed and stored.** A ratio without the BLAS build and thread count it was measured with cannot
@@ -40,7 +46,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 MIN_ROUNDS = 3
@@ -172,7 +178,7 @@ def interleaved(
     min_seconds: float = 0.0,
     before_each: Callable[[], Any] | None = None,
 ) -> dict[str, Timing]:
-    """Run every variant once per round, in a seeded order rotated by one each round; time each call.
+    """Run every variant once per round, in :func:`balanced_orders`' rounds; time each call.
 
     Args:
         variants: name -> a callable taking no arguments (its return value is kept in ``Timing.result``).
@@ -191,17 +197,15 @@ def interleaved(
         raise ValueError(f"interleaved timing needs >= {MIN_ROUNDS} rounds, got {rounds}")
     if not variants:
         raise ValueError("interleaved timing needs at least one variant")
-    names = list(variants)
-    random.Random(seed).shuffle(names)
+    orders = balanced_orders(list(variants), seed)
     out = {name: Timing() for name in variants}
     if warmup:
-        for name in names:
+        for name in schedule(list(variants), 1, seed)[0]:
             out[name].result = variants[name]()
     start = time.perf_counter()
     r = 0
     while r < rounds or time.perf_counter() - start < min_seconds:
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
+        for name in next(orders):
             if before_each is not None:
                 before_each()
             w0, c0 = time.perf_counter(), clock()
@@ -234,12 +238,47 @@ def race(sides: dict[str, Callable[[], tuple[float, Any]]], rounds: int, seed: i
     return times, outs
 
 
+def williams_rows(n: int) -> list[list[int]]:
+    """A Williams design for ``n`` variants: ``n`` rows (``2n`` when ``n`` is odd), each a permutation of
+    ``range(n)``, such that every index takes every position equally often and every ordered pair ``(a, b)``,
+    ``a != b``, is adjacent (``b`` right after ``a``) equally often — once for an even ``n``, twice for an odd one.
+
+    Row 0 is ``0, 1, n-1, 2, n-2, ...``: its successive differences, mod n, are ``1, n-2, 3, n-4, ...``, every
+    distance 1..n-1 once; row r adds r to every entry, which moves each index through every position and keeps
+    the differences, so the pair ``(a, a + d)`` turns up once per distance d. For an odd ``n`` the differences
+    cannot all be distinct, and the mirrored rows supply the pairs the first n rows miss.
+    """
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        if len(first) % 2:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
+def balanced_orders(names: list[str], seed: int = 0) -> Iterator[list[str]]:
+    """Round orders without end: :func:`williams_rows` over ``names``, cycle after cycle, with the names dealt to
+    the design's indices by a seeded shuffle that is drawn again for every cycle (so long runs also vary which
+    variants share a round's start and end). The same seed gives the same rounds."""
+    rng = random.Random(seed)
+    rows = williams_rows(len(names))
+    while True:
+        dealt = list(names)
+        rng.shuffle(dealt)
+        for row in rows:
+            yield [dealt[i] for i in row]
+
+
 def schedule(names: list[str], rounds: int, seed: int = 0) -> list[list[str]]:
-    """The order :func:`interleaved` runs ``names`` in, round by round (for scripts that drive rounds
-    themselves, e.g. with a fresh engine per call, and for tests of the harness)."""
-    order = list(names)
-    random.Random(seed).shuffle(order)
-    return [order[r % len(order):] + order[:r % len(order)] for r in range(rounds)]
+    """The first ``rounds`` orders of :func:`balanced_orders`: the order :func:`interleaved` runs ``names`` in,
+    round by round (for scripts that drive rounds themselves, e.g. with a fresh engine per call, and for tests of
+    the harness)."""
+    orders = balanced_orders(names, seed)
+    return [next(orders) for _ in range(rounds)]
 
 
 # ------------------------------------------------------------------------------------------------ output

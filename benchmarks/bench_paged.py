@@ -35,8 +35,8 @@ over the faster kernel's (1.00 = auto chose well); and every path's effective ba
 this machine's measured ``memcpy`` bandwidth — the physical limit for a kernel that must read all of K and V once.
 
 Same data (the dense slabs are copies of the paged blocks; every timed path reads its own copy), same process,
-every path once per round in the harness's interleaved rounds (``benchmarks/_common.py``: order rotated each
-round), with the L2 cache evicted (a 16 MiB read) before every timed call, so no path inherits data another path
+every path once per round in the harness's interleaved rounds (``benchmarks/_common.py``: a balanced order, every
+path in every position and right after every other path equally often), with the L2 cache evicted (a 16 MiB read) before every timed call, so no path inherits data another path
 warmed. Each call is timed on the thread's CPU time (``time.thread_time``: with one BLAS thread, the work itself,
 whatever the neighbours do) and on the wall clock. The ratios use each path's fastest round on the CPU clock
 (auto's choice: medians); medians and wall-clock ratios are in the JSON too. Every path's output is checked
@@ -139,7 +139,7 @@ def evict_caches() -> None:
 
 def time_interleaved(fns: dict, min_seconds: float, rounds: int, seed: int) -> dict:
     """Per function: (fastest, median) seconds per call on the thread's CPU clock, and the same on the wall clock
-    under ``name@wall``, from the harness's interleaved rounds (order rotated each round).
+    under ``name@wall``, from the harness's interleaved rounds (its balanced order).
 
     The ratio uses the fastest round: on a shared machine the median mostly measures the neighbours, while the
     minimum is what the code costs when it gets the CPU (both paths get the same chances).

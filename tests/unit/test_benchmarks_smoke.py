@@ -1,13 +1,14 @@
 """The benchmark harness (``benchmarks/_common.py``) and every benchmark script, run small.
 
 Timings are never asserted (they depend on the machine); what is checked is what a reader of a benchmark relies on:
-the interleaved schedule really rotates and covers every variant every round, min and median are what they say,
+the interleaved schedule covers every variant every round, in every position and after every other variant, min and median are what they say,
 and every script runs with ``--quick``, pins BLAS threads, and ends with exactly one parseable JSON line that
 carries the machine's settings.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -26,17 +27,32 @@ SCRIPTS = sorted(p.name for p in BENCH.glob("bench_*.py"))
 
 
 # ------------------------------------------------------------------------------------------------ the harness
-def test_schedule_rotates_a_seeded_order_and_runs_every_variant_once_per_round():
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 15])
+def test_williams_rows_balance_positions_and_predecessors(n):
+    rows = _common.williams_rows(n)
+    assert len(rows) == (n if n % 2 == 0 else 2 * n)
+    for r in rows:
+        assert sorted(r) == list(range(n))  # every variant exactly once per round
+    positions = collections.Counter((x, i) for r in rows for i, x in enumerate(r))
+    assert len(positions) == n * n and len(set(positions.values())) == 1  # every variant in every position, evenly
+    pairs = collections.Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
+    # every variant right after every other one, equally often: no variant inherits one neighbour's state
+    assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1
+
+
+def test_schedule_is_a_seeded_balanced_design_that_runs_every_variant_once_per_round():
     names = ["a", "b", "c", "d"]
-    rounds = _common.schedule(names, 6, seed=3)
-    assert len(rounds) == 6
+    rounds = _common.schedule(names, 8, seed=3)
+    assert len(rounds) == 8
     for r in rounds:
         assert sorted(r) == names  # every variant exactly once per round
-    for prev, cur in zip(rounds, rounds[1:]):
-        assert cur == prev[1:] + prev[:1]  # rotated by one place
-    assert len({r[0] for r in rounds[:4]}) == 4  # each variant goes first once in len(names) rounds
-    assert _common.schedule(names, 6, seed=3) == rounds  # seeded: reproducible
+    for cycle in (rounds[:4], rounds[4:]):  # a cycle of n rounds (n even): balanced on its own
+        assert all(len({r[i] for r in cycle}) == 4 for i in range(4))  # each variant in each position once
+        follows = {(a, b) for r in cycle for a, b in zip(r, r[1:])}
+        assert len(follows) == 12  # each ordered pair adjacent once: no fixed predecessor, unlike a rotation
+    assert _common.schedule(names, 8, seed=3) == rounds  # seeded: reproducible
     assert any(_common.schedule(names, 1, seed=s)[0] != rounds[0] for s in range(10))  # the seed matters
+    assert rounds[:4] != rounds[4:]  # a new deal of the names each cycle
 
 
 def test_interleaved_runs_in_the_schedules_order_and_reports_min_and_median():
