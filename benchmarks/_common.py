@@ -27,6 +27,10 @@ Why each piece exists (the rules a skeptical reader would ask for):
   (:func:`balanced_orders`): rotations of one seeded order whose neighbours differ by every distance, so that in
   each cycle of n rounds (2n for an odd n) every variant runs once in every position and right after every other
   variant equally often. At least three rounds.
+* **No inherited garbage.** A run that builds its own engine leaves it behind as a web of reference cycles
+  (scheduler, manager, listeners) that only Python's cycle collector frees — in the middle of whichever run comes
+  next, on that run's clock. :func:`settle` (``gc.collect()``, untimed) runs before each such timed run, as
+  :func:`race` does for its sides. (A balanced order spreads such a carry-over evenly; this removes it.)
 * **Min and median.** The minimum is what the code costs when it gets the CPU (noise only ever adds time); the
   median shows how typical that is. Both are reported; ratios say which they use.
 * **Settings printed and stored.** A ratio without the BLAS build and thread count it was measured with cannot
@@ -37,6 +41,7 @@ Why each piece exists (the rules a skeptical reader would ask for):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -225,14 +230,21 @@ def paired(num: list[float], den: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(num, den, strict=True))
 
 
+def settle() -> None:
+    """Untimed, right before a timed run that builds its own engine (or server, or manager): collect what earlier
+    runs left for the cycle collector, so that no run pays for its predecessor's garbage."""
+    gc.collect()
+
+
 def race(sides: dict[str, Callable[[], tuple[float, Any]]], rounds: int, seed: int = 0
          ) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Run each side (a callable returning ``(seconds, output)``) once per round in :func:`schedule`'s order:
-    every side's times, round by round, and its last output."""
+    every side's times, round by round, and its last output. :func:`settle` runs before each side."""
     times: dict[str, list[float]] = {side: [] for side in sides}
     outs: dict[str, Any] = {}
     for order in schedule(list(sides), rounds, seed):
         for side in order:
+            settle()
             t, outs[side] = sides[side]()
             times[side].append(t)
     return times, outs

@@ -51,7 +51,7 @@ from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path 
 BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
-from _common import (add_common_args, emit_json, paired, print_settings, race, rounds_of,  # noqa: E402
+from _common import (add_common_args, emit_json, paired, print_settings, race, rounds_of, settle,  # noqa: E402
                      schedule, target_stand_in)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,6 +165,7 @@ def run_batching(model, tok, workload: str, n_requests: int, max_num_seqs: int, 
     outs: dict[str, list] = {}
     for order in schedule(list(MODES), rounds, seed):
         for mode in order:
+            settle()
             e = make_engine(model, tok, **MODES[mode], **kw)
             t, o = timed(e, prompts, params)
             times[mode].append(t)
@@ -233,6 +234,7 @@ def bench_prefix(model, tok, rounds: int, seed: int, n_questions: int = 16, bloc
     outs = {}
     for order in schedule([False, True], rounds, seed):
         for caching in order:
+            settle()
             e = make_engine(model, tok, kv_budget_tokens=8192, block_size=block_size, enable_prefix_caching=caching,
                             max_num_seqs=16, max_num_batched_tokens=512)
             t, outs[caching] = timed(e, prompts, params)

@@ -37,7 +37,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
+from _common import add_common_args, emit_json, print_settings, rounds_of, schedule, settle  # noqa: E402
 
 from minienv.engine import InferenceEngine  # noqa: E402
 from minienv.kv_tier import RedisStore, SQLiteStore  # noqa: E402
@@ -81,6 +81,7 @@ def main() -> None:
             for r, order in enumerate(schedule(ways, rounds, args.seed)):
                 prompt = prefix + suffixes[r]
                 for w in order:
+                    settle()
                     engine = InferenceEngine(model, tok, block_size=BLOCK_SIZE,
                                              kv_tier=None if w == "recompute" else stores[w])
                     t0 = time.perf_counter()

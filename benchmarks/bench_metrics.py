@@ -39,7 +39,7 @@ from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path 
 BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
-from _common import add_common_args, emit_json, paired, print_settings, rounds_of, schedule  # noqa: E402
+from _common import add_common_args, emit_json, paired, print_settings, rounds_of, schedule, settle  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -116,6 +116,7 @@ def main() -> None:
     scrapes = 0
     for r, order in enumerate(schedule(list(VARIANTS), rounds, args.seed)):  # order: seeded, rotated each round
         for v in order:
+            settle()
             sec, cpu, ntok, outs, n_scrapes = run(v, model, tok, prompts, params, engine_kw)
             times[v].append(sec)
             cpu_times[v].append(cpu)

@@ -28,7 +28,7 @@ from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path 
 
 BLAS_THREADS = pin_blas_threads()
 
-from _common import add_common_args, emit_json, interleaved, print_settings, rounds_of  # noqa: E402
+from _common import add_common_args, emit_json, interleaved, print_settings, rounds_of, settle  # noqa: E402
 from _hf import generate_variants, strongest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def main() -> None:
             variants[f"hf{threads}"], chosen, hf_configs[str(threads)] = found
             names[f"hf{threads}"] = f"transformers {chosen}, torch threads={threads}"
         print()
-    t = interleaved(variants, rounds=rounds, seed=args.seed)
+    t = interleaved(variants, rounds=rounds, seed=args.seed, before_each=settle)
     out_cache = t["cache"].result
     assert t["nocache"].result == out_cache, "cached and uncached greedy decoding disagree"
     hf = [k for k in t if k.startswith("hf")]

@@ -30,7 +30,8 @@ BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
 
-from _common import add_common_args, emit_json, paired, print_settings, rounds_of, schedule, target_stand_in  # noqa: E402
+from _common import (add_common_args, emit_json, paired, print_settings, rounds_of, schedule, settle,  # noqa: E402
+                     target_stand_in)
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -91,6 +92,7 @@ def main() -> None:
     outputs: dict[str, list[int]] = {}
     for order in schedule(list(cpu), rounds, args.seed):
         for name in order:
+            settle()
             engine = make_engine(model, tokenizer) if name == "engine" else None
             w0, c0 = time.perf_counter(), time.thread_time()
             ids = run_generate(model, prompt, params) if engine is None else run_engine(engine, prompt, params)

@@ -42,7 +42,7 @@ from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path 
 BLAS_THREADS = pin_blas_threads()
 
 import numpy as np  # noqa: E402
-from _common import add_common_args, emit_json, interleaved, print_settings, rounds_of  # noqa: E402
+from _common import add_common_args, emit_json, interleaved, print_settings, rounds_of, settle  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -93,7 +93,7 @@ def bench_workload(model, num_requests: int, max_new_tokens: int, rounds: int, s
     prompts, prefix_len = five_shot_prompts(model.config.vocab_size, num_requests)
     t = interleaved({"off": lambda: serve(model, prompts, max_new_tokens, caching=False),
                      "on": lambda: serve(model, prompts, max_new_tokens, caching=True)},
-                    rounds=rounds, seed=seed, clock=time.process_time)
+                    rounds=rounds, seed=seed, clock=time.process_time, before_each=settle)
     (out_off, comp_off, _), (out_on, comp_on, stats_on) = t["off"].result, t["on"].result
     assert out_off == out_on, "prefix caching changed the generated tokens"
     off, on = t["off"], t["on"]

@@ -62,7 +62,7 @@ BLAS_THREADS = pin_blas_threads()
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
+from _common import add_common_args, emit_json, print_settings, rounds_of, schedule, settle  # noqa: E402
 
 from minienv.engine import InferenceEngine  # noqa: E402
 from minienv.sampling import SamplingParams  # noqa: E402
@@ -132,6 +132,7 @@ def bench_routing(args, rounds: int) -> dict:
         runs: dict[str, list[dict]] = {name: [] for name in names}
         for order in schedule(names, rounds, seed=args.seed):
             for name in order:
+                settle()
                 routing, make_router = ROUTINGS[name]
                 with launch(n, serve_args(args.kv_budget_tokens, 8), cwd=REPO) as cluster, \
                         Client(cluster.addresses, routing=routing,
@@ -237,6 +238,7 @@ def bench_overhead(args, plain: list[Job], want: dict, rounds: int) -> dict:
     runs: dict[str, list[dict]] = {k: [] for k in variants}  # per round: wall s, CPU s, engine steps
     for order in schedule(list(runs), rounds, seed=args.seed):
         for name in order:
+            settle()
             interval = variants[name]
             if interval is None:
                 engine = InferenceEngine(**ENGINE_ARGS)

@@ -34,7 +34,7 @@ from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path 
 
 BLAS_THREADS = pin_blas_threads()
 
-from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
+from _common import add_common_args, emit_json, print_settings, rounds_of, schedule, settle  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -102,6 +102,7 @@ def main() -> None:
             measured = {}
             for order in schedule(["plain", *configs], rounds, args.seed):  # interleaved, order rotated
                 for c in order:
+                    settle()
                     if c == "plain":
                         dt, ref_r, plain_steps, _ = run(model, tok, prompts, max_tokens, batch, None)
                         plain_times.append(dt)
