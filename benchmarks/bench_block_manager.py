@@ -42,7 +42,7 @@ then ``gc.collect()`` moves its pool to the oldest generation (where a running s
 start; ``--young-pool`` collects before building instead, so the trace also pays the collections a brand-new pool
 costs (its objects' first promotions), whichever side triggers them.
 
-Rounds are interleaved in the harness's rotated order (``_common.schedule``), each on a fresh manager built outside
+Rounds are interleaved in the harness's balanced order (``_common.schedule``), each on a fresh manager built outside
 the timed region; best and median over rounds, on two clocks: this thread's CPU time (the work itself, whatever
 the neighbours on a shared machine do: the ratios quoted) and wall time, and the *paired* ratio (the two sides
 within each round, median over rounds: what survives a host whose speed drifts). Ends with exactly one JSON line.
@@ -328,7 +328,7 @@ def run_nano(mgr: NanoBlockManager, trace: list[tuple]) -> tuple[float, list[int
 
 
 def measure(num_blocks: int, trace: list[tuple], rounds: int, seed: int, young_pool: bool = False) -> dict:
-    """Interleaved rounds in the harness's rotated order; a fresh manager per run, built before the clocks start.
+    """Interleaved rounds in the harness's balanced order; a fresh manager per run, built before the clocks start.
     Both clocks: wall, and this thread's CPU time (the work itself, whatever the neighbours on a shared machine
     do); ratios are minienv / nano-vllm in ops/s, so > 1 means minienv is faster."""
     runners = {

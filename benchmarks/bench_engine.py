@@ -28,7 +28,7 @@
 Every run generates exactly the requested lengths (the end-of-text token is ignored, as benchmarks do). On the
 bundled model when ``assets/target`` exists; otherwise a random stand-in of the same shape (speeds comparable,
 text is noise; the output says which). Each comparison runs every side once per round on a fresh engine, in
-interleaved rounds with the order rotated (``benchmarks/_common.py``); min and median are reported and the
+interleaved rounds in a balanced order (``benchmarks/_common.py``); min and median are reported and the
 ratios use the minima; parts 3 and 4 also give the paired ratio (within each round, median over rounds). Ends
 with exactly one JSON line.
 

@@ -7,7 +7,7 @@
 Each round serves one request on a **fresh engine** (an empty local prefix cache, as after a restart): a long
 prefix shared by every round (``--prefix-len`` tokens, default 960 of the model's 1024 positions) followed by a
 16-token suffix of its own, one greedy token out (so the time is the time to first token: prefill + one sample).
-Three ways, interleaved in every round (a seeded order rotated each round by ``benchmarks/_common.py``'s
+Three ways, interleaved in every round (a seeded, balanced order: ``benchmarks/_common.py``'s
 ``schedule``, so drift on a shared machine hits all alike):
 
 * **recompute** — no tier: the whole prompt runs through the model;

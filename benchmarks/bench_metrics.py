@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_metrics.py [--requests 48] [--rounds 5] [--blas-threads 1]
 
 Three variants of the same engine on the same seeded mixed-length workload (``minienv.lab.workload``), in
-interleaved rounds with the order rotated each round, each run on a fresh engine:
+interleaved rounds in the harness's balanced order, each run on a fresh engine:
 
 * **off** — ``history_size=0``, no listeners: the lean engine the other benchmarks time;
 * **off, history** — the default ``history_size=256`` and no metrics: the engine already builds a ``StepRecord``
@@ -114,7 +114,7 @@ def main() -> None:
     tokens: dict[str, int] = {}
     outputs: dict[str, list] = {}
     scrapes = 0
-    for r, order in enumerate(schedule(list(VARIANTS), rounds, args.seed)):  # order: seeded, rotated each round
+    for r, order in enumerate(schedule(list(VARIANTS), rounds, args.seed)):  # order: seeded, balanced
         for v in order:
             settle()
             sec, cpu, ntok, outs, n_scrapes = run(v, model, tok, prompts, params, engine_kw)

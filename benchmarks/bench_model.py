@@ -6,8 +6,8 @@
 Greedy decoding of ``--tokens`` new tokens (end-of-text ignored, so every run generates exactly that many) from
 the same prompt, on the bundled target model (``assets/target``). If the bundled model is not there yet, a random
 checkpoint of the same shape is written to a temporary folder and used instead — the speed is the same, the text
-is noise; the output says which. The decoders run in interleaved rounds (``benchmarks/_common.py``; order
-rotated each round), min and median reported; ratios use the minima. ``transformers`` runs in its fastest
+is noise; the output says which. The decoders run in interleaved rounds (``benchmarks/_common.py``; a
+balanced order), min and median reported; ratios use the minima. ``transformers`` runs in its fastest
 configuration here, per torch thread count: a pre-race of ``sdpa`` / ``eager`` attention x dynamic / static KV
 cache picks it (``benchmarks/_hf.py``). Prints a table of ratios and ends with exactly one JSON line
 (``cache_speedup``: the KV cache vs recompute figure).

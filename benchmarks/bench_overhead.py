@@ -11,7 +11,7 @@ history — so ``generate tokens/s / engine tokens/s`` is the engine's overhead 
 Greedy, exactly ``--max-tokens`` tokens (end-of-text ignored on both sides), and the script checks that both
 produce the same token ids. Each round builds a fresh engine before its clock starts (so a prefix-cache hit from
 the round before never helps), on the bundled model when ``assets/target`` exists, else a random stand-in of the
-same shape. Rounds are interleaved in the harness's rotated order; best and median on this thread's CPU time and
+same shape. Rounds are interleaved in the harness's balanced order; best and median on this thread's CPU time and
 on wall time, and the *paired* ratio (engine / generate within each round, median over rounds: a round's two runs
 are adjacent, so a host whose speed drifts from second to second moves both). Ends with exactly one JSON line.
 """

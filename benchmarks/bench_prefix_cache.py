@@ -9,7 +9,7 @@ served by :class:`minienv.engine.InferenceEngine` (one arrival per step, up to 4
 at a time, paged attention, blocks from :class:`minienv.kv.kv_cache_manager.KVCacheManager`) with the prefix cache
 off and on.
 Reported: prompt tokens actually run through the model (prefill work), and wall time and process CPU time for
-the whole workload (off and on in interleaved rounds, order rotated each round; min and median; CPU time is the
+the whole workload (off and on in interleaved rounds, the harness's balanced order; min and median; CPU time is the
 steadier figure on a shared machine); ratio = off / on, of the minima.
 The outputs must be identical (checked). Model: the bundled target model if present, else a random Llama of a
 similar shape (timings are what matter here, not the text).

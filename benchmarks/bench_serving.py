@@ -30,7 +30,7 @@ by the in-process engine (``InferenceEngine.generate``, all at once) and over gR
 chunk per 4 tokens (``--stream-interval 4``: fewer, larger messages; not with ``--quick``), each on one fresh
 instance with the same engine options and 3 x ``max_num_seqs`` client streams (enough that requests always
 wait, so the server steps the same schedule — the step counts are reported —, few enough that the client process
-takes little of the cores), in interleaved rounds with the order rotated. Two figures, each from the min and the
+takes little of the cores), in interleaved rounds in the harness's balanced order. Two figures, each from the min and the
 median round: wall tokens/s (overhead = 1 - gRPC / in-process), and the CPU time per token of the engine's process
 (this one in-process; the server's, from ``/proc``, over gRPC), split into the server's engine thread and its other
 threads, with the client process's beside it. On a shared machine the wall figure moves with whatever the

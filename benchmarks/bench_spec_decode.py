@@ -18,7 +18,7 @@ time (latency: where speculation is meant to pay) and all 8 together (throughput
 
 Every speculative output is checked equal to the plain one (greedy speculation must not change a token).
 BLAS is pinned to one thread; each round runs plain and every configuration once, on a fresh engine, in the
-harness's seeded order rotated each round (``benchmarks/_common.py``). Ends with exactly one JSON line.
+harness's seeded, balanced order (``benchmarks/_common.py``). Ends with exactly one JSON line.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def main() -> None:
             times = {c: [] for c in configs}
             plain_times = []
             measured = {}
-            for order in schedule(["plain", *configs], rounds, args.seed):  # interleaved, order rotated
+            for order in schedule(["plain", *configs], rounds, args.seed):  # interleaved, balanced order
                 for c in order:
                     settle()
                     if c == "plain":

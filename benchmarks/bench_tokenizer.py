@@ -7,7 +7,7 @@ Both encode the same text with the same `assets/tokenizer.json` and must produce
 numbers for minienv: the *cold* pass (empty pre-token cache: every distinct word runs BPE once), the *warm* pass
 (cache filled: the steady state of a serving process), and the cost of training the tokenizer. For `tokenizers`:
 one long string (single-threaded) and `encode_batch` over paragraphs (uses every core). The encoders run in
-interleaved rounds, order rotated each round (``benchmarks/_common.py``); min and median reported, rates from the
+interleaved rounds in a balanced order (``benchmarks/_common.py``); min and median reported, rates from the
 minima; training is timed once (it is not compared with anything). Ends with one JSON line.
 """
 
