@@ -1,7 +1,8 @@
 """The benchmark harness (``benchmarks/_common.py``) and every benchmark script, run small.
 
 Timings are never asserted (they depend on the machine); what is checked is what a reader of a benchmark relies on:
-the interleaved schedule covers every variant every round, in every position and after every other variant, min and median are what they say,
+the interleaved schedule covers every variant every round, in every position and after every other variant;
+``settle`` collects what a run left and ``race`` settles before every side; min and median are what they say;
 and every script runs with ``--quick``, pins BLAS threads, and ends with exactly one parseable JSON line that
 carries the machine's settings.
 """
@@ -9,10 +10,12 @@ carries the machine's settings.
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -53,6 +56,34 @@ def test_schedule_is_a_seeded_balanced_design_that_runs_every_variant_once_per_r
     assert _common.schedule(names, 8, seed=3) == rounds  # seeded: reproducible
     assert any(_common.schedule(names, 1, seed=s)[0] != rounds[0] for s in range(10))  # the seed matters
     assert rounds[:4] != rounds[4:]  # a new deal of the names each cycle
+
+
+def test_settle_frees_what_only_the_cycle_collector_can_and_race_settles_before_every_side(monkeypatch):
+    freed = []
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a reference cycle, as a discarded engine leaves behind
+    weakref.finalize(a, freed.append, "a")
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # only settle() may collect it here
+    try:
+        del a, b
+        assert freed == []
+        _common.settle()
+        assert freed == ["a"]
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+    log: list[str] = []
+    monkeypatch.setattr(_common, "settle", lambda: log.append("settle"))
+    times, outs = _common.race({"x": lambda: (log.append("x") or 1.0, "X"), "y": lambda: (log.append("y") or 2.0, "Y")},
+                               rounds=3, seed=0)
+    assert log[0::2] == ["settle"] * 6 and sorted(log[1::2]) == ["x"] * 3 + ["y"] * 3  # settled before every side
+    assert times == {"x": [1.0] * 3, "y": [2.0] * 3} and outs == {"x": "X", "y": "Y"}
 
 
 def test_interleaved_runs_in_the_schedules_order_and_reports_min_and_median():
