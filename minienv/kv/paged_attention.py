@@ -21,13 +21,12 @@ property tests hold both to the dense reference:
   per-sequence caches. The batch is walked in *tiles* of sequences sized to stay in the L2 cache
   (``tile_bytes``), so the copy is still hot when attention reads it. In numpy that copy costs about as much
   as the attention itself. A lone sequence whose blocks are one physical run needs no copy at all: it is read
-  through a view; a lone
-  decoding sequence needs no mask either: it attends over exactly its first ``seq_len`` keys. A step that is
-  nothing else (one request decoding: batch 1) skips the plan entirely and slices the layer's per-head views of
-  the pool (:func:`_attend_lone_run`): at a few hundred keys the fixed cost of each numpy and Python call, not
-  the arithmetic, is what separates it from a dense kernel. A step's
-  decodes and prefill chunks are attended as two groups (a decode is never padded to a chunk's length), and a
-  decode group of several tiles is walked shortest first (:class:`TilePlan`).
+  through a view; a lone decoding sequence needs no mask either: it attends over exactly its first ``seq_len``
+  keys. A step that is nothing else (one request decoding: batch 1) skips the plan entirely and slices the
+  layer's per-head views of the pool (:func:`_attend_lone_run`): at a few hundred keys the fixed cost of each
+  numpy and Python call, not the arithmetic, is what separates it from a dense kernel. A step's decodes and
+  prefill chunks are attended as two groups (a decode is never padded to a chunk's length), and a decode group
+  of several tiles is walked shortest first (:class:`TilePlan`).
 * **in place** (decode steps whose blocks are not shared and lie in a compact range of the pool): no K/V copy.
   Attention is a sum over keys, so it can be computed *per block*, reading every block where it lies and
   staying in pool order: each block's K times its owner's query (``[G, D] @ [D, B]`` per block and head), each
