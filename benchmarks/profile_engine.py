@@ -10,7 +10,9 @@ Keep the rate near 200 Hz: py-spy pauses the process for each native stack it re
 the 5-second bare loop ran for 160 s under it and its BLAS share read 26 % instead of 61 %.
 
 ``--run continuous``: 48 seeded requests (prompts of 16-64 tokens, 16-128 greedy output tokens), 16 running at
-once, the bundled model — a continuous-batching run (``_ceiling.continuous_run``), 5 times. ``--run
+once, the bundled model — a continuous-batching run (``_ceiling.continuous_run``), 5 times; ``--kernel gather`` or
+``--kernel inplace`` runs its paged attention with that kernel instead of auto's choice (it prints each run's CPU
+time, so a kernel that raises the BLAS share by being slower shows as slower). ``--run
 continuous_ceiling``: the same run's steps replayed without an engine, 5 times — each step's tokens at their
 positions through the model with dense slot caches and an argmax, every index laid out before the clock starts
 (``_ceiling.replay``; a child process records the run's trace first, unsampled) — the largest BLAS share an
@@ -32,7 +34,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 import sys
+import time
 from pathlib import Path
 
 BLAS_MARKERS = ("openblas", "sgemm", "gemv", "cblas", "dgemm", "gemm_")
@@ -83,7 +87,7 @@ def split(path: Path) -> dict:
     return {"samples": total, "percent": shares, "blas_percent": round(100 * blas / total, 1)}
 
 
-def run(kind: str, trace: Path | None = None) -> None:
+def run(kind: str, trace: Path | None = None, kernel: str = "auto") -> None:
     import os
     import pickle
 
@@ -135,8 +139,18 @@ def run(kind: str, trace: Path | None = None) -> None:
         for _ in range(REPEATS):
             replay(model, steps, CONTINUOUS["max_num_seqs"], 256)
         return
+    from minienv.kv.paged_attention import PagedAttentionBackend
+
+    seconds = []
     for _ in range(REPEATS):
-        continuous_run(model, tok).run()
+        engine = continuous_run(model, tok)
+        if kernel != "auto":  # the same pool, another kernel (the engine reads its backend only inside a step)
+            engine.backend = PagedAttentionBackend(engine.kv_pool, kernel=kernel)
+        start = time.process_time()
+        engine.run()
+        seconds.append(time.process_time() - start)
+    print(f"continuous run, kernel {kernel}: {REPEATS} runs, CPU time min {min(seconds):.3f} s, "
+          f"median {statistics.median(seconds):.3f} s")
 
 
 def main() -> None:
@@ -145,10 +159,14 @@ def main() -> None:
     group.add_argument("--run", choices=["continuous", "continuous_ceiling", "single", "batched", "ceiling", "trace"],
                        help="the run to sample (under py-spy); trace: write the continuous run's trace to --trace")
     group.add_argument("--split", type=Path, help="a py-spy --native raw file of such a run")
+    ap.add_argument("--kernel", choices=["auto", "gather", "inplace"], default="auto",
+                    help="--run continuous: the paged-attention kernel (default: auto's choice per step)")
     ap.add_argument("--trace", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
-        run(args.run, args.trace)
+        if args.kernel != "auto" and args.run != "continuous":
+            ap.error("--kernel applies to --run continuous only")
+        run(args.run, args.trace, args.kernel)
         return
     result = split(args.split)
     for name, pct in result["percent"].items():
