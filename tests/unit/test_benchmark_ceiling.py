@@ -8,6 +8,7 @@ simply be doing less. And the profile split must count its samples and file them
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ sys.path.insert(0, str(BENCH))
 
 import _ceiling  # noqa: E402
 from _ceiling import DenseBatchDecode, bare_greedy, replay, slot_steps, trace_of  # noqa: E402
+import profile_engine  # noqa: E402
 from profile_engine import classify, split  # noqa: E402
 
 from minienv.engine import InferenceEngine  # noqa: E402
@@ -72,6 +74,45 @@ def test_profile_split_counts_the_bare_loops_and_files_their_attention_under_att
     assert result["blas_percent"] == 62.5
     assert result["percent"]["attention: other (gather, softmax, masks)"] == 37.5
     assert classify(frames + f"{attend};memcpy") == "attention: other (gather, softmax, masks)"
+
+
+@pytest.mark.parametrize("kernel", ["auto", "gather", "inplace"])
+def test_profile_continuous_run_runs_the_kernel_asked_for(monkeypatch, capsys, model, tok, kernel):
+    """``--run continuous --kernel K`` runs every step's paged attention with K, on the run's own pool (a small
+    run here, once), and prints each run's CPU time; without it the engine's backend keeps auto's choice."""
+    paged_attention = importlib.import_module("minienv.kv.paged_attention")  # the module: minienv.kv re-exports
+    engines, kernels = [], []  # a function of the same name
+    resolve = paged_attention.resolve_kernel
+
+    def small_run(model_, tok_):
+        engine = InferenceEngine(model_, tok_, kv_budget_tokens=2048, block_size=16, max_num_seqs=4)
+        engine.eos_token_id = None
+        for n in (40, 70, 90, 130):  # decodes over 3-9 blocks: in place is eligible after the prefill
+            engine.add_request(list(range(1, n)), SamplingParams(max_tokens=6, temperature=0))
+        engines.append(engine)
+        return engine
+
+    def spy(meta, hkv, d, tile_bytes, workspace, kernel_):
+        kernels.append(kernel_)
+        return resolve(meta, hkv, d, tile_bytes, workspace, kernel_)
+
+    monkeypatch.setattr(_ceiling, "continuous_run", small_run)
+    monkeypatch.setattr(paged_attention, "resolve_kernel", spy)
+    monkeypatch.setattr(profile_engine, "REPEATS", 1)
+    profile_engine.run("continuous", kernel=kernel)
+    (engine,) = engines
+    assert engine.backend.kernel == kernel and engine.backend.kv_pool is engine.kv_pool
+    assert not engine.scheduler.has_unfinished_requests()
+    assert kernels and set(kernels) == {kernel}
+    assert f"continuous run, kernel {kernel}: 1 runs" in capsys.readouterr().out
+
+
+def test_profile_kernel_is_refused_for_other_runs(monkeypatch):
+    """A kernel asked for a run that has no such choice is an error, not silently ignored."""
+    monkeypatch.setattr(sys, "argv", ["profile_engine.py", "--run", "single", "--kernel", "inplace"])
+    with pytest.raises(SystemExit) as exc:
+        profile_engine.main()
+    assert exc.value.code == 2
 
 
 def test_profile_split_files_each_model_piece_under_its_name():
