@@ -21,6 +21,10 @@ engine could show on that run. ``--run single``: one request, 32 prompt tokens, 
 ``--run ceiling``: the same batch through the bare loop of ``_ceiling.py`` (the model's forward pass with dense
 caches and no engine), 20 times — the largest BLAS share any engine running this numpy model could show.
 
+``--race-kernels N``: no sampling — the continuous run with each paged-attention kernel (auto's choice, gather,
+in place), N interleaved rounds of the harness (``benchmarks/_common.py``), this thread's CPU time: the speed side
+of what ``--kernel`` shows of the BLAS share.
+
 ``--split`` classifies each sample by its stack (a sample is one moment of the run): **BLAS** if an OpenBLAS frame
 is on it (matrix products: Q/K/V, output, MLP and LM-head projections, and the attention kernel's own products),
 else **attention** (paged attention's gathers, softmax, masks), **model** (RMSNorm, RoPE, SiLU, residual adds,
@@ -153,16 +157,68 @@ def run(kind: str, trace: Path | None = None, kernel: str = "auto") -> None:
           f"median {statistics.median(seconds):.3f} s")
 
 
+def race_kernels(rounds: int, seed: int = 0) -> None:
+    """The continuous run once per kernel per round (a fresh engine each time; only ``engine.run()`` is timed, in
+    this thread's CPU time), in the harness's balanced order; the tokens must agree across kernels."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import emit_json, paired, pin_blas_threads, print_settings, race
+
+    pin_blas_threads()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from _ceiling import continuous_run
+
+    from minienv.kv.paged_attention import PagedAttentionBackend
+    from minienv.model import load_model
+    from minienv.tokenizer import load_tokenizer
+
+    settings = print_settings()
+    model, tok = load_model(), load_tokenizer()
+
+    def side(kernel: str):
+        def run_once():
+            engine = continuous_run(model, tok)
+            if kernel != "auto":
+                engine.backend = PagedAttentionBackend(engine.kv_pool, kernel=kernel)
+            ids = list(engine.requests)
+            start = time.thread_time()
+            engine.run()
+            seconds = time.thread_time() - start
+            return seconds, [list(engine.output(rid).token_ids) for rid in ids]
+        return run_once
+
+    kernels = ("auto", "gather", "inplace")
+    times, outs = race({k: side(k) for k in kernels}, rounds, seed)
+    if any(outs[k] != outs["auto"] for k in kernels):
+        raise SystemExit("the kernels generated different tokens")
+    print(f"the continuous run (48 requests), {rounds} interleaved rounds, CPU time of engine.run()")
+    result = {"rounds": rounds, "kernels": {}}
+    for k in kernels:
+        ratio = paired(times[k], times["auto"])
+        print(f"  {k:8s} min {min(times[k]):.3f} s  median {statistics.median(times[k]):.3f} s  "
+              f"/ auto {ratio:.3f} paired")
+        result["kernels"][k] = {"min_s": round(min(times[k]), 4), "median_s": round(statistics.median(times[k]), 4),
+                                "paired_over_auto": round(ratio, 4)}
+    result["identical_tokens"] = True
+    emit_json({"benchmark": "profile_engine_kernels", **result}, settings)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     group = ap.add_mutually_exclusive_group(required=True)
     group.add_argument("--run", choices=["continuous", "continuous_ceiling", "single", "batched", "ceiling", "trace"],
                        help="the run to sample (under py-spy); trace: write the continuous run's trace to --trace")
     group.add_argument("--split", type=Path, help="a py-spy --native raw file of such a run")
+    group.add_argument("--race-kernels", type=int, metavar="ROUNDS",
+                       help="time the continuous run with each attention kernel, interleaved (no py-spy)")
     ap.add_argument("--kernel", choices=["auto", "gather", "inplace"], default="auto",
                     help="--run continuous: the paged-attention kernel (default: auto's choice per step)")
     ap.add_argument("--trace", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.race_kernels is not None:
+        if args.race_kernels < 3:
+            ap.error("--race-kernels needs at least 3 rounds")
+        race_kernels(args.race_kernels)
+        return
     if args.run:
         if args.kernel != "auto" and args.run != "continuous":
             ap.error("--kernel applies to --run continuous only")

@@ -76,8 +76,18 @@ def test_profile_split_counts_the_bare_loops_and_files_their_attention_under_att
     assert classify(frames + f"{attend};memcpy") == "attention: other (gather, softmax, masks)"
 
 
+def _small_continuous_run(model_, tok_):
+    """A stand-in for ``_ceiling.continuous_run`` that runs in a moment: 4 requests, decodes over 3-9 blocks (the
+    in-place kernel is eligible once the prefills are done)."""
+    engine = InferenceEngine(model_, tok_, kv_budget_tokens=2048, block_size=16, max_num_seqs=4)
+    engine.eos_token_id = None
+    for n in (40, 70, 90, 130):
+        engine.add_request(list(range(1, n)), SamplingParams(max_tokens=6, temperature=0))
+    return engine
+
+
 @pytest.mark.parametrize("kernel", ["auto", "gather", "inplace"])
-def test_profile_continuous_run_runs_the_kernel_asked_for(monkeypatch, capsys, model, tok, kernel):
+def test_profile_continuous_run_runs_the_kernel_asked_for(monkeypatch, capsys, kernel):
     """``--run continuous --kernel K`` runs every step's paged attention with K, on the run's own pool (a small
     run here, once), and prints each run's CPU time; without it the engine's backend keeps auto's choice."""
     paged_attention = importlib.import_module("minienv.kv.paged_attention")  # the module: minienv.kv re-exports
@@ -85,12 +95,8 @@ def test_profile_continuous_run_runs_the_kernel_asked_for(monkeypatch, capsys, m
     resolve = paged_attention.resolve_kernel
 
     def small_run(model_, tok_):
-        engine = InferenceEngine(model_, tok_, kv_budget_tokens=2048, block_size=16, max_num_seqs=4)
-        engine.eos_token_id = None
-        for n in (40, 70, 90, 130):  # decodes over 3-9 blocks: in place is eligible after the prefill
-            engine.add_request(list(range(1, n)), SamplingParams(max_tokens=6, temperature=0))
-        engines.append(engine)
-        return engine
+        engines.append(_small_continuous_run(model_, tok_))
+        return engines[-1]
 
     def spy(meta, hkv, d, tile_bytes, workspace, kernel_):
         kernels.append(kernel_)
@@ -105,6 +111,33 @@ def test_profile_continuous_run_runs_the_kernel_asked_for(monkeypatch, capsys, m
     assert not engine.scheduler.has_unfinished_requests()
     assert kernels and set(kernels) == {kernel}
     assert f"continuous run, kernel {kernel}: 1 runs" in capsys.readouterr().out
+
+
+def test_profile_race_kernels_times_every_kernel_and_checks_their_tokens(monkeypatch, capsys):
+    """``--race-kernels``: each kernel really runs (auto, gather, in place), its times are reported against auto's,
+    and a kernel whose tokens differ stops the race instead of being timed."""
+    import json
+
+    paged_attention = importlib.import_module("minienv.kv.paged_attention")
+    seen = []
+    resolve = paged_attention.resolve_kernel
+    monkeypatch.setattr(paged_attention, "resolve_kernel", lambda *a: seen.append(a[-1]) or resolve(*a))
+    monkeypatch.setattr(_ceiling, "continuous_run", _small_continuous_run)
+    profile_engine.race_kernels(3)
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(seen) == {"auto", "gather", "inplace"}
+    assert set(result["kernels"]) == {"auto", "gather", "inplace"} and result["identical_tokens"]
+    assert result["kernels"]["auto"]["paired_over_auto"] == 1.0
+    assert all(k["min_s"] > 0 for k in result["kernels"].values())
+
+    class Wrong(paged_attention.PagedAttentionBackend):  # the gather side attends wrongly
+        def attend(self, layer_idx, q, k, v):
+            out = super().attend(layer_idx, q, k, v)
+            return out * 0.5 if self.kernel == "gather" else out
+
+    monkeypatch.setattr(paged_attention, "PagedAttentionBackend", Wrong)
+    with pytest.raises(SystemExit, match="different tokens"):
+        profile_engine.race_kernels(3)
 
 
 def test_profile_kernel_is_refused_for_other_runs(monkeypatch):
