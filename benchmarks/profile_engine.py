@@ -188,9 +188,10 @@ def race_kernels(rounds: int, seed: int = 0) -> None:
 
     kernels = ("auto", "gather", "inplace")
     times, outs = race({k: side(k) for k in kernels}, rounds, seed)
-    if any(outs[k] != outs["auto"] for k in kernels):
-        raise SystemExit("the kernels generated different tokens")
-    print(f"the continuous run (48 requests), {rounds} interleaved rounds, CPU time of engine.run()")
+    differ = [k for k in kernels if outs[k] != outs["auto"]]
+    if differ:
+        raise SystemExit(f"the kernels generated different tokens: {', '.join(differ)} against auto's choice")
+    print(f"the continuous run ({len(outs['auto'])} requests), {rounds} interleaved rounds, CPU time of engine.run()")
     result = {"rounds": rounds, "kernels": {}}
     for k in kernels:
         ratio = paired(times[k], times["auto"])
@@ -214,14 +215,14 @@ def main() -> None:
                     help="--run continuous: the paged-attention kernel (default: auto's choice per step)")
     ap.add_argument("--trace", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.kernel != "auto" and args.run != "continuous":
+        ap.error("--kernel applies to --run continuous only")
     if args.race_kernels is not None:
         if args.race_kernels < 3:
             ap.error("--race-kernels needs at least 3 rounds")
         race_kernels(args.race_kernels)
         return
     if args.run:
-        if args.kernel != "auto" and args.run != "continuous":
-            ap.error("--kernel applies to --run continuous only")
         run(args.run, args.trace, args.kernel)
         return
     result = split(args.split)

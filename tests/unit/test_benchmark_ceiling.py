@@ -136,16 +136,23 @@ def test_profile_race_kernels_times_every_kernel_and_checks_their_tokens(monkeyp
             return out * 0.5 if self.kernel == "gather" else out
 
     monkeypatch.setattr(paged_attention, "PagedAttentionBackend", Wrong)
-    with pytest.raises(SystemExit, match="different tokens"):
+    with pytest.raises(SystemExit, match="different tokens: gather against"):
         profile_engine.race_kernels(3)
 
 
-def test_profile_kernel_is_refused_for_other_runs(monkeypatch):
-    """A kernel asked for a run that has no such choice is an error, not silently ignored."""
-    monkeypatch.setattr(sys, "argv", ["profile_engine.py", "--run", "single", "--kernel", "inplace"])
+@pytest.mark.parametrize("argv", [["--run", "single", "--kernel", "inplace"],
+                                  ["--split", "run.raw", "--kernel", "gather"],
+                                  ["--race-kernels", "3", "--kernel", "inplace"],
+                                  ["--race-kernels", "2"]])
+def test_profile_refuses_a_kernel_it_would_ignore_and_a_race_too_short(monkeypatch, capsys, argv):
+    """A kernel asked for a run that has no such choice is an error, not silently ignored; so is a race of fewer
+    than the harness's 3 rounds."""
+    monkeypatch.setattr(sys, "argv", ["profile_engine.py", *argv])
     with pytest.raises(SystemExit) as exc:
         profile_engine.main()
     assert exc.value.code == 2
+    assert ("--kernel applies to --run continuous only" if "--kernel" in argv else "at least 3 rounds") \
+        in capsys.readouterr().err
 
 
 def test_profile_split_files_each_model_piece_under_its_name():
