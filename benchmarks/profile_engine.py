@@ -126,7 +126,7 @@ def run(kind: str, trace: Path | None = None, kernel: str = "auto") -> None:
         engine.eos_token_id = None
         engine.generate([rng.integers(1, tok.vocab_size, 32).tolist()], SamplingParams(max_tokens=256, temperature=0))
         return
-    from _ceiling import CONTINUOUS, continuous_run, replay, slot_steps, traced_continuous_run
+    from _ceiling import CONTINUOUS, replay, slot_steps, traced_continuous_run
 
     if kind == "trace":  # the continuous run's trace, for continuous_ceiling (in a child process: not sampled)
         assert trace is not None
@@ -143,18 +143,27 @@ def run(kind: str, trace: Path | None = None, kernel: str = "auto") -> None:
         for _ in range(REPEATS):
             replay(model, steps, CONTINUOUS["max_num_seqs"], 256)
         return
-    from minienv.kv.paged_attention import PagedAttentionBackend
-
     seconds = []
     for _ in range(REPEATS):
-        engine = continuous_run(model, tok)
-        if kernel != "auto":  # the same pool, another kernel (the engine reads its backend only inside a step)
-            engine.backend = PagedAttentionBackend(engine.kv_pool, kernel=kernel)
+        engine = continuous_engine(model, tok, kernel)
         start = time.process_time()
         engine.run()
         seconds.append(time.process_time() - start)
     print(f"continuous run, kernel {kernel}: {REPEATS} runs, CPU time min {min(seconds):.3f} s, "
           f"median {statistics.median(seconds):.3f} s")
+
+
+def continuous_engine(model, tok, kernel: str):
+    """``_ceiling.continuous_run``'s engine, not yet run, its paged attention on ``kernel`` ("auto": unchanged).
+    The backend is swapped on the same pool before any step (the engine reads it only inside a step)."""
+    from _ceiling import continuous_run
+
+    from minienv.kv.paged_attention import PagedAttentionBackend
+
+    engine = continuous_run(model, tok)
+    if kernel != "auto":
+        engine.backend = PagedAttentionBackend(engine.kv_pool, kernel=kernel)
+    return engine
 
 
 def race_kernels(rounds: int, seed: int = 0) -> None:
@@ -165,9 +174,6 @@ def race_kernels(rounds: int, seed: int = 0) -> None:
 
     pin_blas_threads()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from _ceiling import continuous_run
-
-    from minienv.kv.paged_attention import PagedAttentionBackend
     from minienv.model import load_model
     from minienv.tokenizer import load_tokenizer
 
@@ -176,9 +182,7 @@ def race_kernels(rounds: int, seed: int = 0) -> None:
 
     def side(kernel: str):
         def run_once():
-            engine = continuous_run(model, tok)
-            if kernel != "auto":
-                engine.backend = PagedAttentionBackend(engine.kv_pool, kernel=kernel)
+            engine = continuous_engine(model, tok, kernel)
             ids = list(engine.requests)
             start = time.thread_time()
             engine.run()
