@@ -55,9 +55,15 @@ nb = nbformat.read(path, as_version=4)
 client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                         resources={"metadata": {"path": str(__import__("pathlib").Path(path).parent)}})
 t0 = time.perf_counter()
-client.execute()
-elapsed = time.perf_counter() - t0
 problems, notes = [], 0
+try:
+    client.execute()
+except Exception as exc:  # a cell that timed out, a kernel that died: name it
+    running = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.get("execution_count") is None]
+    first = running[0] if running else "?"
+    source = nb.cells[first].source.splitlines()[:2] if running else []
+    problems.append(f"{type(exc).__name__} at cell {first} {source}: {str(exc).strip().splitlines()[0][:200]}")
+elapsed = time.perf_counter() - t0
 for i, cell in enumerate(nb.cells):
     for out in cell.get("outputs", []):
         if out.get("output_type") == "error":
@@ -159,7 +165,8 @@ def run_notebooks(python: Path, notebooks: list[Path], timeout: float) -> int:
                                   text=True, timeout=timeout * 3, cwd=path.parent)
             wall = time.perf_counter() - t0
             if proc.returncode != 0:
-                result = {"seconds": wall, "problems": [f"the runner failed: {proc.stderr.strip()[-400:]}"]}
+                err = [l for l in proc.stderr.splitlines() if "Error" in l or "Timeout" in l] or proc.stderr.splitlines()[-3:]
+                result = {"seconds": wall, "problems": [f"the runner failed: {err[-1][:400] if err else proc.returncode}"]}
             else:
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
         except subprocess.TimeoutExpired:
