@@ -155,7 +155,8 @@ SERIES: tuple[Series, ...] = (
     Series("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens.", feature="spec_decode"),
     Series("vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.",
            ("position",), feature="spec_decode"),
-    # -- the persistent KV tier (vLLM's KV-connector prefix-cache names + minienv's), from engine.kv_tier.stats
+    # -- the persistent KV tier (the KV-connector prefix-cache names of vLLM releases after v0.11.0 + minienv's),
+    #    from engine.kv_tier.stats
     Series("vllm:external_prefix_cache_queries", "counter",
            "External prefix cache queries from the KV tier, in tokens (asked beyond the local prefix cache).",
            feature="kv_tier"),

@@ -12,7 +12,7 @@
 # %%
 import os
 
-# This model's matrices are tiny (256 wide): handing them to several BLAS threads costs more than it saves, and on a
+# This model's matrices are tiny (hidden size 192, printed below): handing them to several BLAS threads costs more than it saves, and on a
 # busy 2-core machine spinning BLAS threads can make every matmul 100x slower. One thread; set before numpy loads.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -534,7 +534,7 @@ check_kv_bytes_per_token(kv_bytes_per_token)
 # | minienv | vLLM v0.11.0 | SGLang v0.5.3 |
 # |---|---|---|
 # | `minienv/model/llama.py` (`LlamaModel.forward_step`) | `vllm/model_executor/models/llama.py` (`LlamaAttention`, `LlamaDecoderLayer`) | `python/sglang/srt/models/llama.py` |
-# | the `attend(layer, q, k, v)` backend seam | `vllm/attention/layer.py` (`Attention`, which dispatches to a backend and writes the KV cache; from v0.16 it is `vllm/model_executor/layers/attention/attention.py`) | `python/sglang/srt/layers/radix_attention.py` (`RadixAttention`) |
+# | the `attend(layer, q, k, v)` backend seam | `vllm/attention/layer.py` (`Attention`, which dispatches to a backend and writes the KV cache) | `python/sglang/srt/layers/radix_attention.py` (`RadixAttention`) |
 # | `rope_cos_sin` / `apply_rope` | `vllm/model_executor/layers/rotary_embedding/` | same layer via `get_rope` |
 # | `minienv/sampling.py` (`SamplingParams`, `Sampler`) | `vllm/sampling_params.py`, `vllm/v1/sample/sampler.py`, `vllm/v1/sample/ops/topk_topp_sampler.py` | `python/sglang/srt/sampling/sampling_params.py` |
 #
@@ -544,7 +544,7 @@ check_kv_bytes_per_token(kv_bytes_per_token)
 # - A Llama decoder is embeddings, *L* × (RMSNorm → attention with RoPE and GQA → RMSNorm → SwiGLU MLP), and an LM
 #   head; only attention looks across tokens.
 # - Causality means a token's K and V never change once computed, so generation can **cache** them: per step, one
-#   token's work instead of the whole sequence's (FLOP ratio above: ~135× at 256 new tokens for this model).
+#   token's work instead of the whole sequence's (FLOP ratio above: 134×<!--out:above--> at 256 new tokens for this model).
 # - The price is memory: `2 × layers × kv_heads × head_dim × bytes` per token — 128 KiB for Llama-3-8B in fp16,
 #   800 KiB for Llama-2-13B.
 # - A contiguous cache reserves `max_len` for every request and wastes most of it. Next: notebook 03 measures the

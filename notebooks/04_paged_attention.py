@@ -420,7 +420,9 @@ for pls in (paged_logits, inplace_logits):  # 1e-5 absolute + 1e-6 relative: flo
 # FasterTransformer-style slabs (matrix-matrix and matrix-vector forms, token- and head-major layouts, einsum),
 # and reports what the copy alone costs. Since a copy of K/V costs about as much as reading them for the
 # attention, the gather kernel cannot get much below 2× the best dense kernel where everything sits in cache. One
-# point, timed here (timings are not checked: they depend on the machine and its load):
+# point, timed here with `kernel="gather"` named explicitly — the default `"auto"` picks per step, and for this
+# decode step it may pick the in-place kernel, whose cost is a different story (timings are not checked: they depend
+# on the machine and its load):
 # %%
 import time
 
@@ -450,9 +452,9 @@ def best_of(fn, n=30):
     return min(times)
 
 
-t_paged = best_of(lambda: paged_attention(qd, b_kv.kv_cache[0], b_meta, ws))
+t_paged = best_of(lambda: paged_attention(qd, b_kv.kv_cache[0], b_meta, ws, kernel="gather"))
 t_dense = best_of(lambda: batched_attention(qd[:, None], k_slab, v_slab))
-print(f"batch {S}, context {T}: paged {t_paged * 1e6:.0f} us, dense {t_dense * 1e6:.0f} us, "
+print(f"batch {S}, context {T}: paged (gather) {t_paged * 1e6:.0f} us, dense {t_dense * 1e6:.0f} us, "
       f"ratio {t_paged / t_dense:.2f}")
 
 # %%

@@ -204,7 +204,7 @@ view.static()
 # **Parallel sampling** asks for `n` completions of one prompt: after prefill the request **forks** — each child's
 # table names the parent's blocks, refcounts rise by the number of children, nothing is copied. Each child then
 # writes a *different* token into the partly filled last block, so the first write into a shared, not-full block
-# **copies** it (copy-on-write); a full shared block is never written nor copied (vLLM #417 got this wrong).
+# **copies** it (copy-on-write); a full shared block is never written nor copied.
 # Step through a 10-token prompt (two full blocks + 2 of 4 slots) forked into three samples:
 
 # %%
@@ -226,7 +226,7 @@ assert f[1].tables == {"P": [0, 1, 2], "S1": [0, 1, 2], "S2": [0, 1, 2]} and f[1
 assert f[2].copies == ((2, 3),) and f[2].refcounts[:4] == [3, 3, 2, 1]  # S1 writes: block 2 copied, a ref moved
 assert f[3].copies == ((2, 4),) and f[3].refcounts[:5] == [3, 3, 1, 1, 1]  # S2 too; P is now 2's only holder
 assert f[4].copies == () and f[4].tables["P"] == [0, 1, 2]  # P writes in place: refcount 1, nobody else sees it
-assert all(r.copies == () for r in fork.log[5:])  # full shared blocks 0 and 1 are never copied (vLLM #417)
+assert all(r.copies == () for r in fork.log[5:])  # full shared blocks 0 and 1 are never copied
 assert fork.mgr.stats().cow_copies == 2 and fork.log[-1].refcounts[:2] == [3, 3]
 print("copy-on-write copies:", fork.mgr.stats().cow_copies, "| memory saved by sharing now:",
       f"{fork.mgr.sharing().saved_fraction:.0%}")
@@ -349,7 +349,7 @@ assert broken == {"index_at_allocation": ["failed_step"], "hash_own_tokens": ["o
 # | naive design: refcount set to 1 | `acquire` set the refcount instead of incrementing it | A refcount is only ever **+1 / −1**, once per table that takes or drops the block. |
 # | vLLM #12621 | `hash(None)` became a constant in Python 3.12 → forced collisions across users | Use a **stable content hash** (sha256) with a real root, and check the stored key on every hit. |
 # | vLLM #1556, fixed by PR #3347 | sliding window + fork: a table named a block twice, fork added a reference per entry → "Double free!" | Fork adds exactly **one reference per child and block**; freeing twice is an error that changes nothing. |
-# | vLLM #417 | wrong copy-on-write condition → wrong text | Copy only when writing into a block that is **shared and not full**. |
+# | (any copy-on-write block manager) | a wrong copy condition: copying full shared blocks wastes memory; not copying a shared, partly filled one lets one sample overwrite another's tokens | Copy only when writing into a block that is **shared and not full**. |
 # | nano-vllm #144 | a fully cached prompt left zero tokens to run → crash | A lookup **always leaves the last prompt token** to compute. |
 # | (small engines, no public issue) | a hit shared the blocks but attention never read them | Test the cache **through the model**: outputs equal with it on and off, and poisoned cached K/V must change them. |
 # | SGLang #35270 | shared pages counted once per holder → a false "leak" | Count **physical** blocks once, however many tables hold them. |

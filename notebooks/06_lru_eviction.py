@@ -280,7 +280,7 @@ assert lru_rates[-1] <= ceiling + 1e-9 and ceiling - lru_rates[-1] < 0.05
 # only the engineering differs (O(n) `deque.remove` on a hit, ours O(1)). Even the smallest budget hits the popular
 # prompt; more budget buys the **tail** of rarer prompts.
 #
-# ## Why a chain's tail must go before its parent (LMCache #443)
+# ## Why a chain's tail must go before its parent (LMCache #184)
 #
 # Block `j` can be hit only if blocks `0 … j−1` are, so evicting a *middle* block strands every block after it:
 # cached, in memory, unreachable. Freeing **last block first** (as `A` was above) queues a chain's last block ahead
@@ -337,7 +337,7 @@ assert broken == {'free_head_first': ['invariants'], 'evict_in_use': ['invariant
 # | naive design: evictor ignores refcounts | evicted a block a running request still used → its text changed | Evict only from the free queue, which holds **only refcount-0 blocks**. |
 # | naive design: `free_list.pop(0)` | a list used as a queue: O(n) per allocation | The free queue needs O(1) pop-head, append-tail **and remove-from-middle** (a hit). |
 # | vLLM #4764 (the merged fix; #4761 and #4762 were closed unmerged) | block manager v2: a block popped from the evictor for reuse stayed in the cached-block index → found as "cached" while holding new K/V | Drop the hash from the index **in the same step** the block is handed out. |
-# | LMCache #443 (a user's question; the maintainers confirmed it) | an LRU can evict a middle block first, leaving its descendants cached but unreachable | Free **last block first**, so a chain is evicted from its tail. |
+# | [LMCache #184](https://github.com/LMCache/LMCache/issues/184) ("Evictor should consider relations between chunks") | its evictor updated a request's chunks first to last, so the **first** chunk was evicted first, leaving every later chunk cached but unusable | Free **last block first**, so a chain is evicted from its tail. |
 # | (by design) | nothing evictable | Allocation returns `None`, all or nothing, and the scheduler preempts. |
 
 # %%
@@ -355,7 +355,7 @@ t.free("P")  # 2 cached-free blocks
 t.allocate("Q", list(range(50, 62)))  # 3 blocks: 2 free-empty + evicts 1 cached
 trap["#4764 evicted hash left the index"] = t.lookup(list(range(9))).num_cached_tokens == 4 and len(t.index) == 1
 t.check_invariants()
-for name, ok in trap.items():  # the naive evictor, #443 and "nothing evictable" are proved above
+for name, ok in trap.items():  # the naive evictor, LMCache #184 and "nothing evictable" are proved above
     print(f"{name:<40} {'ok' if ok else 'FAILED'}")
 assert all(trap.values()) and len(trap) == 2
 

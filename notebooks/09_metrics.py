@@ -461,7 +461,7 @@ assert counter_samples[-1][1] - counter_samples[0][1] < true_increase  # last �
 # | queue / prefill / decode time | `vllm:request_queue_time_seconds`, `_prefill_time_`, `_decode_time_` | `sglang:queue_time_seconds` |
 # | `minienv:kv_cache_evicted_blocks` / `_tokens`, `minienv:kv_cache_cached_free_blocks` | — (KV events, not metrics) | — |
 # | `vllm:spec_decode_num_drafts` / `_draft_tokens` / `_accepted_tokens` / `_accepted_tokens_per_pos` (notebook 12) | the same (`vllm/v1/spec_decode/metrics.py`) | `sglang:spec_accept_length` |
-# | `vllm:external_prefix_cache_queries` / `_hits`, `minienv:kv_tier_*` (notebook 11) | `vllm:external_prefix_cache_*` (KV connectors) | — (later releases add HiCache series such as `sglang:hicache_host_used_tokens`) |
+# | `vllm:external_prefix_cache_queries` / `_hits`, `minienv:kv_tier_*` (notebook 11) | — (v0.11.0 has no connector hit counters; the `vllm:external_prefix_cache_*` names minienv uses come from later releases) | HiCache storage counters: `sglang:prefetched_tokens_total`, `sglang:backuped_tokens_total` (`StorageMetricsCollector`) |
 #
 # Two traps worth knowing. vLLM registers into prometheus-client's process-wide registry and unregisters its own
 # metrics first (`unregister_vllm_metrics()` in `loggers.py`), because a second engine in the same process would

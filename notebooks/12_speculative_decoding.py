@@ -343,8 +343,15 @@ for temperature in predicted:
           f"{[round(x / s.num_drafts, 2) for x in s.accepted_per_pos]}, {s.mean_acceptance_length:.2f} tokens per "
           f"verification (i.i.d. prediction {(1 - a ** 5) / (1 - a):.2f})")
 
+# %% [markdown]
+# Read both rows against each other, not against a slogan. From greedy to temperature 0.5 the overlap jumps
+# (predicted 0.58<!--out--> → 0.75<!--out-->): sampling no longer needs the two argmaxes to agree. Past that the
+# prediction is *not* monotone — 0.78<!--out--> at 1.0, 0.76<!--out--> at 1.5, 0.78 at 2.0 — because flattening
+# two distributions does not always bring them closer at every step. The engine's measured α moves the same way
+# within the noise of different sampled texts: 0.71<!--out--> at 0.5, 0.77<!--out--> at 2.0.
+
 # %%
-assert predicted[2.0] > predicted[0.5]  # flatter distributions overlap more
+assert predicted[0.5] > predicted[0.0] and predicted[2.0] > predicted[0.5]  # flatter distributions overlap more
 measured = {t: s.conditional_acceptance_rate for t, s in stats_by_t.items()}
 assert measured[2.0] > measured[0.5]  # ... and the engine keeps more drafts
 for t in predicted:  # the overlap predicts the engine's acceptance (different texts: loosely)
@@ -463,6 +470,7 @@ check_ngram(propose)
 # * In a paged, prefix-cached engine, rejection is a **truncate before the commit**: rejected slots go back, only
 #   verified full blocks are hashed. The draft's own cache follows by comparing with the real tokens.
 # * Acceptance α is the overlap `1 − TV(p, q)` of the two models' distributions; it falls with the draft position
-#   and, here, *rises* with temperature (flatter distributions overlap more). Speculation trades target calls for proposer work: it
+#   and, here, is higher at temperature 2.0 than at 0.5 (flatter distributions overlap more) — though not at every
+#   temperature in between. Speculation trades target calls for proposer work: it
 #   pays when a target call is expensive and the proposer is nearly free — on a GPU, or with n-gram lookup on
 #   text the prompt already contains.

@@ -33,6 +33,15 @@ class _NotYet(BaseException):
     """Raised inside a check when the student's function is still the stub."""
 
 
+def _mark(err: BaseException, attempt: "Attempt", args: tuple, kwargs: dict) -> None:
+    err._minienv_student = (attempt.rule, attempt._describe(args, kwargs))  # type: ignore[attr-defined]
+
+
+def _short(value: Any, limit: int = 100) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def fail(rule: str, detail: str = "") -> None:
     """Stop the check: the answer broke ``rule`` (the sentence the notebook states), shown by ``detail``."""
     raise ExerciseFailed(rule, detail)
@@ -59,16 +68,31 @@ class Attempt:
         self.fn = fn
         self.none_ok = none_ok
         self.calls = 0
+        #: the rule the check is testing right now; an exception from the student's code is reported as breaking it
+        self.rule: str | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             out = self.fn(*args, **kwargs)
         except NotImplementedError as err:
-            raise _NotYet from err
+            if self.calls == 0:
+                raise _NotYet from err
+            _mark(err, self, args, kwargs)
+            raise
+        except Exception as err:
+            # The student's exception goes on as it is (a check may expect it, or catch it to name its rule); marked,
+            # so that one escaping the check becomes a "✗ rule" line instead of the student's traceback.
+            _mark(err, self, args, kwargs)
+            raise
         if out is None and not self.none_ok and self.calls == 0:
             raise _NotYet
         self.calls += 1
         return out
+
+    def _describe(self, args: tuple, kwargs: dict) -> str:
+        name = getattr(self.fn, "__name__", "your function")
+        shown = [_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kwargs.items()]
+        return f"{name}({', '.join(shown)})"
 
 
 def exercise(todo: str, *, none_ok: bool = False) -> Callable:
@@ -87,6 +111,15 @@ def exercise(todo: str, *, none_ok: bool = False) -> Callable:
             except _NotYet:
                 print(f"not implemented yet — {todo}")
                 return NOT_IMPLEMENTED
+            except ExerciseFailed:
+                raise
+            except Exception as err:
+                if not hasattr(err, "_minienv_student"):
+                    raise  # the check's own bug: its traceback is the useful report
+                rule, call = err._minienv_student
+                rule = rule or "your function must give an answer for every case the rules allow"
+                raise ExerciseFailed(rule, f"your code raised {type(err).__name__}: {err}\n  "
+                                           f"while the check called {call}") from None
             print(f"✓ {message}")
             return PASSED
 

@@ -10,7 +10,7 @@ in ``tests/unit/test_sharing_experiments.py``.
 * :func:`popular_prefix_workload`, :func:`simulate_cache`, :func:`hit_rate_sweep` — prefix-cache hit rate (in
   tokens) as a function of the KV budget for several policies on one seeded request stream.
 * :class:`CacheStream` — a request stream served step by step through a real manager (the live widget's data).
-* :func:`usable_prefix_after_evictions` — why a chain is freed last block first (the question of LMCache #443).
+* :func:`usable_prefix_after_evictions` — why a chain is freed last block first (LMCache #184: its evictor evicted a request's first chunk first).
 """
 
 from __future__ import annotations
@@ -419,14 +419,14 @@ def format_hit_rate_table(sweep: dict[str, list[CacheRunStats]]) -> str:
     return "\n".join(rows)
 
 
-# ====================================================================== eviction order inside a chain (LMCache #443)
+# ====================================================================== eviction order inside a chain (LMCache #184)
 def usable_prefix_after_evictions(num_blocks: int, num_evicted: int, *, tail_first: bool) -> tuple[list[int], int, int]:
     """A cached chain of ``num_blocks`` blocks (logical 0..n-1) freed together; evict ``num_evicted`` from the head.
 
     ``tail_first`` frees the chain last block first (the queue reads n-1, ..., 0), as minienv and vLLM do;
     otherwise first block first. Returns ``(evicted logical blocks, usable cached blocks, stranded blocks)``: a
     block is usable only if every block before it survived; a surviving block after a hole is stranded — it
-    still takes memory but no lookup can ever reach it (asked in LMCache #443; its maintainers confirmed it).
+    still takes memory but no lookup can ever reach it (LMCache #184: updating the evictor first chunk to last made the first chunk the first victim).
     """
     order = list(range(num_blocks))[::-1] if tail_first else list(range(num_blocks))
     evicted = sorted(order[:num_evicted])

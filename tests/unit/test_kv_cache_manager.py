@@ -381,7 +381,7 @@ def test_sglang_35270_shared_blocks_counted_once_as_evictable():
     assert s.num_free_empty + s.num_cached_free + s.num_in_use == s.num_blocks
 
 
-def test_lmcache_443_tail_evicted_before_parent():
+def test_lmcache_184_tail_evicted_before_parent():
     mgr = KVCacheManager(4, B)
     run(mgr, "a", list(range(12)))  # 3 full blocks, a chain
     chain = mgr.block_ids("a")
