@@ -55,12 +55,7 @@ student:
 notebooks: $(STAMP)  ## re-execute every notebook from its .py pair
 	$(PY) tools/nb.py build --all
 
-check-# The student's-machine tier: every notebook Run All in a fresh venv with only the lab extra (environment.yml's
-# pins), with no browser, redis-server or prometheus visible (a private mount namespace: root or user namespaces).
-student:
-	$(PYTHON) tools/student_machine.py
-
-notebooks: $(STAMP)
+check-notebooks: $(STAMP)
 	$(PY) tools/nb.py check
 
 binder-links:

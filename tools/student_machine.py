@@ -20,6 +20,8 @@ This tier recreates the student's machine and runs every notebook on it:
 
 Usage: ``python tools/student_machine.py [--reuse-venv] [--timeout S] [NOTEBOOK ...]``. It prints one line per
 notebook with its Run All time, and last one JSON line. Exit status 0 only when every notebook finished cleanly.
+``python tools/student_machine.py --run make test`` runs any other command on the same machine (browser and servers
+hidden; your own environment otherwise): a fresh clone's ``make test`` as a student runs it.
 """
 
 from __future__ import annotations
@@ -192,7 +194,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebooks/NN_*.ipynb")
     parser.add_argument("--reuse-venv", action="store_true", help="keep .cache/student-venv if it exists")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per cell (the notebook: 3x)")
+    parser.add_argument("--run", nargs=argparse.REMAINDER, help="run this command with the browser and servers "
+                                                                 "hidden instead of the notebooks")
     args = parser.parse_args(argv)
+    if args.run:
+        if os.environ.get(INSIDE) != "1":
+            enter_namespace([str(Path(__file__).resolve()), "--run", *args.run])
+        visible = [p for p in _to_hide() if os.access(p, os.X_OK) and os.path.isfile(p)]
+        if visible:
+            raise SystemExit(f"not a student's machine: still visible: {visible}")
+        return subprocess.run(args.run).returncode
     notebooks = [p.resolve() for p in args.notebooks] or sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     if os.environ.get(INSIDE) != "1":
         make_venv(args.reuse_venv)
