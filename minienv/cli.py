@@ -264,12 +264,24 @@ def build_serve_parser() -> argparse.ArgumentParser:
                    help="most requests waiting for admission; one more gets RESOURCE_EXHAUSTED (default: 64)")
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds in-flight requests get to finish on shutdown before they are aborted (default: 5)")
+    p.add_argument("--parent-pid", type=int, default=None, metavar="PID",
+                   help="stop (as on SIGTERM) as soon as process PID, which must be this server's parent, is gone: "
+                        "a server started by a notebook or a test dies with its kernel however the kernel ends")
     p.add_argument("--model", type=Path, default=None, metavar="DIR",
                    help="model directory with config.json + model.safetensors (default: bundled assets/target)")
     p.add_argument("--tokenizer", type=Path, default=None, metavar="FILE",
                    help="tokenizer.json (default: bundled assets/tokenizer.json)")
     add_engine_options(p)
     return p
+
+
+def _say(line: str, stream=None) -> None:
+    """Print a status line, and never fail on it: when the process that read our output is gone (a killed kernel
+    held the pipe), a write raises BrokenPipeError — and a stopping server must still stop."""
+    try:
+        print(line, file=stream or sys.stdout, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def serve_main(argv: Sequence[str]) -> int:
@@ -297,6 +309,19 @@ def serve_main(argv: Sequence[str]) -> int:
         print(f"minienv serve: error: serving needs the serve extra (pip install 'minienv[serve]'): {exc}",
               file=sys.stderr)
         return 1
+    if args.parent_pid is not None:
+        from minienv.serving.lifeline import ParentPidError, watch_parent
+
+        def parent_gone() -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # the same path as any stop: drain for --grace seconds, exit
+            _say(f"minienv serve: the process that started this server (pid {args.parent_pid}) is gone: stopping",
+                 sys.stderr)
+
+        try:
+            watch_parent(args.parent_pid, parent_gone)
+        except ParentPidError as exc:
+            print(f"minienv serve: error: {exc}", file=sys.stderr)
+            return 1
     metrics_servers: list = []
 
     def build_engine():
@@ -351,7 +376,7 @@ def serve_main(argv: Sequence[str]) -> int:
     # never wakes, so the server ignored the signal until SIGKILL (seen under load, about once in 40 stops).
     while not stop.wait(0.2):
         pass
-    print(f"minienv serve: draining (grace {args.grace:g} s)", flush=True)
+    _say(f"minienv serve: draining (grace {args.grace:g} s)")
     server.stop(grace=args.grace)
     for m in metrics_servers:
         m.close()

@@ -95,20 +95,24 @@ assert in_process[1] > in_process[2] > in_process[4]  # more instances, fewer hi
 # `python -m minienv serve` (`minienv/serving/server.py`) loads the model, then serves the engine over gRPC on
 # 127.0.0.1. One thread steps the engine; each call's handler hands its request in and receives only its own
 # outputs. `--port 0` lets it pick a free port, which it prints once it is serving. Starting one by hand takes a
-# few lines — and one promise: **the process is stopped when we are done, even if a cell fails** (here:
-# `atexit`, which runs when the kernel stops).
+# few lines — and one promise: **the process is stopped when we are done, even if a cell fails, and even if the
+# kernel is killed**. Two mechanisms keep it: `atexit` stops the server cleanly when the kernel shuts down; and
+# `--parent-pid` makes the server watch this kernel's process and stop by itself when it is gone — a Restart that
+# times out, a CI timeout or `kill -9` end a kernel without running `atexit`.
 
 # %%
 import atexit
+import os
 import subprocess
 import sys
 
 
 def start_server(*flags):
     """Start `python -m minienv serve --port 0 FLAGS` and return (process, address) once it is serving."""
-    proc = subprocess.Popen([sys.executable, "-m", "minienv", "serve", "--port", "0", *flags],
+    proc = subprocess.Popen([sys.executable, "-m", "minienv", "serve", "--port", "0",
+                             "--parent-pid", str(os.getpid()), *flags],  # dies with this kernel, however it ends
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    atexit.register(stop_servers, proc)  # stopped when the kernel exits, whatever happens in between
+    atexit.register(stop_servers, proc)  # stopped cleanly when the kernel exits normally
     banner = proc.stdout.readline()  # "minienv serve: serving minienv.v1.MinienvEngine on 127.0.0.1:PORT ..."
     if " on " not in banner:
         stop_servers(proc)

@@ -157,7 +157,9 @@ def launch(n: int = 1, serve_args: Sequence[str] = (), *, timeout: float = 120.0
             log_path = Path(logdir.name) / f"serve-{i}.log"
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
-                    [python or sys.executable, "-u", "-m", "minienv", "serve", "--port", "0", *args],
+                    # --parent-pid: the instance stops when this process ends, even by SIGKILL (no atexit runs)
+                    [python or sys.executable, "-u", "-m", "minienv", "serve", "--port", "0",
+                     "--parent-pid", str(os.getpid()), *args],
                     cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True)
             cluster.servers.append(ServerProcess(proc, log_path))
