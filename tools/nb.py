@@ -56,6 +56,14 @@ def export_pair(nb: nbformat.NotebookNode) -> str:
     return jupytext.writes(nb, fmt=PAIR_FORMAT)
 
 
+def exporter_problem() -> str | None:
+    """Why this machine cannot export the figures' PNGs (``minienv.viz.static``), or None."""
+    sys.path.insert(0, str(NOTEBOOKS.parent))
+    from minienv.viz.static import exporter_problem as problem
+
+    return problem()
+
+
 def build(py_path: Path, timeout: int = 600) -> float:
     """Convert a percent ``.py`` to a notebook, execute it in a fresh kernel, write both halves of the pair."""
     from nbclient import NotebookClient
@@ -71,6 +79,11 @@ def build(py_path: Path, timeout: int = 600) -> float:
                             resources={"metadata": {"path": str(py_path.parent)}})
     client.execute()
     elapsed = time.perf_counter() - start
+    notes = [i for i, c in enumerate(nb.cells) for out in c.get("outputs", [])
+             if "static images are off" in out.get("text", "")]
+    if notes:
+        raise SystemExit(f"build: {_rel(py_path)}: the PNG export failed during the run (cell {notes[0]}); "
+                         "nothing written")
     strip_widget_state(nb)
     ipynb_path = py_path.with_suffix(".ipynb")
     nbformat.write(nb, ipynb_path)
@@ -153,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         paths = sorted(NOTEBOOKS.glob("*.py")) if args.all else args.paths
         if not paths:
             parser.error("build: give notebooks/*.py paths or --all")
+        problem = exporter_problem()
+        if problem is not None:  # the gate would refuse the result: say so before minutes of executing
+            print(f"build: committed notebooks carry a PNG of every figure, and none can be made here: {problem}. "
+                  f"Install Chrome or Chromium (Debian: apt-get install chromium) or set BROWSER_PATH.",
+                  file=sys.stderr)
+            return 2
         times = {p.stem: build(p) for p in paths}
         slow = {k: round(v, 1) for k, v in times.items() if v > 20}
         if slow:

@@ -113,3 +113,13 @@ def test_binder_links_without_remote_is_a_clear_error(tmp_path, capsys):
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     assert _load_tool("binder_links").main([], repo_dir=tmp_path) == 1
     assert "remote get-url origin failed" in capsys.readouterr().err
+
+
+def test_every_make_target_parses():
+    """`make -n` reads the whole Makefile: a broken rule (a recipe line without its tab, a pasted target) fails
+    every command of the README, not just its own."""
+    import subprocess
+
+    for target in ("lab", "test", "student", "venv", "notebooks", "check-notebooks", "binder-links", "clean"):
+        proc = subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode == 0, f"make -n {target}: {proc.stderr}"
