@@ -214,10 +214,13 @@ class MyKVCacheManager:
 # %% [markdown]
 # ## Grading 1: one scenario per rule
 #
-# Each scenario is a few calls on a fresh manager, built so that one classic bug breaks one rule: a block indexed
-# at allocation, a table freed head-first, a shared block without its second refcount, a hit left in the free queue
-# (so it gets evicted while in use), a hash of the block's own tokens only, an evicted block left in the index, an
-# allocation that half-happens. The message names the rule and shows the case.
+# Each of the eleven scenarios is a few calls on a fresh manager, built so that one classic bug breaks its rule: a
+# block indexed at allocation, a table freed head-first, a shared block without its second refcount, a hash of the
+# block's own tokens only, an evicted block left in the index, a cached-free hit left in the free queue (so it gets
+# evicted while in use), an allocation that half-happens, a cached-free hit not counted against the free blocks, new
+# blocks taken before the hit (the head of the queue may be the hit itself), a twin block indexed over the first
+# copy of its hash. The message names the scenario and its rule and shows the case; if your code raises, the
+# message names the rule the scenario was checking and shows your error.
 
 # %%
 capstone.check_rules(MyKVCacheManager)

@@ -60,6 +60,42 @@ def _student() -> Iterator[None]:
         raise _NotYet from err
 
 
+class _Scenario:
+    """The rule the running scenario (or random operation) checks: a student exception is reported against it."""
+
+    def __init__(self) -> None:
+        self.rule = "the manager answers every call of the contract"
+
+
+class _Watched:
+    """The student's manager, with every method call watched: an exception from the student's code becomes
+    ``✗ <the rule being checked>`` plus their error and the call — never their traceback out of the check."""
+
+    def __init__(self, core: Any, scenario: _Scenario) -> None:
+        self._core, self._scenario = core, scenario
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._core, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any) -> Any:
+            try:
+                return attr(*args)
+            except NotImplementedError as err:
+                raise _NotYet from err
+            except ExerciseFailed:
+                raise
+            except Exception as err:  # noqa: BLE001 - the student's bug, reported as the rule it broke
+                shown = ", ".join(repr(a) if len(repr(a)) < 60 else repr(a)[:57] + "…" for a in args)
+                fail(self._scenario.rule, f"your {name}({shown}) raised {type(err).__name__}: {err}")
+        return call
+
+
+def _make(cls: Callable, scenario: _Scenario) -> Callable[..., _Watched]:
+    return lambda *args: _Watched(cls(*args), scenario)
+
+
 class _PoolView:
     """``manager.pool.num_used_blocks``, which the engine reads after every step."""
 
@@ -245,8 +281,11 @@ def _admit(m: Any, rid: str, tokens: list[int], commit: bool = True) -> int:
 @exercise("implement MyKVCacheManager's methods (the contract above), then run this cell again")
 def check_rules(cls) -> str:
     """One scenario per rule; each classic bug breaks exactly one of them (tests/unit/test_capstone.py)."""
+    scene = _Scenario()
+    cls = _make(cls, scene)
     with _student():
         # 1. lifecycle + refcount on a shared block
+        scene.rule = "scenario 1: allocate, lookup, commit and free keep a refcount per holder on a shared block"
         m = cls(8, B, True)
         a = _seq(0, 9)  # 2 full blocks + 1
         require(_admit(m, "a", a) == 0, "allocate returns the tokens served from cache: 0 for a cold prompt")
@@ -262,6 +301,7 @@ def check_rules(cls) -> str:
         m.free("a")
         audit(m, 8, {"b": m.block_table("b")})
         # 2. index at commit, not at allocation
+        scene.rule = "scenario 2: a block is indexed at commit, never at allocation"
         m = cls(8, B, True)
         m.allocate("a", a, len(a))
         early = m.lookup(a + [7, 7])
@@ -275,6 +315,7 @@ def check_rules(cls) -> str:
         # 3. chain hash: a block's key is its whole prefix
         x = _seq(100, 4) + _seq(200, 4) + [1]
         y = _seq(200, 4) + [1]  # x's 2nd block's tokens, but as a first block: no prefix before them
+        scene.rule = "scenario 3: the hash of block j chains block j-1's hash"
         m = cls(8, B, True)
         _admit(m, "x", x)
         hit = m.lookup(y)
@@ -282,6 +323,7 @@ def check_rules(cls) -> str:
                 "must miss (their K/V differ)", f"x = {x}; lookup({y}) returned {hit}, but x's block 1 holds those "
                 "tokens after x's block 0")
         # 4. free last-first + LRU: eviction cuts a cached prefix from its tail
+        scene.rule = "scenario 4: free releases the last block first; eviction cuts a cached prefix from its tail"
         m = cls(4, B, True)
         p = _seq(0, 13)  # 3 full blocks + 1 -> 4 blocks: the whole pool
         _admit(m, "p", p)
@@ -298,6 +340,7 @@ def check_rules(cls) -> str:
                 "cached prefix from its tail and the rest stays findable",
                 f"after freeing p (3 cached blocks) and evicting one, lookup(p) finds {kept} blocks, not 2")
         # 5. LRU across requests + eviction drops the hash
+        scene.rule = "scenario 5: allocation takes the least recently freed block first, and eviction drops its hash"
         m = cls(6, B, True)
         old, new = _seq(0, 5), _seq(40, 5)
         _admit(m, "old", old)
@@ -310,33 +353,85 @@ def check_rules(cls) -> str:
                 "allocation takes the least recently freed block first (LRU), and an evicted block leaves the index",
                 f"old freed before new; after evicting one cached block lookup(old) = {m.lookup(old)}, "
                 f"lookup(new) = {m.lookup(new)}")
-        # 6. a cached-free hit leaves the free queue; allocate that does not fit changes nothing
+        # 6. a cached-free hit leaves the free queue
+        scene.rule = ("scenario 6: a prefix hit on a cached-free block takes it out of the free queue (in use again: "
+                      "it must not be evicted)")
         m = cls(4, B, True)
         _admit(m, "a", a[:5])
         m.free("a")
         _admit(m, "a2", a[:5], commit=False)
         hit_block = m.block_table("a2")[0]
-        require(hit_block not in m.free_queue(), "a prefix hit on a cached-free block takes it out of the free queue "
-                "(in use again: it must not be evicted)", f"block {hit_block} is in a2's table and the free queue")
+        require(hit_block not in m.free_queue(), scene.rule,
+                f"block {hit_block} is in a2's table and the free queue")
+        # 7. an allocation that does not fit changes nothing — not even the prefix hit's refcount
+        scene.rule = "scenario 7: allocate returns None and changes nothing when the blocks do not fit"
         state = lambda: (m.free_queue(), m.block_table("a2"), [m.ref_cnt(b) for b in range(4)])  # noqa: E731
         before = state()
-        big = a[:4] + _seq(600, 40)  # its first block is a hit: taking it must be undone too
+        big = a[:4] + _seq(600, 40)  # its first block is a hit (a2's block, in use): its refcount must not move
         got = m.allocate("big", big, len(big) - B)
         require(got is None and state() == before, "allocate returns None and changes nothing when the blocks do not "
-                "fit (check the whole need — hit blocks included — before touching anything)",
-                f"allocate of 11 blocks with 2 free returned {got}; (free queue, a2's table, refcounts) went from "
-                f"{before} to {state()}")
+                "fit: decide before touching anything (here the hit block's refcount must not move)",
+                f"allocate of 1 hit + 10 new blocks with 2 free returned {got}; (free queue, a2's table, refcounts) "
+                f"went from {before} to {state()}")
+        scene.rule = "scenario 7: append_slots takes a new block only when the last one is full"
         require(m.append_slots("a2", [1, 2, 3]) and len(m.block_table("a2")) == 2,
                 "append_slots takes a new block only when the last one is full",
                 f"5 + 3 tokens -> table {m.block_table('a2')}")
-        # 7. caching off
+        # 8. a cached-free hit counts against the free blocks
+        scene.rule = ("scenario 8: a cached-free hit counts against the free blocks: taking it out of the queue leaves "
+                      "fewer for the new blocks")
+        m = cls(3, B, True)
+        _admit(m, "a", a[:5])  # blocks 0 (full, indexed) and 1
+        m.free("a")  # free queue [2, 1, 0]: 0 is cached-free
+        before = (m.free_queue(), [m.ref_cnt(b) for b in range(3)], m.lookup(a[:5]))
+        long = a[:4] + _seq(700, 9)  # hit block 0, then 9 tokens = 3 new blocks: 1 + 3 > 3 free
+        got = m.allocate("long", long, 9)
+        after = (m.free_queue(), [m.ref_cnt(b) for b in range(3)], m.lookup(a[:5]))
+        require(got is None and after == before, scene.rule + " (1 hit + 3 new > 3 free: None, "
+                "changing nothing)", f"allocate returned {got}; (free queue, refcounts, lookup) went from {before} "
+                f"to {after}")
+        # 9. the hit is taken before the new blocks
+        scene.rule = ("scenario 9: allocate takes the prefix hit before the new blocks (new blocks come from the "
+                      "free-queue head, where the hit itself may be waiting)")
+        m = cls(4, B, True)
+        _admit(m, "a", a[:5])  # blocks 0 (indexed) and 1
+        m.free("a")  # queue [2, 3, 1, 0]
+        _admit(m, "x", _seq(300, 12), commit=False)  # takes 2, 3, 1: queue [0], 0 cached-free at the head
+        m.free("x")  # queue [0, 1, 3, 2]
+        got = _admit(m, "a3", a[:5], commit=False)  # hit [0] + 1 new block
+        table = m.block_table("a3")
+        require(got == B and len(table) == 2 and table[0] != table[1] and table[1] != 0 and m.is_cached(table[0])
+                and 0 not in m.free_queue(), scene.rule,
+                f"cached-free block 0 at the free-queue head was a3's hit; a3 got table {table}, cached "
+                f"{[m.is_cached(b) for b in table]}, free queue {m.free_queue()}")
+        audit(m, 4, {"a3": table})
+        # 10. one block per hash: a twin computed at the same time stays private
+        scene.rule = ("scenario 10: commit indexes a newly full block only when its chain hash is not indexed yet "
+                      "(one block per hash: a twin computed at the same time stays private)")
+        m = cls(8, B, True)
+        m.allocate("t1", a, len(a))
+        m.allocate("t2", a, len(a))  # both before either commits: each computes its own copy
+        m.commit("t1")
+        m.commit("t2")
+        t1, t2 = m.block_table("t1"), m.block_table("t2")
+        require(m.lookup(a) == t1[:2] and not any(m.is_cached(b) for b in t2), scene.rule,
+                f"t1 = {t1} committed first, then its twin t2 = {t2}; lookup gives {m.lookup(a)}, is_cached of t2's "
+                f"blocks {[m.is_cached(b) for b in t2]} (expected t1's blocks, and t2's private)")
+        m.free("t1")
+        m.free("t2")
+        _admit(m, "fill", _seq(800, 29), commit=False)  # 8 blocks: every free block, the cached ones last
+        audit(m, 8, {"fill": m.block_table("fill")})
+        require(m.lookup(a) == [], "an evicted block leaves the index in the call that reuses it",
+                f"every block was reused by 'fill', yet lookup(a) = {m.lookup(a)}")
+        # 11. caching off
+        scene.rule = "scenario 11: with enable_prefix_caching=False nothing is ever found"
         m = cls(8, B, False)
         _admit(m, "a", a)
         m.free("a")
         require(m.lookup(a) == [], "with enable_prefix_caching=False nothing is ever found",
                 f"lookup gave {m.lookup(a)}")
     return "every rule of the contract holds on its scenario (refcounts, commit-time indexing, chain hashes, " \
-           "last-first free, LRU eviction, all-or-nothing allocation)"
+           "last-first free, LRU eviction, cached-free hits, all-or-nothing allocation, one block per hash)"
 
 
 @dataclass
@@ -358,10 +453,13 @@ def check_random_ops(cls, *, seed: int = 0, num_ops: int = 400, num_blocks: int 
     content: dict[int, tuple[int, ...]] = {}  # block -> the computed tokens it holds as a full prefix block
     reqs: dict[str, _Req] = {}
     hits = found_again = 0
+    scene = _Scenario()
     with _student():
-        m = cls(num_blocks, B, True)
+        m = _make(cls, scene)(num_blocks, B, True)
         for op_no in range(num_ops):
             op = rng.integers(0, 4)
+            scene.rule = (f"random operation {op_no} ({['admit', 'commit', 'append', 'free'][int(op)]}): the manager "
+                          "keeps the contract on every sequence of calls")
             if op == 0 or not reqs:  # admit
                 stem = [t for _ in range(int(rng.integers(0, 4))) for t in words[int(rng.integers(0, 3))]]
                 prompt = stem + list(map(int, rng.integers(50, 99, int(rng.integers(1, 9)))))

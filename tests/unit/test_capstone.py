@@ -173,6 +173,66 @@ class NoCacheAfterFree(Good):
                 del self.by_hash[self.hash_of.pop(b)]
 
 
+class ReindexTwin(Good):
+    """commit indexes a full block even when its chain hash is already indexed: the twin replaces the first copy."""
+
+    def commit(self, request_id):
+        toks, table, hashes = self.tokens[request_id], self.tables[request_id], self.hashes[request_id]
+        self.computed[request_id] = len(toks)
+        B = self.block_size
+        for j in range(len(hashes), len(toks) // B):
+            h = hash_block_tokens(hashes[-1] if hashes else ROOT_HASH, toks[j * B:(j + 1) * B])
+            hashes.append(h)
+            self.by_hash[h], self.hash_of[table[j]] = table[j], h
+
+
+def _allocate(self, request_id, token_ids, num_new_tokens, *, count_hit_free=True, hit_first=True,
+              remove_hit=True):
+    """The reference allocate with one of its three steps about the hit switchable off."""
+    B = self.block_size
+    hit = self.lookup(token_ids)
+    total = len(hit) * B + num_new_tokens
+    need = -(-total // B) - len(hit)
+    hit_free = sum(1 for b in hit if self.refs[b] == 0) if count_hit_free else 0
+    if need + hit_free > len(self.free_q):
+        return None
+    hashes = [self.hash_of[b] for b in hit]
+    new = [] if hit_first else self._take(need)
+    for b in hit:
+        if remove_hit and b in self.free_q:
+            del self.free_q[b]
+        self.refs[b] += 1
+    if hit_first:
+        new = self._take(need)
+    self.tables[request_id] = hit + new
+    self.tokens[request_id] = list(token_ids[:total])
+    self.computed[request_id] = len(hit) * B
+    self.hashes[request_id] = hashes
+    return len(hit) * B
+
+
+class HitLeftInQueue(Good):
+    """A cached-free hit gets its refcount but stays where it is in the free queue."""
+
+    def allocate(self, request_id, token_ids, num_new_tokens):
+        return _allocate(self, request_id, token_ids, num_new_tokens, remove_hit=False)
+
+
+class HitNotCounted(Good):
+    """The fit check forgets that taking a cached-free hit out of the queue leaves fewer free blocks (it then runs
+    out of blocks half-way: a KeyError from the student's own OrderedDict)."""
+
+    def allocate(self, request_id, token_ids, num_new_tokens):
+        return _allocate(self, request_id, token_ids, num_new_tokens, count_hit_free=False)
+
+
+class NewBlocksBeforeHit(Good):
+    """New blocks are taken from the head before the hit is taken out of the queue: the head may be the hit."""
+
+    def allocate(self, request_id, token_ids, num_new_tokens):
+        return _allocate(self, request_id, token_ids, num_new_tokens, hit_first=False)
+
+
 BUGS = [
     (IndexAtAllocation, "indexed at commit, never at allocation"),
     (FreeHeadFirst, "free releases the LAST block first"),
@@ -184,6 +244,10 @@ BUGS = [
     (LookupWholePrompt, "at most (len - 1) // block_size"),
     (AllocatePartly, "changes nothing"),
     (NoCacheAfterFree, "stay cached"),
+    (ReindexTwin, "scenario 10: commit indexes a newly full block only when its chain hash is not indexed yet"),
+    (HitLeftInQueue, "takes it out of the free queue"),
+    (HitNotCounted, "scenario 8: a cached-free hit counts against the free blocks"),
+    (NewBlocksBeforeHit, "scenario 9: allocate takes the prefix hit before the new blocks"),
 ]
 
 
@@ -225,6 +289,27 @@ def test_random_ops_alone_catches_a_wrong_hash():
     """Hashing a block's own tokens gives hits whose K/V were computed after another prefix: caught by content."""
     with pytest.raises(ExerciseFailed, match="only blocks whose computed K/V are exactly"):
         cap.check_random_ops(HashOwnTokens, seed=1)
+
+
+@pytest.mark.parametrize("bug", [HitNotCounted, ReindexTwin], ids=lambda b: b.__name__)
+def test_random_ops_names_a_rule_when_the_students_code_raises(bug):
+    """Both bugs end in a KeyError inside the student's own code under random operations: the check reports the
+    operation and the rule with that error, never the student's traceback (issue #36 found it crashing)."""
+    with pytest.raises(ExerciseFailed) as info:
+        cap.check_random_ops(bug)
+    first, detail = str(info.value).split("\n", 1)
+    assert first.startswith("✗ random operation ") and "raised KeyError" in detail
+
+
+def test_a_crashing_method_in_a_scenario_names_that_scenarios_rule():
+    class CrashOnFree(Good):
+        def free(self, request_id):
+            raise IndexError("oops")
+
+    with pytest.raises(ExerciseFailed) as info:
+        cap.check_rules(CrashOnFree)
+    text = str(info.value)
+    assert text.startswith("✗ scenario 1: ") and "your free('a') raised IndexError: oops" in text
 
 
 def test_index_at_allocation_passes_the_engine_proof():
