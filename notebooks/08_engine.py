@@ -257,48 +257,62 @@ assert ["".join(pieces[str(i)]) for i in range(3)] == [o.text for o in outs[:3]]
 # (How they work — stubs, checks, hints, `solutions/08_engine.py` — is explained in notebook 00.) Both checks run
 # a small engine (a tiny random model, token-id prompts) so they take well under a second.
 #
-# ### Exercise 1: from the block table to the slot
+# ### Exercise 1: latency in steps, from what `step()` returns
 #
-# The dashboard's block tables are what attention reads through. Each step, the engine writes the new tokens' K/V
-# at the slots in `ScheduledRequest.slot_mapping`. Write `slot_of(table, t, block_size)`: the physical slot of
-# token `t` in the KV pool. Rules: (1) the physical block is `table[t // block_size]`, not the logical block
-# `t // block_size`; (2) a block holds `block_size` slots, so its first slot is its id × `block_size`, and the
-# token sits `t % block_size` further. The check runs an engine step by step and compares your slot with the
-# engine's for every token it computes.
+# The dashboard reported each request's TTFT and end-to-end latency **in steps**. Recompute them yourself from
+# nothing but what `step()` returned. Write `latency_in_steps(arrivals, step_outputs)`: `step_outputs` holds one
+# list per `step()` call, in order — the `RequestOutput`s that step returned; `arrivals` maps each request id to
+# the number of steps the engine had run when the request was added. Return `{request_id: (ttft_steps,
+# e2e_steps)}`. Rules: (1) steps are numbered from 1 — the first `step()` call is step 1; (2) a step returns an
+# output only for the requests that got a token in it, so a step that ran just a chunk of a prompt returns nothing
+# for it: the first token is the request's first *output*; (3) both latencies count from the arrival; (4) e2e ends
+# at the step whose output has `finished` set — counting steps, not outputs (a preempted request can spend steps
+# without one). The check runs hand-made cases (one per rule), then a real engine with staggered arrivals, chunked
+# prefill and preemption, against the metrics the engine records itself.
 
 # %%
-from minienv.exercises.engine import check_run_to_completion, check_slots
+from minienv.exercises.engine import check_latency_in_steps, check_run_to_completion
 
 
-def slot_of(table, t, block_size):
-    """The KV-pool slot holding token t of a request whose block table is ``table``."""
+def latency_in_steps(arrivals, step_outputs):
+    """{request_id: (ttft_steps, e2e_steps)} from what each step() returned."""
     raise NotImplementedError("your code here")
 
 
 # %%
-check_slots(slot_of)
+check_latency_in_steps(latency_in_steps)
 
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Token `t` is in logical block `t // block_size`, at offset `t % block_size`. Where does the table say that
-# logical block lives?
+# `for step, outputs in enumerate(step_outputs, start=1)` numbers the steps as the engine does. Remember the first
+# step each request id shows up in, and the step its output says `finished`.
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# Physical block `p` holds slots `p * block_size` … `p * block_size + block_size - 1`. Notebook 04's gather did
-# the same arithmetic on whole blocks.
+# Subtract the arrival from both. A request added after 2 steps whose first token comes out of step 5 waited
+# 3 steps for it.
 # </details>
 #
-# A classic slip — indexing the pool by the *logical* position — is caught as soon as a table is not
-# `[0, 1, 2, …]`:
+# A classic slip — counting steps from 0 — is caught on the smallest case, a one-token request:
 
 # %%
 from minienv.exercises import ExerciseFailed
 
+
+def zero_based(arrivals, step_outputs):
+    first, done = {}, {}
+    for step, outputs in enumerate(step_outputs):  # starts at 0
+        for out in outputs:
+            first.setdefault(out.request_id, step)
+            if out.finished:
+                done[out.request_id] = step
+    return {rid: (first[rid] - a, done[rid] - a) for rid, a in arrivals.items()}
+
+
 try:
-    check_slots(lambda table, t, b: t)
+    check_latency_in_steps(zero_based)
     raise RuntimeError("the check should have rejected it")
 except ExerciseFailed as err:
     print("rejected:", str(err).splitlines()[0])
@@ -310,7 +324,8 @@ except ExerciseFailed as err:
 # only — the loop `generate` runs — and return `{request_id: text}`. Rules: (1) key the texts by the ids
 # `add_request` returns; (2) step until `has_unfinished_requests()` is false; (3) each output's `delta_text` is
 # only what is new: a request's text is all its deltas joined, in order. The check compares you with
-# `generate()` on a separate engine.
+# `generate()` on a separate engine, and hands your function an engine that allows only those three calls
+# (`generate` or `output` fail the exercise's process rule).
 
 # %%
 def run_to_completion(engine, prompts, params):

@@ -1,8 +1,14 @@
 """Solutions to notebook 08's exercises."""
 
 
-def slot_of(table, t, block_size):
-    return table[t // block_size] * block_size + t % block_size
+def latency_in_steps(arrivals, step_outputs):
+    first, done = {}, {}
+    for step, outputs in enumerate(step_outputs, start=1):  # the first step() call is step 1
+        for out in outputs:  # a step returns outputs only for requests that got a token in it
+            first.setdefault(out.request_id, step)
+            if out.finished:
+                done[out.request_id] = step
+    return {rid: (first[rid] - arrived, done[rid] - arrived) for rid, arrived in arrivals.items()}
 
 
 def run_to_completion(engine, prompts, params):

@@ -60,6 +60,10 @@ def check_victim_policy(fn) -> str:
                                                          "latest in the list)"),
         ([("a", 4), ("b", 4), ("c", 4)], "c", "among equals, preempt the most recently admitted (the latest in "
                                               "the list)"),
+        ([("d", 5), ("r7", 2), ("r10", 2), ("b", 9)], "r10", "among equals, the latest in the LIST — the list is "
+                                                              "admission order, not the order of the ids"),
+        ([("z", 2), ("m", 2), ("a", 6)], "m", "among equals, the latest in the LIST — the list is admission order, "
+                                             "not the order of the ids"),
         ([("a", 6)], "a", "a single candidate is the victim"),
     ]
     for pairs, want, rule in table:

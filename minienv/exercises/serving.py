@@ -30,6 +30,8 @@ def check_retry_ceilings(fn) -> str:
         ((2, 0.1, 2.0, 10.0), "the first retry waits up to initial_backoff"),
         ((5, 0.1, 2.0, 10.0), "each ceiling is multiplier × the previous one (exponential, not linear)"),
         ((6, 0.1, 3.0, 1.0), "no ceiling exceeds max_backoff"),
+        ((3, 5.0, 2.0, 1.0), "no ceiling exceeds max_backoff — the first one included (initial_backoff > max_backoff)"),
+        ((4, 0.5, 1.0, 10.0), "each ceiling is multiplier × the previous one: a multiplier of 1 keeps them flat"),
         ((1, 0.1, 2.0, 10.0), "max_attempts counts the first call: max_attempts − 1 retries, one ceiling each"),
     ]
     for args, _ in cases + [((4, 0.05, 1.5, 0.1), "")]:
@@ -46,10 +48,11 @@ def check_retry_ceilings(fn) -> str:
             continue
         where = f"retry_ceilings{args}: expected {want}, got {got}"
         max_attempts, initial, mult, cap = args
+        if any(g > cap * (1 + 1e-9) for g in got):  # before the first value: a cap can apply to it
+            fail("no ceiling exceeds max_backoff" + (" — the first one included" if got[0] > cap * (1 + 1e-9)
+                                                     else ""), where)
         if not math.isclose(got[0], want[0]):
             fail("the first retry waits up to initial_backoff", where)
-        if any(g > cap * (1 + 1e-9) for g in got):
-            fail("no ceiling exceeds max_backoff", where)
         fail("each ceiling is multiplier × the previous one (exponential, not linear), until max_backoff", where)
     worst = sum(retry_ceilings_reference(5, 0.05, 2.0, 1.0))
     return (f"retry_ceilings is gRPC's rule: 5 attempts at 50 ms × 2 wait at most {worst:.2f} s in all "
@@ -94,13 +97,15 @@ def check_pick_instance(fn) -> str:
     # Rule 1: the chain hash of the first full block picks the instance; nothing after it matters.
     for n in (2, 3, 4):
         idle = [0] * n
-        for tail in (_tokens(rng, 5), _tokens(rng, 17), []):
+        for tail in (_tokens(rng, 5), _tokens(rng, 17), []):  # [] last: the boundary
             prompt = system[:bs] + tail
             want = first_block_instance(prompt, n, bs)
             got = ask(prompt, idle)
-            require(got == want, "an idle home instance is int.from_bytes(hash_block_tokens(ROOT_HASH, first "
-                    "block)[:8], 'big') % len(loads): only the first full block decides",
-                    f"{n} idle instances, a {len(prompt)}-token prompt: expected {want}, got {got}")
+            rule = ("a prompt of exactly one block has a full block: its home decides (only a prompt shorter than "
+                    "one block goes to the least-loaded instance)" if not tail else
+                    "an idle home instance is int.from_bytes(hash_block_tokens(ROOT_HASH, first block)[:8], 'big') "
+                    "% len(loads): only the first full block decides")
+            require(got == want, rule, f"{n} idle instances, a {len(prompt)}-token prompt: expected {want}, got {got}")
     # Rule 2: an overloaded home instance (load >= max_load) -> the least-loaded one, lowest index on ties.
     for n in (2, 3, 4):
         for trial in range(6):
@@ -122,6 +127,18 @@ def check_pick_instance(fn) -> str:
                     f"loads {loads}, home {home} overloaded: expected {want}, got {got}")
             require(got == want, "among equally loaded instances, the lowest index",
                     f"loads {loads}, home {home} overloaded: expected {want}, got {got}")
+    # Rule 1, its edges: a home below max_load keeps the request even when another instance is idle; a prompt of
+    # exactly one block has a full block (it is not "shorter than one block").
+    for n in (2, 3, 4):
+        for _ in range(4):
+            prompt = _tokens(rng, bs + int(rng.integers(0, 2)) * 5)  # exactly one block, or one block and a tail
+            home = first_block_instance(prompt, n, bs)
+            loads = [0] * n
+            loads[home] = 3  # busy, but below max_load (4)
+            got = ask(prompt, loads)
+            require(got == home, "a home instance below max_load keeps the request, even when another instance is "
+                    "less loaded (its prefix is cached there)", f"{len(prompt)}-token prompt, loads {loads}, "
+                    f"max_load 4: home {home}, got {got}")
     # Rule 3: a prompt shorter than one block has no full block to share: the least-loaded instance.
     for loads in ([3, 1, 2], [2, 2, 0, 5], [1, 1]):
         prompt = _tokens(rng, bs - 3)

@@ -36,10 +36,14 @@ def check_merge_step(fn) -> str:
     _expect(fn, {(9, 8): 1, (1, 2): 1}, ((1, 2), 256, {(9, 8): 1, (256,): 1}),
             "break ties by the smallest pair")
     _expect(fn, {(5, 5, 5): 1}, ((5, 5), 256, {(256, 5): 1}), "merge left to right, without overlaps")
+    _expect(fn, {(7, 7, 7): 1, (6, 8): 1}, ((7, 7), 256, {(256, 7): 1, (6, 8): 1}),
+            "count every adjacent pair, overlapping ones too: (7, 7, 7) holds (7, 7) twice")
     _expect(fn, {(5, 5, 5, 5): 1, (6, 7): 1}, ((5, 5), 256, {(256, 256): 1, (6, 7): 1}),
             "merge every occurrence of the pair in a word")
     _expect(fn, {(300, 7): 2, (300,): 1}, ((300, 7), 301, {(301,): 2, (300,): 1}),
             "the new id is the largest id in any word + 1 (at least 256)")
+    _expect(fn, {(1, 2): 1, (400,): 1}, ((1, 2), 401, {(401,): 1, (400,): 1}),
+            "the new id is the largest id in any word + 1 — a one-token word's id counts too")
     _expect(fn, {(1, 2, 1): 1, (3, 1, 2): 1}, ((1, 2), 256, {(256, 1): 1, (3, 256): 1}),
             "keep the other tokens, in place")
     _expect(fn, {(4, 1, 2): 2, (4, 256): 1}, ((1, 2), 257, {(4, 257): 2, (4, 256): 1}),
@@ -63,6 +67,12 @@ def check_encode_word(fn) -> str:
     got = fn(b"abc", [(97, 98), (256, 99)])
     require(list(got) == [257], "keep merging until no merge applies (a merge can enable a later one)",
             f"word b'abc', merges [(97, 98), (256, 99)]: expected [257], got {got}")
+    got = fn(b"aaa", [(97, 97)])
+    require(list(got) == [256, 97], "merge left to right, without overlaps: b'aaa' with (a, a) is [256, 97]",
+            f"word b'aaa', merges [(97, 97)]: expected [256, 97], got {got}")
+    got = fn(b"a", [(97, 98)])
+    require(list(got) == [97], "with no merge that applies, the ids are the bytes",
+            f"word b'a' (one byte): expected [97], got {got}")
     got = fn(b"abab", [(97, 98)])
     require(list(got) == [256, 256], "a merge replaces every occurrence of its pair",
             f"word b'abab', merges [(97, 98)]: expected [256, 256], got {got}")

@@ -120,13 +120,28 @@ def _release_to_head(pool, req):
             pool.free.move_to_end(block, last=False)
 
 
-def _merge_step_with(pick=None, new_id=None, merge=None, nothing=None, mutate=False, weighted=True):
+def _nonoverlapping_pairs(word):
+    """Pairs counted the way a careless student does: step 2 after a repeat, so (7, 7, 7) holds (7, 7) once."""
+    i, out = 0, []
+    while i < len(word) - 1:
+        out.append((word[i], word[i + 1]))
+        i += 2 if word[i] == word[i + 1] else 1
+    return out
+
+
+def _merge_step_with(pick=None, new_id=None, merge=None, nothing=None, mutate=False, weighted=True,
+                     overlapping=True, singletons=True):
     def fn(words):
-        counts = _weighted(words) if weighted else Counter(p for w in words for p in zip(w, w[1:]))
+        pairs = (lambda w: list(zip(w, w[1:]))) if overlapping else _nonoverlapping_pairs
+        counts = Counter()
+        for w, c in words.items():
+            for p in pairs(w):
+                counts[p] += c if weighted else 1
         if not counts:
             return nothing
         pair = (pick or (lambda c: min(c, key=lambda p: (-c[p], p))))(counts)
-        nid = new_id if new_id is not None else max(256, max(max(w) for w in words if w) + 1)
+        nid = new_id if new_id is not None else max(256, max(max(w) for w in words if w and (singletons or
+                                                                                             len(w) > 1)) + 1)
         out = {tuple((merge or merge_pair)(list(w), pair, nid)): c for w, c in words.items()}
         if mutate:
             words.clear()
@@ -165,6 +180,65 @@ def _encode_one_merge(word, merges):
         best = min(pairs, key=rank.__getitem__)
         ids = merge_pair(ids, best, 256 + rank[best])
     return ids
+
+
+def _encode_right_to_left(word, merges):
+    rank = {pair: i for i, pair in enumerate(merges)}
+    ids = list(word)
+    while len(ids) > 1:
+        pairs = [p for p in zip(ids, ids[1:]) if p in rank]
+        if not pairs:
+            break
+        best = min(pairs, key=rank.__getitem__)
+        ids = _merge_right_to_left(ids, best, 256 + rank[best])
+    return ids
+
+
+def _fewest_then_largest_id(c):
+    least = min(r.num_computed_tokens for r in c)
+    return max((r for r in c if r.num_computed_tokens == least), key=lambda r: r.request_id)
+
+
+def _fewest_latest_by_id_order(c):
+    return min(sorted(c, key=lambda r: r.request_id, reverse=True), key=lambda r: r.num_computed_tokens)
+
+
+def _pick_home_only_if_least(prompt, loads, block_size, max_load):
+    least = min(range(len(loads)), key=lambda i: (loads[i], i))
+    if len(prompt) < block_size:
+        return least
+    home = _home(prompt, len(loads), block_size)
+    return home if loads[home] == loads[least] and loads[home] < max_load else least
+
+
+def _latency_with(first_step=1, first_token="output", from_arrival=True, e2e="finished", key="id"):
+    """``latency_in_steps`` with one planted mistake (the defaults are the right rule)."""
+    def fn(arrivals, step_outputs):
+        first, done, count = {}, {}, Counter()
+        for step, outputs in enumerate(step_outputs, start=first_step):
+            for out in outputs:
+                rid = out.request_id
+                first.setdefault(rid, step)
+                count[rid] += 1
+                if out.finished:
+                    done[rid] = step
+        got = {}
+        for rid, arrived in arrivals.items():
+            start = arrived if from_arrival else 0
+            t = arrived + 1 if first_token != "output" else first[rid]
+            end = (first[rid] + count[rid] - 1) if e2e == "outputs" else done[rid]
+            got[rid] = (t - start, end - start)
+        if key == "first seen":  # results listed as requests first produced a token, zipped with the arrivals
+            return dict(zip(arrivals, [got[rid] for rid in first], strict=True))
+        return got
+    return fn
+
+
+def _run_with_output(engine, prompts, params):
+    ids = [engine.add_request(p, params) for p in prompts]
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {rid: engine.output(rid).text for rid in ids}
 
 
 def _encode_first_occurrence(word, merges):
@@ -357,11 +431,14 @@ WRONG = [
         (_merge_step_with(new_id=256), "largest id in any word + 1"),
         (_merge_step_with(nothing=(None, 256, {})), "nothing to merge: return None"),
         (_merge_step_with(mutate=True), "do not modify the input"),
+        (_merge_step_with(overlapping=False), "overlapping ones too"),
+        (_merge_step_with(singletons=False), "a one-token word's id counts too"),
     ]),
     ("01_tokenizer", ex01.check_encode_word, "encode_word", [
         (_encode_leftmost, "lowest-rank merge present first"),
         (_encode_one_merge, "keep merging until no merge applies"),
         (_encode_first_occurrence, "replaces every occurrence"),
+        (_encode_right_to_left, "merge left to right, without overlaps"),
     ]),
     ("02_model_and_kv_cache", ex02.check_decode_attention, "decode_attention", [
         (lambda q, K, V: _softmax_attend(q, K, V, scale=False), "q·k / sqrt(D)"),
@@ -431,6 +508,8 @@ WRONG = [
         (lambda c: c[0], "fewest computed tokens"),
         (lambda c: max(c, key=lambda r: r.num_computed_tokens), "fewest computed tokens"),
         (lambda c: min(reversed(c), key=lambda r: r.num_computed_tokens).request_id, "return one of the candidates"),
+        (_fewest_then_largest_id, "the latest in the LIST"),
+        (_fewest_latest_by_id_order, "the latest in the LIST"),
     ]),
     ("07_scheduling", ex07.check_plan_step, "plan_step", [
         (_plan_greedy, "every decode gets its token"),
@@ -439,16 +518,24 @@ WRONG = [
         (_plan_no_need_cap, "at most what it still needs"),
         (lambda needs, budget: _plan_greedy(needs, budget)[:-1], "one number per running request"),
     ]),
-    ("08_engine", ex08.check_slots, "slot_of", [
-        (lambda table, t, b: t, "not the logical block"),
-        (lambda table, t, b: table[t // b] + t % b, "id × block_size"),
-        (lambda table, t, b: table[t % len(table)] * b + t % b, "not the logical block"),
+    ("08_engine", ex08.check_latency_in_steps, "latency_in_steps", [
+        (_latency_with(first_step=0), "numbered from 1"),
+        (_latency_with(first_token="after arrival"), "the request's first OUTPUT"),
+        (_latency_with(from_arrival=False), "count from the request's arrival"),
+        (_latency_with(e2e="outputs"), "e2e counts steps, not outputs"),
+        (_latency_with(key="first seen"), "key by request id"),
+        (lambda arrivals, steps: [(1, 1)] * len(arrivals), "return a dict"),
     ]),
     ("08_engine", ex08.check_run_to_completion, "run_to_completion", [
         (_run_fixed_steps, "step until has_unfinished_requests() is false"),
         (_run_last_delta, "all its deltas joined"),
         (_run_keyed_by_index, "key the texts by the request ids"),
-        (lambda engine, prompts, params: [o.text for o in engine.generate(prompts, params)], "return a dict"),
+        (lambda engine, prompts, params: [o.text for o in engine.generate(prompts, params)], "use only add_request"),
+        (lambda engine, prompts, params: {o.request_id: o.text for o in engine.generate(prompts, params)},
+         "use only add_request"),
+        (_run_with_output, "use only add_request"),
+        (lambda engine, prompts, params: {engine.add_request(p, params): "" for p in prompts},
+         "step until has_unfinished_requests() is false"),
     ]),
     ("10_serving", ex10.check_retry_ceilings, "retry_ceilings", [
         (_ceilings(first_exponent=1), "the first retry waits up to initial_backoff"),
@@ -456,6 +543,7 @@ WRONG = [
         (_ceilings(cap=False), "no ceiling exceeds max_backoff"),
         (_ceilings(extra=1), "max_attempts counts the first call"),
         (lambda m, i, k, c: sum(_ceilings()(m, i, k, c)), "return a list of numbers"),
+        (lambda m, i, k, c: [i] + _ceilings()(m, i, k, c)[1:] if m > 1 else [], "the first one included"),
     ]),
     ("10_serving", ex10.check_pick_instance, "pick_instance", [
         (_pick(whole=True), "only the first full block decides"),
@@ -465,6 +553,9 @@ WRONG = [
         (_pick(next_one=True), "the least-loaded instance"),
         (_pick(ties_high=True), "lowest index"),
         (_pick(short_by_hash=True), "shorter than one block"),
+        (_pick_home_only_if_least, "below max_load keeps the request"),
+        (lambda prompt, loads, b, m: _pick()(prompt[:b - 1] if len(prompt) == b else prompt, loads, b, m),
+         "a prompt of exactly one block has a full block"),
         (lambda prompt, loads, b, m: len(loads), "return an instance index"),
     ]),
     ("11_persistent_kv", ex11.check_num_tokens_to_load, "num_tokens_to_load", [
