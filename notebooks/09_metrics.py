@@ -360,38 +360,53 @@ assert not server.running
 #
 # ## Exercise 1: p90 TTFT from the buckets
 #
+# (How exercises work — stubs, checks, hints, solutions — is explained in notebook 00.)
+#
 # Write `quantile_from_buckets(q, buckets)`: PromQL's `histogram_quantile` on one histogram. `buckets` is
 # `[(le, cumulative_count), ...]` sorted by `le`, `float("inf")` last — what `m.histogram_buckets(name)` returns.
-# The check runs your function on five small cases, one per rule (cumulative counts; linear interpolation; the
-# first bucket starts at 0; a rank in the `+Inf` bucket; no observations → NaN), then on the live TTFT histogram
-# of the thrashing run, where it compares your p90 with the exact p90 of the raw TTFTs.
-#
-# <details><summary>Hint 1</summary>The rank is <code>q * total</code>, and <code>total</code> is the
-# <code>+Inf</code> bucket's count.</details>
-# <details><summary>Hint 2</summary>Walk the buckets keeping the previous bound and the previous cumulative count:
-# the bucket you stop in holds <code>count - previous_count</code> observations between <code>previous_le</code>
-# and <code>le</code>.</details>
-# <details><summary>Hint 3</summary>If you stop in the <code>+Inf</code> bucket there is no upper bound to
-# interpolate to: answer the previous bound.</details>
+# Rules: (1) the counts are cumulative; (2) find the bucket that holds rank `q * total` — the first whose count is
+# `>= rank`, even when empty buckets follow it — and interpolate linearly inside it; (3) the first bucket's lower
+# bound is 0; (4) a rank in the `+Inf` bucket gives the largest finite bound; (5) no observations → NaN. The check
+# runs one case per rule, then the live TTFT histogram of the thrashing run, where your p90 must land in the bucket
+# that holds the exact p90 of the raw TTFTs.
 
 # %%
-# NBVAL_CHECK_OUTPUT
-from minienv.lab.metrics_exercise import check_quantile_from_buckets
+from minienv.exercises.metrics import check_increase, check_quantile_from_buckets
 
 
 def quantile_from_buckets(q, buckets):
-    # your turn: replace this line
-    raise NotImplementedError
+    """PromQL's histogram_quantile(q, ...) on cumulative buckets [(le, count), ...], +Inf last."""
+    raise NotImplementedError("your code here")
 
 
+# %%
 thrash_ttft = [thrash.output(str(i)).metrics.ttft for i in range(24)]
-print(check_quantile_from_buckets(quantile_from_buckets, thrash.metrics.histogram_buckets(
-    "vllm:time_to_first_token_seconds"), thrash_ttft))
+check_quantile_from_buckets(quantile_from_buckets, thrash.metrics.histogram_buckets("vllm:time_to_first_token_seconds"),
+                            thrash_ttft)
 
 # %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# The rank is `q * total`, and `total` is the `+Inf` bucket's count.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Walk the buckets keeping the previous bound and the previous cumulative count: the bucket you stop in holds
+# `count - previous_count` observations between `previous_le` and `le`.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# If you stop in the `+Inf` bucket there is no upper bound to interpolate to: answer the previous bound.
+# </details>
+#
 # A classic slip — answering the bucket's upper bound instead of interpolating — breaks the rule it should:
 
 # %%
+from minienv.exercises import ExerciseFailed
+
+
 def upper_bound_only(q, buckets):
     rank = q * buckets[-1][1]
     return next(le for le, count in buckets if count >= rank)
@@ -400,8 +415,8 @@ def upper_bound_only(q, buckets):
 try:
     check_quantile_from_buckets(upper_bound_only)
     raise RuntimeError("the check should have rejected it")
-except AssertionError as err:
-    print(str(err)[:110])
+except ExerciseFailed as err:
+    print("rejected:", str(err).splitlines()[0])
 
 # %% [markdown]
 # ## Exercise 2: a counter across a restart
@@ -409,25 +424,19 @@ except AssertionError as err:
 # Counters only go up — until the process restarts and they start again from 0. That is why nobody plots a
 # counter's raw value, and why PromQL's `increase()` and `rate()` treat **any decrease as a reset**: the value after
 # the drop counted from 0, so all of it is increase. Write `increase(samples)` for `[(seconds, value), ...]`
-# (oldest first), without PromQL's extrapolation to the window's edges. The check runs four rules (no reset; a
-# reset; several resets; fewer than two samples → `None`), then live samples of `vllm:generation_tokens_total`
-# read after every step of one engine and then of its replacement.
-#
-# <details><summary>Hint 1</summary>Walk consecutive pairs of samples; each pair contributes its own increase.
-# </details>
-# <details><summary>Hint 2</summary>If <code>after &lt; before</code>, the counter restarted in between: the pair
-# contributes <code>after</code> (counted from 0), not <code>after - before</code>.</details>
+# (oldest first), without PromQL's extrapolation to the window's edges. Rules: (1) without a reset, last minus
+# first — two samples are enough; (2) an equal value is not a reset; (3) a lower value is a reset: the new value
+# is all increase; (4) every reset counts; (5) fewer than two samples → `None`. The check runs one case per rule,
+# then live samples of `vllm:generation_tokens_total` read after every step of one engine and then of its
+# replacement.
 
 # %%
-# NBVAL_CHECK_OUTPUT
-from minienv.lab.metrics_exercise import check_increase
-
-
 def increase(samples):
-    # your turn: replace this line
-    raise NotImplementedError
+    """How much a counter grew over [(seconds, value), ...], counter resets included; None with < 2 samples."""
+    raise NotImplementedError("your code here")
 
 
+# %%
 counter_samples, servers = [], []
 for restart in range(2):  # an engine, then a new one in its place: its counters start again from 0
     server_engine = InferenceEngine(model, tokenizer, kv_budget_tokens=1024, **ENGINE)
@@ -438,7 +447,19 @@ for restart in range(2):  # an engine, then a new one in its place: its counters
         server_engine.step()
         counter_samples.append((time.perf_counter(), server_engine.metrics.value("vllm:generation_tokens_total")))
 true_increase = (servers[0].stats.num_generated_tokens - counter_samples[0][1]) + servers[1].stats.num_generated_tokens
-print(check_increase(increase, counter_samples, true_increase))
+check_increase(increase, counter_samples, true_increase)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Walk consecutive pairs of samples; each pair contributes its own increase.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# If `after < before`, the counter restarted in between: the pair contributes `after` (counted from 0), not
+# `after - before`. If `after == before`, nothing happened.
+# </details>
 
 # %%
 assert any(b[1] < a[1] for a, b in zip(counter_samples, counter_samples[1:]))  # the restart shows as a drop

@@ -1,5 +1,5 @@
-"""Notebook 09's exercise: the check passes the solution, says "not implemented yet" to the stub, and rejects a
-wrong answer for every rule it states, naming that rule."""
+"""Notebook 09's exercises (minienv/exercises/metrics.py): the checks pass the solutions, say "not implemented yet"
+to the stub, and reject a wrong answer for every rule they state, naming that rule."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from minienv.lab.metrics_exercise import CASES, check_quantile_from_buckets
+from minienv.exercises import NOT_IMPLEMENTED, PASSED, ExerciseFailed
+from minienv.exercises.metrics import INCREASE_CASES, QUANTILE_CASES, check_quantile_from_buckets, check_increase
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,7 +22,8 @@ def _solution():
     return module.quantile_from_buckets
 
 
-def _wrong(*, cumulative=True, interpolate=True, first_lower_zero=True, inf_ok=True, empty_nan=True):
+def _wrong(*, cumulative=True, interpolate=True, first_lower_zero=True, inf_ok=True, empty_nan=True,
+           strictly_above=False):
     def fn(q, buckets):
         counts = [c for _, c in buckets]
         if not cumulative:  # treats each count as the bucket's own
@@ -32,7 +34,7 @@ def _wrong(*, cumulative=True, interpolate=True, first_lower_zero=True, inf_ok=T
         rank = q * total
         lower, below = (0.0 if first_lower_zero else buckets[0][0]), 0.0
         for (le, _), count in zip(buckets, counts, strict=True):
-            if count >= rank:
+            if (count > rank if strictly_above else count >= rank):
                 if le == math.inf:
                     return lower if inf_ok else math.inf
                 if not interpolate:
@@ -43,18 +45,20 @@ def _wrong(*, cumulative=True, interpolate=True, first_lower_zero=True, inf_ok=T
     return fn
 
 
-def test_the_solution_passes_including_a_live_histogram():
+def test_the_solution_passes_including_a_live_histogram(capsys):
     values = [0.0012, 0.003, 0.004, 0.0045, 0.006, 0.009, 0.011, 0.015, 0.03, 0.07]
     bounds = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, math.inf]
     buckets = [(le, sum(v <= le for v in values)) for le in bounds]
-    verdict = check_quantile_from_buckets(_solution(), buckets, values)
-    assert verdict.startswith(f"correct on all {len(CASES)} rules") and "live p90" in verdict
+    assert check_quantile_from_buckets(_solution(), buckets, values) == PASSED
+    out = capsys.readouterr().out
+    assert out.startswith(f"✓ quantile_from_buckets is histogram_quantile on all {len(QUANTILE_CASES)} rules")
+    assert "live p90" in out
 
 
 def test_the_stub_is_not_implemented_yet_and_does_not_raise():
     def stub(q, buckets):
         raise NotImplementedError
-    assert check_quantile_from_buckets(stub).startswith("not implemented yet")
+    assert check_quantile_from_buckets(stub) == NOT_IMPLEMENTED
 
 
 @pytest.mark.parametrize("wrong, rule", [
@@ -63,11 +67,15 @@ def test_the_stub_is_not_implemented_yet_and_does_not_raise():
     (_wrong(first_lower_zero=False), "first bucket's lower bound is 0"),
     (_wrong(inf_ok=False), "+Inf bucket"),
     (_wrong(empty_nan=False), "no observations"),
+    (_wrong(strictly_above=True), "a rank exactly equal to a bucket's cumulative count"),
     (lambda q, b: b[-1][0], "cumulative"),  # always the last bound
+    (lambda q, b: b[0][0] / b[0][1], "cumulative"),  # crashes with ZeroDivisionError on the empty histogram
 ])
 def test_each_rule_rejects_its_wrong_answer_by_name(wrong, rule):
-    with pytest.raises(AssertionError, match="rule broken: .*" + rule.replace("+", r"\+")):
+    with pytest.raises(ExerciseFailed) as info:
         check_quantile_from_buckets(wrong)
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("✗ ") and rule in first, str(info.value)
 
 
 def test_a_live_estimate_outside_the_true_bucket_is_rejected():
@@ -79,12 +87,11 @@ def test_a_live_estimate_outside_the_true_bucket_is_rejected():
     def off_by_a_bucket(q, b):
         return sol(q, b) if len(b) <= 5 else 0.03  # right on the fixed cases, wrong bucket on the live one
 
-    with pytest.raises(AssertionError, match="must land in the bucket that holds the true value"):
+    with pytest.raises(ExerciseFailed, match="lands in the bucket that holds the true value"):
         check_quantile_from_buckets(off_by_a_bucket, buckets, values)
 
 
 # ------------------------------------------------------------------------------------------------ exercise 2
-from minienv.lab.metrics_exercise import INCREASE_CASES, check_increase  # noqa: E402
 
 
 def _solution_increase():
@@ -94,16 +101,17 @@ def _solution_increase():
     return module.increase
 
 
-def test_increase_solution_passes_including_live_samples_across_a_restart():
+def test_increase_solution_passes_including_live_samples_across_a_restart(capsys):
     live = [(0.0, 100.0), (0.5, 140.0), (1.0, 180.0), (1.5, 12.0), (2.0, 50.0)]  # restart between 1.0 and 1.5
-    verdict = check_increase(_solution_increase(), live, 80.0 + 12.0 + 38.0)
-    assert verdict.startswith(f"correct on all {len(INCREASE_CASES)} rules") and "across the restart" in verdict
+    assert check_increase(_solution_increase(), live, 80.0 + 12.0 + 38.0) == PASSED
+    out = capsys.readouterr().out
+    assert out.startswith(f"✓ increase handles every rule ({len(INCREASE_CASES)} cases)") and "across the restart" in out
 
 
 def test_increase_stub_is_not_implemented_yet():
     def stub(samples):
         raise NotImplementedError
-    assert check_increase(stub).startswith("not implemented yet")
+    assert check_increase(stub) == NOT_IMPLEMENTED
 
 
 def _single_reset(samples):
@@ -121,13 +129,18 @@ def _single_reset(samples):
     (_single_reset, "every reset"),
     (lambda s: _solution_increase()(s) if len(s) > 1 else 0.0, "fewer than two samples"),
     (lambda s: (s[-1][1] - s[0][1]) / (s[-1][0] - s[0][0]), "last value minus the first"),  # a rate, not increase
+    (lambda s: _solution_increase()(s) if len(s) > 2 else None, "two samples are enough"),
+    (lambda s: sum(b[1] - a[1] if b[1] > a[1] else b[1] for a, b in zip(s, s[1:])) if len(s) > 1 else None,
+     "an equal value is not a reset"),
+    (lambda s: s[1][1] - s[0][1] + _solution_increase()(s[1:]) if len(s) > 2 else 1 / 0, "two samples are enough"),
 ])
 def test_increase_rejects_each_wrong_answer_by_rule(wrong, rule):
-    with pytest.raises(AssertionError, match="rule broken: .*" + rule):
+    with pytest.raises(ExerciseFailed) as info:
         check_increase(wrong)
+    assert rule in str(info.value).splitlines()[0], str(info.value)
 
 
 def test_increase_live_mismatch_is_rejected():
     sol = _solution_increase()
-    with pytest.raises(AssertionError, match="across an engine restart"):
+    with pytest.raises(ExerciseFailed, match="across an engine restart"):
         check_increase(lambda s: sol(s) if len(s) != 5 else 0.0, [(0, 1), (1, 2), (2, 0), (3, 1), (4, 5)], 6.0)
