@@ -346,31 +346,37 @@ assert all(trap.values()) and len(trap) == 7
 # %% [markdown]
 # ## Exercise 1: which record goes next?
 #
+# (How exercises work — stubs, checks, hints, solutions — is explained in notebook 00.)
+#
 # A store is full and must evict one record. Write `next_victim(records)`: given `(key, parent_key, last_access)`
 # of every stored record (`parent_key` is `ROOT_HASH` for a sequence's first block; a larger `last_access` is more
-# recent), return the key the store evicts next. `check_next_victim` fills real stores with random chains (some
-# sharing a prefix), asks yours, stores one more block and compares with what the store actually evicted.
+# recent), return the key the store evicts next. Rules: (1) return one of the stored keys; (2) only a chain's
+# **tail** may go — a record another stored record names as its parent would strand it; (3) among the tails, the
+# least recently used goes first. The check fills 30 real stores with random chains (some sharing a prefix, some
+# refreshed by a hit), asks yours, stores one more block and compares with what the store actually evicted.
 
 # %%
-from minienv.lab.kv_tier_lab import check_next_victim
+from minienv.exercises.persistent_kv import check_next_victim, check_num_tokens_to_load
 
 
 def next_victim(records):
-    raise NotImplementedError("your turn: return the key of the record evicted next")
+    """The key of the record a full store evicts next."""
+    raise NotImplementedError("your code here")
 
 
-print(check_next_victim(next_victim))
+# %%
+check_next_victim(next_victim)
 
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# First find the records that may go at all: a record is a **leaf** if no stored record names it as its
+# First find the records that may go at all: a record is a **tail** (a leaf) if no stored record names it as its
 # `parent_key`. Build the set of parent keys once.
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# Among the leaves, the least recently used goes: the smallest `last_access`. `min` over `(last_access, key)`
+# Among the tails, the least recently used goes: the smallest `last_access`. `min` over `(last_access, key)`
 # pairs gives it.
 # </details>
 #

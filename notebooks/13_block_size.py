@@ -476,37 +476,29 @@ for trace in traces:
 # %% [markdown]
 # ## Exercise 1: predict the fragmentation
 #
+# (How exercises work — stubs, checks, hints, solutions — is explained in notebook 00.)
+#
 # Write `predict_fragmentation(lengths, B)`: `lengths` is a list of `(prompt_len, output_len)` pairs; return the
 # share of allocated KV slots that hold no token, **summed over every step** of serving them (no sharing, room for
-# everyone). Hints: a request with prompt `p` and output `o` is in the cache at lengths `p, p + 1, …, p + o − 1`
-# (the prompt's step, then one decode step per further token — the last sampled token is never fed back), and at
-# length `l` it holds `blocks(l, B)` blocks. `check_fragmentation_prediction` serves three seeded traces through the
-# real scheduler and manager at block sizes 1, 3, 16 and 64 and compares (rule 1: a fraction in [0, 1); rule 2:
-# within 0.0005 of the measurement).
+# everyone). Rules: (1) the answer is a fraction in `[0, 1)`, not a percentage; (2) a request with prompt `p` and
+# output `o` is in the cache at lengths `p, p + 1, …, p + o − 1` (the prompt's step, then one decode step per
+# further token — the last sampled token is never fed back), at length `l` it holds `blocks(l, B)` blocks, and the
+# wasted and allocated slots are summed over all of those steps before dividing once. The check serves three
+# seeded traces and the smallest one (one request, one token each way) through the real scheduler and manager at
+# block sizes 1, 3, 16 and 64 and compares within 0.0005.
 
 # %%
+from minienv.exercises import PASSED, ExerciseFailed
+from minienv.exercises.block_size import check_block_size_cost, check_fragmentation_prediction, pick_block_size
+
+
 def predict_fragmentation(lengths, B):
-    # your turn: replace this line
-    raise NotImplementedError
+    """Wasted / allocated KV slots, summed over every step of serving ``lengths``."""
+    raise NotImplementedError("your code here")
 
-
-print(bs.check_fragmentation_prediction(predict_fragmentation))
-
-# %% [markdown]
-# Notebook 03's rule of thumb, `(B − 1) / 2` empty slots over the mean length, is close but not exact — the
-# checker rejects it:
 
 # %%
-def rule_of_thumb(lengths, B):
-    mean = sum(p + o / 2 for p, o in lengths) / len(lengths)
-    return min(0.99, (B - 1) / 2 / mean)
-
-
-try:
-    bs.check_fragmentation_prediction(rule_of_thumb)
-    raise RuntimeError("the checker should have rejected the rule of thumb")
-except AssertionError as err:
-    print("rejected:", err)
+check_fragmentation_prediction(predict_fragmentation)
 
 # %% [markdown]
 # <details><summary>Hint 1</summary>
@@ -522,6 +514,23 @@ except AssertionError as err:
 # this notebook.
 # </details>
 #
+# Notebook 03's rule of thumb, `(B − 1) / 2` empty slots over the mean length, is close but not exact — the
+# check rejects it:
+
+# %%
+def rule_of_thumb(lengths, B):
+    mean = sum(p + o / 2 for p, o in lengths) / len(lengths)
+    return min(0.99, (B - 1) / 2 / mean)
+
+
+try:
+    check_fragmentation_prediction(rule_of_thumb)
+    raise RuntimeError("the check should have rejected the rule of thumb")
+except ExerciseFailed as err:
+    print("rejected:", str(err).splitlines()[0])
+    print("        ", str(err).splitlines()[1].strip())
+
+# %% [markdown]
 # ## Exercise 2: choose a block size by its cost
 #
 # The sweep scored each block size with one number `J`. Build a smaller one yourself, in token slots, and let it
@@ -542,10 +551,6 @@ except AssertionError as err:
 #    three traces.
 
 # %%
-from minienv.exercises import PASSED
-from minienv.exercises.block_size import check_block_size_cost, pick_block_size
-
-
 def block_size_cost(requests, B, entry_cost):
     """Empty slots + recomputed shared tokens + entry_cost per table entry, summed over the requests."""
     raise NotImplementedError("your code here")

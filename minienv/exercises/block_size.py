@@ -1,7 +1,8 @@
-"""Notebook 13's second exercise: the cost of a block size for a set of requests, one term per column of the trade.
+"""Notebook 13's exercises: predict the fragmentation of serving a trace, and the cost of a block size for a set of
+requests, one term per column of the trade.
 
-The notebook's first exercise (``minienv.lab.block_size.check_fragmentation_prediction``) predicts one column,
-fragmentation, against the measured sweep. This one puts three columns in one number a student can minimise —
+The first (:func:`check_fragmentation_prediction`) predicts one column, fragmentation, against what the real
+scheduler and manager measure on seeded traces. The second puts three columns in one number a student can minimise —
 empty slots, shared-prefix tokens recomputed because hits come in whole blocks, and block-table entries — so that
 choosing a block size becomes an ``argmin`` over candidates. The check runs one hand-made case per rule (each
 built so that exactly one term is non-zero), then random cases against :func:`block_size_cost_reference`.
@@ -15,6 +16,60 @@ import numbers
 import numpy as np
 
 from minienv.exercises._check import exercise, fail, require
+
+# ------------------------------------------------------------------------------------------ exercise 1
+_EXERCISE_BLOCK_SIZES = (1, 3, 16, 64)
+_CASES: list[tuple[list[tuple[int, int]], int, float]] | None = None
+
+
+def _fragmentation_cases() -> list[tuple[list[tuple[int, int]], int, float]]:
+    """(lengths, block size, measured fragmentation): seeded traces served by the real scheduler and manager with
+    room for everyone (no preemption) and no sharing, plus the smallest trace — one request of one prompt token and
+    one output token. Computed once per process."""
+    global _CASES
+    if _CASES is None:
+        from minienv.lab.block_size import Trace, alpaca_trace, sharegpt_trace, simulate
+
+        tiny = Trace("one token", (_one_token_request(),))
+        cases = []
+        for trace in (alpaca_trace(24, seed=1), alpaca_trace(24, seed=2), sharegpt_trace(6, max_len=512, seed=3), tiny):
+            lengths = [(len(r.prompt), r.output_len) for r in trace.requests]
+            budget = sum(r.total_len + 64 for r in trace.requests)
+            for b in _EXERCISE_BLOCK_SIZES:
+                cases.append((lengths, b, simulate(trace, budget, b, enable_prefix_caching=False).frag))
+        _CASES = cases
+    return _CASES
+
+
+def _one_token_request():
+    from minienv.lab.block_size import TraceRequest
+
+    return TraceRequest((7,), 1)
+
+
+_FRAG_RULES = {
+    "fraction": "answer a fraction in [0, 1) — wasted / allocated slots — not a percentage",
+    "steps": "sum wasted and allocated slots over every step (lengths prompt, prompt + 1, …, prompt + output − 1), "
+             "then divide once",
+}
+
+
+@exercise("write predict_fragmentation(lengths, B): wasted / allocated KV slots, summed over every step")
+def check_fragmentation_prediction(fn) -> str:
+    """``fn(lengths, block_size)`` against the fragmentation the real scheduler and manager measure, at block sizes
+    1, 3, 16 and 64, on the smallest trace (one request, one token each way) and three seeded traces."""
+    for lengths, b, measured in _fragmentation_cases():
+        fn.rule = _FRAG_RULES["steps"]
+        got = fn([tuple(x) for x in lengths], b)
+        where = f"block size {b}, {len(lengths)} request(s) {lengths[:3]}{'…' if len(lengths) > 3 else ''}"
+        require(isinstance(got, (float, int, np.floating)) and not isinstance(got, bool) and 0 <= got < 1,
+                _FRAG_RULES["fraction"], f"{where}: got {got!r}")
+        require(abs(float(got) - measured) <= 0.0005, _FRAG_RULES["steps"],
+                f"{where}: the measured fragmentation is {measured:.4f}, you predicted {float(got):.4f}")
+    return "predict_fragmentation equals the measured fragmentation on every trace and block size"
+
+
+# ------------------------------------------------------------------------------------------ exercise 2
 
 
 def block_size_cost_reference(requests: list[tuple[int, int, int]], block_size: int, entry_cost: float) -> float:

@@ -1,7 +1,8 @@
-"""Notebook 11's second exercise: how many prompt tokens a restarted engine loads from the KV tier.
+"""Notebook 11's exercises: which record a full store evicts next, and how many prompt tokens a restarted engine
+loads from the KV tier.
 
-The notebook's first exercise (``minienv.lab.kv_tier_lab.check_next_victim``) is about the store evicting. This one
-is the engine's side of a restart: the connector's admission question — after the local prefix cache hit
+The first (:func:`check_next_victim`) is about the store evicting: it fills real ``SQLiteStore`` s and compares the
+student's prediction with the record the store actually evicts. The second is the engine's side of a restart: the connector's admission question — after the local prefix cache hit
 ``num_local_tokens``, how many more prompt tokens come from the tier, the rest being computed? The answer combines
 the chapter's rules: keys are the tier's chain hashes with the model fingerprint, a load walks the chain from its
 root and stops at the first block it cannot use (absent, or refused by the record's checks), never covers the
@@ -15,12 +16,84 @@ corrupted.
 from __future__ import annotations
 
 import numbers
+import tempfile
 from collections.abc import Collection, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from minienv.exercises._check import exercise, fail, require
-from minienv.kv_tier import block_keys
+from minienv.kv.hashing import ROOT_HASH
+from minienv.kv_tier import SQLiteStore, block_keys, encode_record
+
+
+# ------------------------------------------------------------------------------------------ exercise 1
+_SHAPE = (1, 2, 2, 1, 2)  # a tiny record: the check is about which record goes, not its K/V
+_FP = bytes(32)
+
+
+def _chain_records(start: int, n: int, prefix: Sequence[int] = ()):
+    tokens = list(prefix) + list(range(start, start + 2 * n))
+    keys = block_keys(tokens, 2, _FP)
+    kv = np.zeros(_SHAPE, dtype=np.float32)
+    for j, key in enumerate(keys):
+        parent = keys[j - 1] if j else ROOT_HASH
+        yield key, parent, encode_record(_FP, key, parent, tokens[2 * j:2 * j + 2], kv)
+
+
+
+_VICTIM_RULES = {
+    "key": "return the key of one of the stored records",
+    "leaf": "evict only a chain's tail: a record that another stored record names as its parent would strand it",
+    "lru": "among the tails (records with no stored child), the least recently used goes first",
+}
+
+
+@exercise("write next_victim(records) -> the key of the record a full store evicts next")
+def check_next_victim(fn) -> str:
+    """``fn(records) -> key`` for 30 real stores filled with random chains (some sharing a prefix, some refreshed by
+    a hit), each compared with the record the store evicts when one more block arrives."""
+    rng = np.random.default_rng(11)
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in range(30):
+            chains = [list(_chain_records(100 * c, int(rng.integers(1, 5)))) for c in range(3)]
+            # a branch: shares the first block of chain 0, so that block can have two stored children
+            chains.append(list(_chain_records(900, int(rng.integers(1, 4)), prefix=range(0, 2))))
+            size = len(chains[0][0][2])
+            store = SQLiteStore(Path(tmp) / f"case{case}", capacity_bytes=size * int(rng.integers(4, 9)))
+            try:
+                for _ in range(int(rng.integers(3, 8))):
+                    chain = chains[int(rng.integers(0, len(chains)))]
+                    if rng.random() < 0.7:
+                        for item in chain[:int(rng.integers(1, len(chain) + 1))]:
+                            store.put(*item)
+                    else:
+                        store.get_many([k for k, _, _ in chain[:int(rng.integers(1, len(chain) + 1))]])
+                # fill up to capacity, so the next put evicts exactly one record
+                extra = _chain_records(10_000 + case * 100, 40)
+                while store.usage()[1] + size <= store.capacity_bytes:
+                    store.put(*next(extra))
+                records = [(k, p, t) for k, p, _, t in store.records()]
+                fn.rule = _VICTIM_RULES["lru"]
+                predicted = fn(list(records))
+                before = {k for k, _, _ in records}
+                store.put(*next(_chain_records(50_000 + case, 1)))
+                evicted = before - {k for k, _, _, _ in store.records()}
+            finally:
+                store.close()
+            assert len(evicted) == 1, f"case {case}: the store evicted {len(evicted)} records"
+            (actual,) = evicted
+            if predicted == actual:
+                continue
+            shown = predicted.hex()[:12] + "…" if isinstance(predicted, bytes) else repr(predicted)
+            where = f"case {case} ({len(records)} records): the store evicted {actual.hex()[:12]}…, you said {shown}"
+            require(predicted in before, _VICTIM_RULES["key"], where)
+            require(predicted not in {p for _, p, _ in records}, _VICTIM_RULES["leaf"], where)
+            fail(_VICTIM_RULES["lru"], where)
+    return "next_victim predicts the store's eviction in 30 stores: the least recently used chain tail"
+
+
+# ------------------------------------------------------------------------------------------ exercise 2
 
 
 def num_tokens_to_load_reference(prompt: Sequence[int], num_local_tokens: int, verified: Collection[bytes],

@@ -44,7 +44,7 @@ __all__ = [
     "BLOCK_SIZES", "TraceRequest", "Trace", "sharegpt_trace", "alpaca_trace", "shared_prompt_trace", "standard_traces",
     "check_block_size", "RunResult", "simulate", "sweep", "attention_time", "LengthStats", "length_stats",
     "predicted_fragmentation", "predicted_hit_tokens", "Recommendation", "recommend_block_size", "objective",
-    "format_table", "DEFAULT_DYNAMIC", "best_fixed", "ENTRY_COST_KEYS", "check_fragmentation_prediction", "row_key", "step_time_us", "step_work", "NUM_LAYERS",
+    "format_table", "DEFAULT_DYNAMIC", "best_fixed", "ENTRY_COST_KEYS", "row_key", "step_time_us", "step_work", "NUM_LAYERS",
 ]
 
 #: The sweep's block sizes: every power of two from 1 to 256.
@@ -565,50 +565,3 @@ def best_fixed(rows: Sequence[RunResult], time: str = "measured") -> RunResult:
     obj = objective(rows, time)
     fixed = [r for r in rows if r.scheme == "fixed"]
     return min(fixed, key=lambda r: (obj[r.block_size], r.block_size))
-
-
-
-
-# ------------------------------------------------------------------------------------------------ the exercise
-_EXERCISE_BLOCK_SIZES = (1, 3, 16, 64)
-
-
-def _exercise_cases() -> list[tuple[list[tuple[int, int]], int, float]]:
-    """(lengths, block size, measured fragmentation) for the exercise: seeded traces served by the real
-    scheduler and manager with room for everyone (no preemption) and no sharing. Computed once per process."""
-    global _CASES
-    if _CASES is None:
-        cases = []
-        for trace in (alpaca_trace(24, seed=1), alpaca_trace(24, seed=2), sharegpt_trace(6, max_len=512, seed=3)):
-            lengths = [(len(r.prompt), r.output_len) for r in trace.requests]
-            budget = sum(r.total_len + 64 for r in trace.requests)
-            for b in _EXERCISE_BLOCK_SIZES:
-                cases.append((lengths, b, simulate(trace, budget, b, enable_prefix_caching=False).frag))
-        _CASES = cases
-    return _CASES
-
-
-_CASES: list[tuple[list[tuple[int, int]], int, float]] | None = None
-
-
-def check_fragmentation_prediction(fn) -> str:
-    """Notebook 13's exercise: ``fn(lengths, block_size)`` predicts the internal fragmentation of serving
-    requests of ``lengths`` (``[(prompt_len, output_len), ...]``) at ``block_size`` — wasted / allocated slots,
-    summed over every step — and is checked against the measurement. Rules (each an AssertionError naming it):
-
-    1. the answer is a fraction: a float in ``[0, 1)`` (not a percentage);
-    2. it is within 0.0005 of the measured value for every case (block sizes 1, 3, 16, 64 on three traces).
-
-    Returns ``"... not implemented yet"`` while ``fn`` raises :class:`NotImplementedError`.
-    """
-    for lengths, b, measured in _exercise_cases():
-        try:
-            got = fn([tuple(x) for x in lengths], b)
-        except NotImplementedError:
-            return "check_fragmentation_prediction: not implemented yet"
-        assert isinstance(got, (float, int, np.floating)) and not isinstance(got, bool) and 0 <= got < 1, (
-            f"rule 1: answer a fraction in [0, 1) (wasted / allocated), got {got!r} at block size {b}")
-        assert abs(float(got) - measured) <= 0.0005, (
-            f"rule 2: at block size {b} ({len(lengths)} requests) the measured fragmentation is {measured:.4f}, "
-            f"you predicted {float(got):.4f}")
-    return "check_fragmentation_prediction: correct"

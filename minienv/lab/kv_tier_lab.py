@@ -1,5 +1,5 @@
 """Exhibits of notebook 11 (the persistent KV tier): serve-and-restart runs, where each block came from, the
-record's layout, and the exercise's checker.
+record's layout (the exercises' checks are in ``minienv.exercises.persistent_kv``).
 
 Everything here drives the real engine and the real stores; nothing on the engine path imports it.
 """
@@ -9,22 +9,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-import numpy as np
+from minienv.kv_tier import KVTierStats, TierEvent, block_keys
 
-from minienv.kv.hashing import ROOT_HASH
-from minienv.kv_tier import KVTierStats, SQLiteStore, TierEvent, block_keys, encode_record
-
-__all__ = ["RECORD_FIELDS", "ServeRun", "check_next_victim", "keys_in_fresh_processes", "load_solution",
-           "serve_with_tier"]
-
-#: The exercise's solution, beside the notebooks in the repository (not part of the installed package).
-SOLUTION_PATH = Path(__file__).resolve().parents[2] / "solutions" / "11_persistent_kv.py"
-
+__all__ = ["RECORD_FIELDS", "ServeRun", "keys_in_fresh_processes", "serve_with_tier"]
 
 @dataclass
 class ServeRun:
@@ -107,82 +98,3 @@ def keys_in_fresh_processes(token_ids: Sequence[int], block_size: int, fingerpri
                               str(block_size)], env=env, capture_output=True, text=True, check=True)
         out[seed] = json.loads(res.stdout)
     return out
-
-
-# ---------------------------------------------------------------------------------------------------- exercise
-_SHAPE = (1, 2, 2, 1, 2)
-_FP = bytes(32)
-
-
-def _chain_records(start: int, n: int, prefix: Sequence[int] = ()):
-    tokens = list(prefix) + list(range(start, start + 2 * n))
-    keys = block_keys(tokens, 2, _FP)
-    kv = np.zeros(_SHAPE, dtype=np.float32)
-    for j, key in enumerate(keys):
-        parent = keys[j - 1] if j else ROOT_HASH
-        yield key, parent, encode_record(_FP, key, parent, tokens[2 * j:2 * j + 2], kv)
-
-
-def check_next_victim(fn: Callable[[list[tuple[bytes, bytes, int]]], bytes]) -> str:
-    """Check ``fn(records) -> key``: the record a full store evicts next.
-
-    ``records`` are ``(key, parent_key, last_access)`` of every stored record (``parent_key`` is ``ROOT_HASH``
-    for a sequence's first block). The checker fills real :class:`~minienv.kv_tier.SQLiteStore` s with random
-    chains, some of them sharing prefixes, refreshes random prefixes (a hit), asks ``fn``, then stores one more
-    block and compares with the record the store actually evicted. Raises AssertionError on a wrong answer;
-    returns a "not implemented yet" message if ``fn`` raises NotImplementedError.
-    """
-    rng = np.random.default_rng(11)
-    with tempfile.TemporaryDirectory() as tmp:
-        for case in range(30):
-            chains = [list(_chain_records(100 * c, int(rng.integers(1, 5)))) for c in range(3)]
-            # a branch: shares the first block of chain 0, so that block can have two stored children
-            chains.append(list(_chain_records(900, int(rng.integers(1, 4)), prefix=range(0, 2))))
-            size = len(chains[0][0][2])
-            store = SQLiteStore(Path(tmp) / f"case{case}", capacity_bytes=size * int(rng.integers(4, 9)))
-            for _ in range(int(rng.integers(3, 8))):
-                chain = chains[int(rng.integers(0, len(chains)))]
-                if rng.random() < 0.7:
-                    for item in chain[:int(rng.integers(1, len(chain) + 1))]:
-                        store.put(*item)
-                else:
-                    store.get_many([k for k, _, _ in chain[:int(rng.integers(1, len(chain) + 1))]])
-            # fill up to capacity, so the next put evicts exactly one record
-            extra = _chain_records(10_000 + case * 100, 40)
-            while store.usage()[1] + size <= store.capacity_bytes:
-                store.put(*next(extra))
-            records = [(k, p, t) for k, p, _, t in store.records()]
-            try:
-                predicted = fn(list(records))
-            except NotImplementedError:
-                return "check_next_victim: not implemented yet — write next_victim, then run this cell again"
-            before = {k for k, _, _ in records}
-            newcomer = next(_chain_records(50_000 + case, 1))
-            store.put(*newcomer)
-            evicted = before - {k for k, _, _, _ in store.records()}
-            assert len(evicted) == 1, f"case {case}: the store evicted {len(evicted)} records"
-            (actual,) = evicted
-            if predicted != actual:
-                parents = {p for _, p, _ in records}
-                hint = ""
-                if predicted in parents:
-                    hint = (" — that record still has a stored child: evicting it would strand the child "
-                            "(evict chain tails only)")
-                elif predicted in before:
-                    hint = " — a leaf, but not the least recently used one"
-                raise AssertionError(f"case {case}: expected key {actual.hex()[:12]}…, got "
-                                     f"{predicted.hex()[:12] if isinstance(predicted, bytes) else predicted!r}{hint}")
-            store.close()
-    return "check_next_victim: correct"
-
-
-def load_solution() -> Callable[[list[tuple[bytes, bytes, int]]], bytes]:
-    """``next_victim`` from ``solutions/11_persistent_kv.py`` (found from the package, wherever the notebook runs)."""
-    import importlib.util
-
-    if not SOLUTION_PATH.is_file():
-        raise FileNotFoundError(f"the solution is not at {SOLUTION_PATH} (it ships with the repository, not the wheel)")
-    spec = importlib.util.spec_from_file_location("solution_11_persistent_kv", SOLUTION_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module.next_victim

@@ -347,34 +347,3 @@ def _solution():
     return mod.predict_fragmentation
 
 
-def test_exercise_check_accepts_the_solution_and_reports_a_stub():
-    assert bs.check_fragmentation_prediction(_solution()) == "check_fragmentation_prediction: correct"
-
-    def stub(lengths, block_size):
-        raise NotImplementedError
-
-    assert "not implemented yet" in bs.check_fragmentation_prediction(stub)
-
-
-def test_exercise_check_rejects_a_percentage_rule_1():
-    sol = _solution()
-    with pytest.raises(AssertionError, match="rule 1"):
-        bs.check_fragmentation_prediction(lambda lengths, b: 100 * sol(lengths, b) + (b == 16))
-
-
-def test_exercise_check_rejects_wrong_predictions_rule_2():
-    def rule_of_thumb(lengths, b):  # notebook 03's (B-1)/2 per request over the mean length
-        mean = sum(p + o / 2 for p, o in lengths) / len(lengths)
-        return min(0.99, (b - 1) / 2 / mean)
-
-    def final_length_only(lengths, b):  # only the final block's tail, once per request
-        wasted = sum(-(-(p + o) // b) * b - (p + o) for p, o in lengths)
-        return wasted / sum(-(-(p + o) // b) * b for p, o in lengths)
-
-    def off_by_one(lengths, b):  # lengths p .. p + o (one step too many)
-        return bs.predicted_fragmentation(
-            bs.LengthStats(tuple(p for p, _ in lengths), tuple(o + 1 for _, o in lengths), (0,) * len(lengths)), b)
-
-    for wrong in (rule_of_thumb, final_length_only, off_by_one):
-        with pytest.raises(AssertionError, match="rule 2"):
-            bs.check_fragmentation_prediction(wrong)

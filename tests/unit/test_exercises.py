@@ -235,6 +235,35 @@ def _latency_with(first_step=1, first_token="output", from_arrival=True, e2e="fi
     return fn
 
 
+def _newest_tail(records):
+    parents = {p for _, p, _ in records}
+    return max((t, k) for k, _, t in records if k not in parents)[1]
+
+
+def _oldest_tail_by_key(records):  # ignores the access times: the smallest key among the tails
+    parents = {p for _, p, _ in records}
+    return min(k for k, _, _ in records if k not in parents)
+
+
+def _frag(lengths, b, steps="every", combine="sums"):
+    """``predict_fragmentation`` with one planted mistake (the defaults are the right rule)."""
+    wasted = allocated = 0
+    ratios = []
+    for p, o in lengths:
+        span = {"every": range(p, p + o), "final": [p + o], "one too many": range(p, p + o + 1),
+                "one too few": range(p + 1, p + o)}[steps]
+        for n in span:
+            slots = -(-n // b) * b
+            wasted, allocated = wasted + slots - n, allocated + slots
+            ratios.append((slots - n) / slots)
+    return wasted / allocated if combine == "sums" else sum(ratios) / len(ratios)
+
+
+def _frag_rule_of_thumb(lengths, b):  # notebook 03's (B - 1) / 2 per request over the mean length
+    mean = sum(p + o / 2 for p, o in lengths) / len(lengths)
+    return min(0.99, (b - 1) / 2 / mean)
+
+
 def _run_with_output(engine, prompts, params):
     ids = [engine.add_request(p, params) for p in prompts]
     while engine.has_unfinished_requests():
@@ -569,6 +598,13 @@ WRONG = [
          "a prompt of exactly one block has a full block"),
         (lambda prompt, loads, b, m: len(loads), "return an instance index"),
     ]),
+    ("11_persistent_kv", ex11.check_next_victim, "next_victim", [
+        (lambda records: min(records, key=lambda r: r[2])[0], "evict only a chain's tail"),  # plain LRU
+        (_newest_tail, "least recently used goes first"),
+        (lambda records: records[0][0], "evict only a chain's tail"),  # the first listed
+        (_oldest_tail_by_key, "least recently used goes first"),
+        (lambda records: b"\x00" * 32, "return the key of one of the stored records"),
+    ]),
     ("11_persistent_kv", ex11.check_num_tokens_to_load, "num_tokens_to_load", [
         (_load_with(keys="local"), "the model fingerprint"),
         (_load_with(keys="unchained"), "chain hashes"),
@@ -578,6 +614,14 @@ WRONG = [
         (_load_with(local="raw"), "never a negative count"),
         (_load_with(unit="blocks"), "count tokens (blocks × block_size), not blocks"),
         (lambda prompt, n, v, b, fp: float(_load_with()(prompt, n, v, b, fp)), "return one int"),
+    ]),
+    ("13_block_size", ex13.check_fragmentation_prediction, "predict_fragmentation", [
+        (lambda lengths, b: 100 * _frag(lengths, b), "not a percentage"),
+        (_frag_rule_of_thumb, "over every step"),
+        (lambda lengths, b: _frag(lengths, b, steps="final"), "over every step"),
+        (lambda lengths, b: _frag(lengths, b, steps="one too many"), "over every step"),
+        (lambda lengths, b: _frag(lengths, b, steps="one too few"), "over every step"),  # nothing for (1, 1)
+        (lambda lengths, b: _frag(lengths, b, combine="mean of ratios"), "divide once"),
     ]),
     ("13_block_size", ex13.check_block_size_cost, "block_size_cost", [
         (_cost_with(length="prompt"), "at the final length (prompt + output)"),
@@ -706,9 +750,9 @@ def test_plan_reference_is_the_scheduler_rule():
 # Chapters whose first exercise is checked in the chapter's own test file (tests/unit/test_block_size.py, ...):
 # every exercise they ship, and at least two hints each.
 LATER_CHAPTERS = [
-    ("11_persistent_kv", ("check_next_victim(next_victim)", "check_num_tokens_to_load(num_tokens_to_load)")),
     ("13_block_size", ("check_fragmentation_prediction(predict_fragmentation)",
                        "check_block_size_cost(block_size_cost)")),
+    ("11_persistent_kv", ("check_next_victim(next_victim)", "check_num_tokens_to_load(num_tokens_to_load)")),
 ]
 
 
