@@ -51,6 +51,29 @@ def strip_widget_state(nb: nbformat.NotebookNode) -> None:
                 data.pop(WIDGET_STATE_MIME, None)
 
 
+def merge_streams(nb: nbformat.NotebookNode) -> None:
+    """Join consecutive stream outputs of the same name into one: a cell that prints a table over time otherwise
+    stores several outputs, which GitHub and nbviewer draw as separate blocks with a blank gap between them (a
+    table split by stray blank lines). nbval joins them the same way before it compares."""
+    for cell in nb.cells:
+        merged: list = []
+        for out in cell.get("outputs", []):
+            prev = merged[-1] if merged else None
+            if (out.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream"
+                    and prev.get("name") == out.get("name")):
+                prev["text"] = "".join(prev["text"]) + "".join(out["text"])
+            else:
+                merged.append(out)
+        if "outputs" in cell:
+            cell["outputs"] = merged
+
+
+def _split_streams(cell: nbformat.NotebookNode) -> bool:
+    outs = cell.get("outputs", [])
+    return any(a.get("output_type") == b.get("output_type") == "stream" and a.get("name") == b.get("name")
+               for a, b in zip(outs, outs[1:]))
+
+
 def export_pair(nb: nbformat.NotebookNode) -> str:
     """The canonical jupytext percent text of a notebook."""
     return jupytext.writes(nb, fmt=PAIR_FORMAT)
@@ -85,6 +108,7 @@ def build(py_path: Path, timeout: int = 600) -> float:
         raise SystemExit(f"build: {_rel(py_path)}: the PNG export failed during the run (cell {notes[0]}); "
                          "nothing written")
     strip_widget_state(nb)
+    merge_streams(nb)
     ipynb_path = py_path.with_suffix(".ipynb")
     nbformat.write(nb, ipynb_path)
     # Re-read what was written so the .py is exported from exactly the committed notebook.
@@ -116,6 +140,9 @@ def problems(ipynb_path: Path) -> list[str]:
         found.append(f"{name}: has no outputs at all (commit notebooks with outputs)")
     for i, cell in enumerate(nb.cells):
         found.extend(f"{name}: cell {i} {m}" for m in _figure_problems(cell))
+        if _split_streams(cell):
+            found.append(f"{name}: cell {i} stores its printed text as several outputs, drawn with blank gaps between "
+                         "them (run tools/nb.py build, which joins them)")
         for out in cell.get("outputs", []):
             if WIDGET_STATE_MIME in out.get("data", {}):
                 found.append(f"{name}: cell {i} stores widget state in an output")

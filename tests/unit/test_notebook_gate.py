@@ -202,3 +202,18 @@ def test_a_figure_without_its_image_is_blank_without_javascript():
     assert _figures_without_javascript(nb, nbconvert) == [0]
     nb.cells[0].outputs[0]["data"].update(PNG)
     assert _figures_without_javascript(nb, nbconvert) == []
+
+
+def test_gate_fails_on_a_printed_table_split_into_several_outputs(tmp_path):
+    """A cell whose prints arrive over time stores several stream outputs; GitHub draws a blank gap between them
+    (issue #36: tables in 06, 09 and 12 split by stray blank lines). The build joins them; the gate refuses them."""
+    path = _executed_pair(tmp_path)
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="row 1\n"),
+                           nbformat.v4.new_output("stream", name="stdout", text="row 2\n")]
+    nbformat.write(nb, path)
+    assert any("several outputs" in m for m in nbtool.problems(path))
+    nbtool.merge_streams(nb)
+    assert [o.text for o in nb.cells[1].outputs] == ["row 1\nrow 2\n"]
+    nbformat.write(nb, path)
+    assert not any("several outputs" in m for m in nbtool.problems(path))
