@@ -206,6 +206,10 @@ assert list(MODULES) == [s.name for s in ENGINE_MAP]
 # | TTFT | time to first token: from arrival to the first generated token (07, 08) |
 # | TPOT | time per output token after the first (07, 08) |
 # | e2e latency | arrival to the last token (08) |
+# | parallel sampling / beam search | `n` completions of one prompt / keeping the `k` most likely partial outputs at every step and extending each; both fork a request, so their copies share the prompt's blocks (05) |
+# | cache salt | an extra key mixed into every block hash (vLLM's `cache_salt`), so tenants with the same prompt never share K/V (05) |
+# | FasterTransformer | NVIDIA's inference library; the vLLM paper's contiguous-KV baseline for attention speed (04) |
+# | nano-vllm | a ~1,200-line re-implementation of vLLM's core; this series compares its allocator and eviction (05, 06, 13) |
 #
 # ## Build it small: a ten-line block allocator
 #
@@ -219,6 +223,8 @@ assert list(MODULES) == [s.name for s in ENGINE_MAP]
 
 # %%
 from collections import OrderedDict
+
+from minienv.exercises.tour import reference_release  # exercise 2 below: write it yourself
 
 
 class ToyPool:
@@ -247,10 +253,9 @@ class ToyPool:
         self.tables.setdefault(req, []).extend(shared)
 
     def release(self, req):
-        for block in reversed(self.tables.pop(req)):  # the tail of a table first
-            self.refcount[block] -= 1
-            if self.refcount[block] == 0:
-                self.free[block] = None  # to the tail of the free queue
+        """Give ``req``'s blocks back: one reference each, the table's last block first; a block nobody holds any
+        more joins the tail of the free queue. Exercise 2 asks you to write it — until then, minienv's runs."""
+        reference_release(self, req)
 
     def holders(self, block):
         return tuple(r for r, table in self.tables.items() if block in table)
@@ -467,10 +472,10 @@ check_next_blocks(next_blocks)
 #
 # ### Exercise 2: give a request's blocks back
 #
-# Write `release(pool, req)`, the toy pool's `release`, from the rules (without looking up): (1) the request's
-# block table is removed; (2) each of its blocks loses exactly one reference; (3) a block goes back to the free
-# queue only when its refcount reaches 0 — another request may still read it; (4) freed blocks join the **tail**
-# of the queue, the table's **last** block first. The check replays the demo (and a longer sequence where three
+# Write `release(pool, req)`, the toy pool's `release` — the one method the demo borrowed from minienv — from the
+# rules: (1) the request's block table is removed; (2) each of its blocks loses exactly one reference; (3) a block
+# goes back to the free queue only when its refcount reaches 0 — another request may still read it; (4) freed
+# blocks join the **tail** of the queue, the table's **last** block first. The check replays the demo (and a longer sequence where three
 # requests share blocks) with your `release` and compares the whole pool after every step.
 
 # %%
@@ -501,17 +506,25 @@ check_release(release)
 # </details>
 
 # %% [markdown]
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if the free queue were a stack — freed blocks pushed on the head? Which block would the next request get,
+#   and what would that do to the chance that a finished request's blocks are still there when the same prompt comes
+#   back (notebook 06 measures it)?
+#
 # ## Where this lives in vLLM / SGLang
 #
 # The toy above is the skeleton of real code. Open these files next to notebooks 04–08:
 #
 # | idea | vLLM v0.11.0 (v1 engine) | SGLang v0.5.3 |
 # |---|---|---|
-# | pool of blocks, free queue, allocate / free, refcounts | `vllm/v1/core/block_pool.py` (`BlockPool.get_new_blocks`, `free_blocks`, `touch`) | `python/sglang/srt/mem_cache/allocator.py` (token / page allocators) |
-# | the free queue as a doubly linked list (O(1) removal from the middle) | `vllm/v1/core/kv_cache_utils.py` (`FreeKVCacheBlockQueue`, `KVCacheBlock.ref_cnt`) | — |
-# | block tables per request, prefix-cache hits, allocation for a step | `vllm/v1/core/kv_cache_manager.py` (`KVCacheManager.allocate_slots`) | `python/sglang/srt/mem_cache/memory_pool.py` (`ReqToTokenPool`) |
-# | prefix sharing and eviction | block hashes + the free queue (`block_pool.py`, `kv_cache_utils.py`) | `python/sglang/srt/mem_cache/radix_cache.py` (`RadixCache.match_prefix`, `evict`, lock refs) |
-# | the scheduler that calls all of this every step | `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`) | `python/sglang/srt/managers/scheduler.py` |
+# | pool of blocks, free queue, allocate / free, refcounts | [`vllm/v1/core/block_pool.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/block_pool.py) (`BlockPool.get_new_blocks`, `free_blocks`, `touch`) | [`python/sglang/srt/mem_cache/allocator.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/allocator.py) (token / page allocators) |
+# | the free queue as a doubly linked list (O(1) removal from the middle) | [`vllm/v1/core/kv_cache_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_utils.py) (`FreeKVCacheBlockQueue`, `KVCacheBlock.ref_cnt`) | — |
+# | block tables per request, prefix-cache hits, allocation for a step | [`vllm/v1/core/kv_cache_manager.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_manager.py) (`KVCacheManager.allocate_slots`) | [`python/sglang/srt/mem_cache/memory_pool.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/memory_pool.py) (`ReqToTokenPool`) |
+# | prefix sharing and eviction | block hashes + the free queue (`block_pool.py`, `kv_cache_utils.py`) | [`python/sglang/srt/mem_cache/radix_cache.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/radix_cache.py) (`RadixCache.match_prefix`, `evict`, lock refs) |
+# | the scheduler that calls all of this every step | [`vllm/v1/core/sched/scheduler.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/sched/scheduler.py) (`Scheduler.schedule`) | [`python/sglang/srt/managers/scheduler.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/managers/scheduler.py) |
 #
 # vLLM's queue is the same idea as `ToyPool.free`: allocate from the head, free to the tail, a refcount per
 # block. SGLang organises the shared prefixes as a radix tree of token sequences instead of a chain of block

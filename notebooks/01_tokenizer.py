@@ -402,22 +402,29 @@ check_encode_word(encode_word)
 # </details>
 
 # %% [markdown]
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if you trained the tokenizer on Python code instead of Shakespeare? How would the token count of an English
+#   prompt change — and with it, every KV-memory figure of the next notebooks, which are all per token?
+#
 # ## Where this lives in vLLM / SGLang
 #
 # > **vLLM** (paths as of v0.11.0)
-# > * `vllm/transformers_utils/tokenizer.py` — `get_tokenizer()`: loads the model's tokenizer through
+# > * [`vllm/transformers_utils/tokenizer.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/transformers_utils/tokenizer.py) — `get_tokenizer()`: loads the model's tokenizer through
 # >   `transformers` (`AutoTokenizer`, i.e. the same `tokenizer.json` format minienv writes) and wraps it.
-# > * `vllm/v1/engine/processor.py` — turns a prompt into `prompt_token_ids` before the
+# > * [`vllm/v1/engine/processor.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/engine/processor.py) — turns a prompt into `prompt_token_ids` before the
 # >   request reaches the scheduler: the token count it produces is what the KV-cache manager budgets.
-# > * `vllm/v1/engine/detokenizer.py` — `IncrementalDetokenizer`: turns generated ids back into text *while
+# > * [`vllm/v1/engine/detokenizer.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/engine/detokenizer.py) — `IncrementalDetokenizer`: turns generated ids back into text *while
 # >   streaming*, using `tokenizers`' `DecodeStream`. It has to, because a token can end in the middle of a
 # >   UTF-8 character (the `‹f0 9f›` token above): text is emitted only once the bytes form whole characters.
-# > * `vllm/transformers_utils/detokenizer_utils.py` — the slow-path helpers (`detokenize_incrementally`).
+# > * [`vllm/transformers_utils/detokenizer_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/transformers_utils/detokenizer_utils.py) — the slow-path helpers (`detokenize_incrementally`).
 # >
 # > **SGLang** (v0.5.3)
-# > * `python/sglang/srt/managers/tokenizer_manager.py` — `TokenizerManager`, a separate process that tokenizes
+# > * [`python/sglang/srt/managers/tokenizer_manager.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/managers/tokenizer_manager.py) — `TokenizerManager`, a separate process that tokenizes
 # >   requests and sends ids to the scheduler over ZeroMQ, so tokenization never blocks the GPU loop.
-# > * `python/sglang/srt/managers/detokenizer_manager.py` — `DetokenizerManager`, the process that turns output
+# > * [`python/sglang/srt/managers/detokenizer_manager.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/managers/detokenizer_manager.py) — `DetokenizerManager`, the process that turns output
 # >   ids back into (incremental) text.
 # >
 # > Both engines use Hugging Face tokenizers (Rust) rather than their own BPE: minienv writes its own for the

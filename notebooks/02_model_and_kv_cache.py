@@ -25,7 +25,7 @@ import plotly.io as pio
 from IPython.display import SVG, display
 
 from minienv.generate import generate_ids
-from minienv.model import ContiguousKVCache, LlamaConfig, causal_attention, load_model
+from minienv.model import ContiguousKVCache, causal_attention, load_model
 from minienv.model.cost import generation_cost
 from minienv.paths import REPO_ROOT
 from minienv.sampling import SamplingParams
@@ -64,35 +64,7 @@ print(f"ratio                                          : {naive / cached:.1f}x")
 # ## The forward pass, as a picture
 
 # %%
-def forward_pass_svg(config: LlamaConfig) -> str:
-    """A box-and-arrow diagram of one decoder forward pass, labelled with this model's shapes."""
-    c = config
-    boxes = [
-        ("token ids  [N]", "#eeeeee"),
-        (f"embedding  [N, {c.hidden_size}]", "#dbe9f6"),
-        (f"RMSNorm → q/k/v proj  q[N,{c.num_attention_heads},{c.head_dim}]  k,v[N,{c.num_key_value_heads},{c.head_dim}]", "#fde2c8"),
-        ("RoPE on q and k (position-dependent rotation)", "#fde2c8"),
-        ("attention backend: write k,v to the KV cache; softmax(q·Kᵀ/√d)·V", "#f8c9c9"),
-        ("o_proj, + residual", "#fde2c8"),
-        (f"RMSNorm → SwiGLU MLP  [N, {c.intermediate_size}] → + residual", "#d9f0d3"),
-        ("final RMSNorm → LM head", "#dbe9f6"),
-        (f"logits  [N, {c.vocab_size}] → sampler → next token", "#eeeeee"),
-    ]
-    w, h, gap = 560, 34, 14
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + 150}" height="{len(boxes) * (h + gap) + 10}" '
-           'font-family="sans-serif" font-size="13">']
-    for i, (label, color) in enumerate(boxes):
-        y = 5 + i * (h + gap)
-        out.append(f'<rect x="10" y="{y}" width="{w}" height="{h}" rx="6" fill="{color}" stroke="#555"/>')
-        out.append(f'<text x="{10 + w / 2}" y="{y + h / 2 + 4}" text-anchor="middle">{label}</text>')
-        if i < len(boxes) - 1:
-            out.append(f'<line x1="{10 + w / 2}" y1="{y + h}" x2="{10 + w / 2}" y2="{y + h + gap}" stroke="#555"/>')
-    top, bottom = 5 + 2 * (h + gap), 5 + 6 * (h + gap) + h
-    out.append(f'<path d="M{w + 20},{top} h20 V{bottom} h-20" fill="none" stroke="#c33" stroke-width="2"/>')
-    out.append(f'<text x="{w + 48}" y="{(top + bottom) / 2}" fill="#c33">× {c.num_hidden_layers} layers</text>')
-    out.append("</svg>")
-    return "\n".join(out)
-
+from minienv.viz.diagram import forward_pass_svg  # boxes and arrows, labelled with the config's shapes
 
 diagram = forward_pass_svg(cfg)
 display(SVG(diagram))
@@ -529,14 +501,23 @@ check_kv_bytes_per_token(kv_bytes_per_token)
 # </details>
 
 # %% [markdown]
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if this model used plain multi-head attention (as many KV heads as query heads)? Recompute its KiB per
+#   token and GiB at 4k context from the formula, and say what GQA buys.
+# * What if the cache stored K and V in 8 bits instead of 32? Which line of the cost table changes, and which does
+#   not?
+#
 # ## Where this lives in vLLM / SGLang
 #
 # | minienv | vLLM v0.11.0 | SGLang v0.5.3 |
 # |---|---|---|
-# | `minienv/model/llama.py` (`LlamaModel.forward_step`) | `vllm/model_executor/models/llama.py` (`LlamaAttention`, `LlamaDecoderLayer`) | `python/sglang/srt/models/llama.py` |
-# | the `attend(layer, q, k, v)` backend seam | `vllm/attention/layer.py` (`Attention`, which dispatches to a backend and writes the KV cache) | `python/sglang/srt/layers/radix_attention.py` (`RadixAttention`) |
-# | `rope_cos_sin` / `apply_rope` | `vllm/model_executor/layers/rotary_embedding/` | same layer via `get_rope` |
-# | `minienv/sampling.py` (`SamplingParams`, `Sampler`) | `vllm/sampling_params.py`, `vllm/v1/sample/sampler.py`, `vllm/v1/sample/ops/topk_topp_sampler.py` | `python/sglang/srt/sampling/sampling_params.py` |
+# | `minienv/model/llama.py` (`LlamaModel.forward_step`) | [`vllm/model_executor/models/llama.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/models/llama.py) (`LlamaAttention`, `LlamaDecoderLayer`) | [`python/sglang/srt/models/llama.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/models/llama.py) |
+# | the `attend(layer, q, k, v)` backend seam | [`vllm/attention/layer.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/attention/layer.py) (`Attention`, which dispatches to a backend and writes the KV cache) | [`python/sglang/srt/layers/radix_attention.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/layers/radix_attention.py) (`RadixAttention`) |
+# | `rope_cos_sin` / `apply_rope` | [`vllm/model_executor/layers/rotary_embedding/`](https://github.com/vllm-project/vllm/tree/v0.11.0/vllm/model_executor/layers/rotary_embedding) | same layer via `get_rope` |
+# | `minienv/sampling.py` (`SamplingParams`, `Sampler`) | [`vllm/sampling_params.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/sampling_params.py), [`vllm/v1/sample/sampler.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/sample/sampler.py), [`vllm/v1/sample/ops/topk_topp_sampler.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/sample/ops/topk_topp_sampler.py) | [`python/sglang/srt/sampling/sampling_params.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/sampling/sampling_params.py) |
 #
 # Real engines never keep a contiguous `max_len` slab per request — that is exactly what their paged KV caches replace.
 #

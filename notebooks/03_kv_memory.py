@@ -470,20 +470,27 @@ check_slot_categories(slot_categories)
 # </details>
 
 # %% [markdown]
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if every request's output length were known in advance? Orca (Oracle) is that scheme: what waste is left,
+#   and why does paging still pack more requests at a fixed budget?
+#
 # ## Where this lives in vLLM / SGLang
 #
 # > **vLLM** (v1 engine, v0.11.0)
-# > * `vllm/v1/core/block_pool.py` — `BlockPool`: the fixed pool of KV blocks, allocated and freed one block at
+# > * [`vllm/v1/core/block_pool.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/block_pool.py) — `BlockPool`: the fixed pool of KV blocks, allocated and freed one block at
 # >   a time (our `paged` scheme; minienv's own pool is `minienv/kv/block_pool.py`, notebook 04).
-# > * `vllm/v1/core/kv_cache_utils.py` — `KVCacheBlock` and `FreeKVCacheBlockQueue`, the doubly linked free list
+# > * [`vllm/v1/core/kv_cache_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_utils.py) — `KVCacheBlock` and `FreeKVCacheBlockQueue`, the doubly linked free list
 # >   in eviction order.
-# > * `vllm/v1/core/kv_cache_manager.py` — `KVCacheManager.allocate_slots`: gives a request the blocks for its
-# >   new tokens, or fails so the scheduler (`vllm/v1/core/sched/scheduler.py`) preempts.
+# > * [`vllm/v1/core/kv_cache_manager.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_manager.py) — `KVCacheManager.allocate_slots`: gives a request the blocks for its
+# >   new tokens, or fails so the scheduler ([`vllm/v1/core/sched/scheduler.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/sched/scheduler.py)) preempts.
 # >
 # > **SGLang** (v0.5.3)
-# > * `python/sglang/srt/mem_cache/memory_pool.py` — `ReqToTokenPool` (request → its token slots, SGLang's block
+# > * [`python/sglang/srt/mem_cache/memory_pool.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/memory_pool.py) — `ReqToTokenPool` (request → its token slots, SGLang's block
 # >   table) and `MHATokenToKVPool` (the preallocated K/V buffers, one row per token slot).
-# > * `python/sglang/srt/mem_cache/allocator.py` — `TokenToKVPoolAllocator` (page size 1, SGLang's default: the
+# > * [`python/sglang/srt/mem_cache/allocator.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/allocator.py) — `TokenToKVPoolAllocator` (page size 1, SGLang's default: the
 # >   left end of our slider) and `PagedTokenToKVPoolAllocator` (page size > 1); recent versions split this
 # >   file into a `mem_cache/allocator/` package (`token.py`, `paged.py`).
 # >

@@ -548,19 +548,26 @@ check_new_blocks_needed(new_blocks_needed)
 # </details>
 
 # %% [markdown]
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if blocks were one token each? The slot arithmetic still works — where does the cost move (table size,
+#   gather, per-block work)? Notebook 13 measures it.
+#
 # ## Where this lives in vLLM / SGLang
 #
 # > **vLLM** (v1 engine, v0.11.0)
-# > * `vllm/v1/core/kv_cache_utils.py` — `KVCacheBlock` (block id, `ref_cnt`, block hash) and
+# > * [`vllm/v1/core/kv_cache_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_utils.py) — `KVCacheBlock` (block id, `ref_cnt`, block hash) and
 # >   `FreeKVCacheBlockQueue`, a hand-written doubly linked list with O(1) `popleft`, `append` and `remove`;
 # >   minienv's `KVCacheBlock` and `FreeBlockQueue`.
-# > * `vllm/v1/core/block_pool.py` — `BlockPool`: `get_new_blocks`, `free_blocks` (refcount −1, to the free
+# > * [`vllm/v1/core/block_pool.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/block_pool.py) — `BlockPool`: `get_new_blocks`, `free_blocks` (refcount −1, to the free
 # >   queue at 0), `get_num_free_blocks`; minienv's `BlockPool`.
-# > * `vllm/v1/core/kv_cache_manager.py` — per-request block lists and allocation of the slots a step needs
+# > * [`vllm/v1/core/kv_cache_manager.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_manager.py) — per-request block lists and allocation of the slots a step needs
 # >   (minienv: `BlockTable.append_tokens`; the full manager is notebook 05).
-# > * `vllm/v1/worker/block_table.py` — the worker-side `BlockTable` array and `compute_slot_mapping`:
+# > * [`vllm/v1/worker/block_table.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/worker/block_table.py) — the worker-side `BlockTable` array and `compute_slot_mapping`:
 # >   `block_table[req, pos // block_size] * block_size + pos % block_size`; minienv's `batch_slot_mapping`.
-# > * `vllm/v1/attention/backends/flash_attn.py` — `FlashAttentionMetadata` (`query_start_loc`, `seq_lens`,
+# > * [`vllm/v1/attention/backends/flash_attn.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/attention/backends/flash_attn.py) — `FlashAttentionMetadata` (`query_start_loc`, `seq_lens`,
 # >   `block_table`, `slot_mapping`); K/V live in a `[2, num_blocks, block_size, kv_heads, head_dim]` tensor per
 # >   layer, the order in which minienv's `KVPool.kv_cache[layer]` is indexed (its memory keeps heads outermost
 # >   instead: numpy reads a head's keys fastest as one contiguous slab). `cpu_attn.py` is the CPU backend.
@@ -568,9 +575,9 @@ check_new_blocks_needed(new_blocks_needed)
 # >   from the paper, which read blocks in place instead of gathering them.
 # >
 # > **SGLang** (v0.5.3)
-# > * `python/sglang/srt/mem_cache/memory_pool.py` — `ReqToTokenPool` (per request, position → KV slot: a block
+# > * [`python/sglang/srt/mem_cache/memory_pool.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/memory_pool.py) — `ReqToTokenPool` (per request, position → KV slot: a block
 # >   table at token granularity) and `MHATokenToKVPool` (the K/V buffers per layer, written by slot).
-# > * `python/sglang/srt/mem_cache/allocator.py` — `TokenToKVPoolAllocator` and `PagedTokenToKVPoolAllocator`
+# > * [`python/sglang/srt/mem_cache/allocator.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/allocator.py) — `TokenToKVPoolAllocator` and `PagedTokenToKVPoolAllocator`
 # >   (free slots / pages; newer versions split this into an `allocator/` package).
 
 # %% [markdown]

@@ -426,15 +426,23 @@ check_cached_tokens(my_cached_tokens)
 # </details>
 
 # %% [markdown]
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if two tenants send the same system prompt but must never read each other's K/V? Where would a cache salt
+#   enter the chain hash, and what would it cost in hit rate?
+# * What if a prompt shared a prefix that ends mid-block? Which tokens are shared, and which are computed again?
+#
 # ## Where this lives in vLLM / SGLang
 #
 # | engine (release) | file | what to look at |
 # |---|---|---|
-# | vLLM v0.11.0 | `vllm/v1/core/kv_cache_utils.py` | `hash_block_tokens(hash_function, parent_block_hash, curr_block_token_ids, extra_keys)`, the chain hash (sha256 by default since v0.10.2; `--prefix-caching-hash-algo`); `NONE_HASH`, the root, set by `init_none_hash` (from `PYTHONHASHSEED` when set, else random per process); `generate_block_hash_extra_keys` (LoRA, multimodal, `cache_salt`); `KVCacheBlock.ref_cnt` |
-# | vLLM v0.11.0 | `vllm/v1/core/block_pool.py` | `BlockPool.cached_block_hash_to_block` (the index), `get_cached_block`, `cache_full_blocks` (index once K/V are computed), `touch` (a hit: `ref_cnt += 1`), `free_blocks` |
-# | vLLM v0.11.0 | `vllm/v1/core/kv_cache_manager.py` | `KVCacheManager.get_computed_blocks` (longest cached prefix, at most `num_tokens - 1`), `allocate_slots`, `free`; hits counted in tokens (`PrefixCacheStats`) |
+# | vLLM v0.11.0 | [`vllm/v1/core/kv_cache_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_utils.py) | `hash_block_tokens(hash_function, parent_block_hash, curr_block_token_ids, extra_keys)`, the chain hash (sha256 by default since v0.10.2; `--prefix-caching-hash-algo`); `NONE_HASH`, the root, set by `init_none_hash` (from `PYTHONHASHSEED` when set, else random per process); `generate_block_hash_extra_keys` (LoRA, multimodal, `cache_salt`); `KVCacheBlock.ref_cnt` |
+# | vLLM v0.11.0 | [`vllm/v1/core/block_pool.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/block_pool.py) | `BlockPool.cached_block_hash_to_block` (the index), `get_cached_block`, `cache_full_blocks` (index once K/V are computed), `touch` (a hit: `ref_cnt += 1`), `free_blocks` |
+# | vLLM v0.11.0 | [`vllm/v1/core/kv_cache_manager.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_manager.py) | `KVCacheManager.get_computed_blocks` (longest cached prefix, at most `num_tokens - 1`), `allocate_slots`, `free`; hits counted in tokens (`PrefixCacheStats`) |
 # | vLLM v0.11.0 | — | no fork or copy-on-write in v1: the `n` samples are separate requests sharing the prompt through the prefix cache |
-# | SGLang v0.5.3 | `python/sglang/srt/mem_cache/radix_cache.py` | `RadixCache`: a radix tree over token ids (the tree *is* the chain): `match_prefix`, `insert`, `inc_lock_ref` / `dec_lock_ref` (refcounts) |
+# | SGLang v0.5.3 | [`python/sglang/srt/mem_cache/radix_cache.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/radix_cache.py) | `RadixCache`: a radix tree over token ids (the tree *is* the chain): `match_prefix`, `insert`, `inc_lock_ref` / `dec_lock_ref` (refcounts) |
 
 # %% [markdown]
 # ## Summary

@@ -426,17 +426,24 @@ check_safe_victims(safe_victims)
 # </details>
 
 # %% [markdown]
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if eviction were least *frequently* used instead (SGLang's `--radix-eviction-policy lfu`)? Describe a
+#   workload where it beats LRU, and one where it loses.
+#
 # ## Where this lives in vLLM / SGLang
 #
 # | engine (release) | file | what to look at |
 # |---|---|---|
-# | vLLM v0.11.0 | `vllm/v1/core/kv_cache_utils.py` | `FreeKVCacheBlockQueue`: a doubly linked list with O(1) `popleft` / `append` / `remove`; least recently freed first |
-# | vLLM v0.11.0 | `vllm/v1/core/block_pool.py` | `BlockPool.get_new_blocks` pops the head and `_maybe_evict_cached_block` drops its hash in the same call; `touch` takes hit blocks out of the queue; `free_blocks` appends to the tail |
-# | vLLM v0.11.0 | `vllm/v1/core/single_type_kv_cache_manager.py` | `SingleTypeKVCacheManager.free`: `reversed(req_blocks)`, so a request's tail blocks are freed (and evicted) first |
-# | vLLM v0.11.0 | `vllm/v1/core/kv_cache_manager.py` | `KVCacheManager.allocate_slots` returns `None` when the blocks do not fit; the scheduler preempts |
-# | SGLang v0.5.3 | `python/sglang/srt/mem_cache/radix_cache.py` | `RadixCache.evict`: a heap of unlocked **leaves** (`lock_ref == 0`); a parent becomes a leaf after its children — tail before parent, as a tree |
-# | SGLang v0.5.3 | `python/sglang/srt/mem_cache/evict_policy.py` | `LRUStrategy`, `LFUStrategy`: the heap's priority (`--radix-eviction-policy`) |
-# | nano-vllm | `nanovllm/engine/block_manager.py` | `BlockManager.free_block_ids`, a `deque` (described above) |
+# | vLLM v0.11.0 | [`vllm/v1/core/kv_cache_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_utils.py) | `FreeKVCacheBlockQueue`: a doubly linked list with O(1) `popleft` / `append` / `remove`; least recently freed first |
+# | vLLM v0.11.0 | [`vllm/v1/core/block_pool.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/block_pool.py) | `BlockPool.get_new_blocks` pops the head and `_maybe_evict_cached_block` drops its hash in the same call; `touch` takes hit blocks out of the queue; `free_blocks` appends to the tail |
+# | vLLM v0.11.0 | [`vllm/v1/core/single_type_kv_cache_manager.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/single_type_kv_cache_manager.py) | `SingleTypeKVCacheManager.free`: `reversed(req_blocks)`, so a request's tail blocks are freed (and evicted) first |
+# | vLLM v0.11.0 | [`vllm/v1/core/kv_cache_manager.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_manager.py) | `KVCacheManager.allocate_slots` returns `None` when the blocks do not fit; the scheduler preempts |
+# | SGLang v0.5.3 | [`python/sglang/srt/mem_cache/radix_cache.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/radix_cache.py) | `RadixCache.evict`: a heap of unlocked **leaves** (`lock_ref == 0`); a parent becomes a leaf after its children — tail before parent, as a tree |
+# | SGLang v0.5.3 | [`python/sglang/srt/mem_cache/evict_policy.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/evict_policy.py) | `LRUStrategy`, `LFUStrategy`: the heap's priority (`--radix-eviction-policy`) |
+# | nano-vllm | [`nanovllm/engine/block_manager.py`](https://github.com/GeeeekExplorer/nano-vllm/blob/bb823b3/nanovllm/engine/block_manager.py) | `BlockManager.free_block_ids`, a `deque` (described above) |
 
 # %% [markdown]
 # ## Summary

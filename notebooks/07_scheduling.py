@@ -428,15 +428,22 @@ check_plan_step(plan_step)
 # </details>
 
 # %% [markdown]
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if the victim policy preempted the request with the *most* computed tokens? Which moves — total
+#   recomputation or the tail latency of long requests — and in which direction?
+#
 # ## Where this lives in vLLM / SGLang
 #
 # | engine (release) | file | what to look at |
 # |---|---|---|
-# | vLLM v0.11.0 | `vllm/v1/core/sched/scheduler.py` | `Scheduler.schedule()`: one token budget per step, running requests first (each gets `num_tokens - num_computed_tokens`, capped: chunked prefill falls out), then `waiting`; when `kv_cache_manager.allocate_slots` returns `None`, FCFS preempts `self.running.pop()`, frees its blocks, sets `num_computed_tokens = 0` and `waiting.prepend_request`s it |
-# | vLLM v0.11.0 | `vllm/v1/core/sched/output.py`, `vllm/v1/core/sched/request_queue.py` | `SchedulerOutput` (minienv's mirrors it); the FCFS and priority queues |
-# | SGLang v0.5.3 | `python/sglang/srt/managers/scheduler.py` | `Scheduler.get_next_batch_to_run`: a prefill batch when there is room, else the decode batch; `update_running_batch` retracts requests when decode memory is short |
-# | SGLang v0.5.3 | `python/sglang/srt/managers/schedule_policy.py` | `SchedulePolicy` (FCFS or cache-aware LPM), `PrefillAdder` (chunks a long prompt within the step's budgets) |
-# | SGLang v0.5.3 | `python/sglang/srt/managers/schedule_batch.py` | `ScheduleBatch.retract_decode`: the preemption; retracted requests are recomputed, reusing what the radix cache kept |
+# | vLLM v0.11.0 | [`vllm/v1/core/sched/scheduler.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/sched/scheduler.py) | `Scheduler.schedule()`: one token budget per step, running requests first (each gets `num_tokens - num_computed_tokens`, capped: chunked prefill falls out), then `waiting`; when `kv_cache_manager.allocate_slots` returns `None`, FCFS preempts `self.running.pop()`, frees its blocks, sets `num_computed_tokens = 0` and `waiting.prepend_request`s it |
+# | vLLM v0.11.0 | [`vllm/v1/core/sched/output.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/sched/output.py), [`vllm/v1/core/sched/request_queue.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/sched/request_queue.py) | `SchedulerOutput` (minienv's mirrors it); the FCFS and priority queues |
+# | SGLang v0.5.3 | [`python/sglang/srt/managers/scheduler.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/managers/scheduler.py) | `Scheduler.get_next_batch_to_run`: a prefill batch when there is room, else the decode batch; `update_running_batch` retracts requests when decode memory is short |
+# | SGLang v0.5.3 | [`python/sglang/srt/managers/schedule_policy.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/managers/schedule_policy.py) | `SchedulePolicy` (FCFS or cache-aware LPM), `PrefillAdder` (chunks a long prompt within the step's budgets) |
+# | SGLang v0.5.3 | [`python/sglang/srt/managers/schedule_batch.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/managers/schedule_batch.py) | `ScheduleBatch.retract_decode`: the preemption; retracted requests are recomputed, reusing what the radix cache kept |
 
 # %% [markdown]
 # ## Summary

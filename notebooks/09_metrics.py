@@ -468,9 +468,16 @@ assert counter_samples[-1][1] - counter_samples[0][1] < true_increase  # last �
 # %% [markdown]
 # (Solutions: `solutions/09_metrics.py`.)
 #
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if the TTFT histogram's buckets were ten times coarser? How far could a bucket-estimated p90 drift from the
+#   true one, and where would you add a bucket first?
+#
 # ## Where it lives in vLLM and SGLang
 #
-# | minienv (`minienv/metrics.py`) | vLLM v0.11.0 (`vllm/v1/metrics/loggers.py`, `vllm/v1/metrics/stats.py`) | SGLang v0.5.3 (`python/sglang/srt/metrics/collector.py`) |
+# | minienv (`minienv/metrics.py`) | vLLM v0.11.0 ([`vllm/v1/metrics/loggers.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/metrics/loggers.py), [`vllm/v1/metrics/stats.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/metrics/stats.py)) | SGLang v0.5.3 ([`python/sglang/srt/metrics/collector.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/metrics/collector.py)) |
 # |---|---|---|
 # | `vllm:num_requests_running` / `_waiting` | the same (`SchedulerStats.num_running_reqs`, `num_waiting_reqs`) | `sglang:num_running_reqs`, `sglang:num_queue_reqs` |
 # | `vllm:kv_cache_usage_perc` (blocks) · `minienv:kv_cache_token_usage_perc` | `vllm:kv_cache_usage_perc` (blocks only) | `sglang:token_usage` (SGLang's pool is per token) |
@@ -481,7 +488,7 @@ assert counter_samples[-1][1] - counter_samples[0][1] < true_increase  # last �
 # | TTFT, ITL, e2e histograms | `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`, `vllm:e2e_request_latency_seconds` | `sglang:time_to_first_token_seconds`, `sglang:inter_token_latency_seconds`, `sglang:e2e_request_latency_seconds` |
 # | queue / prefill / decode time | `vllm:request_queue_time_seconds`, `_prefill_time_`, `_decode_time_` | `sglang:queue_time_seconds` |
 # | `minienv:kv_cache_evicted_blocks` / `_tokens`, `minienv:kv_cache_cached_free_blocks` | — (KV events, not metrics) | — |
-# | `vllm:spec_decode_num_drafts` / `_draft_tokens` / `_accepted_tokens` / `_accepted_tokens_per_pos` (notebook 12) | the same (`vllm/v1/spec_decode/metrics.py`) | `sglang:spec_accept_length` |
+# | `vllm:spec_decode_num_drafts` / `_draft_tokens` / `_accepted_tokens` / `_accepted_tokens_per_pos` (notebook 12) | the same ([`vllm/v1/spec_decode/metrics.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/spec_decode/metrics.py)) | `sglang:spec_accept_length` |
 # | `vllm:external_prefix_cache_queries` / `_hits`, `minienv:kv_tier_*` (notebook 11) | — (v0.11.0 has no connector hit counters; the `vllm:external_prefix_cache_*` names minienv uses come from later releases) | HiCache storage counters: `sglang:prefetched_tokens_total`, `sglang:backuped_tokens_total` (`StorageMetricsCollector`) |
 #
 # Two traps worth knowing. vLLM registers into prometheus-client's process-wide registry and unregisters its own

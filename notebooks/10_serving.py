@@ -14,7 +14,7 @@
 # 4. explain **back-pressure**: why a full waiting queue answers `RESOURCE_EXHAUSTED` instead of queueing without
 #    bound, and how a client retries with exponential backoff;
 # 5. explain why **round-robin** balancing lowers the prefix-cache hit rate of N instances, and how
-#    **prefix-aware routing** (SGLang's router, llm-d) wins it back;
+#    **prefix-aware routing** (SGLang's router; llm-d, a Kubernetes serving stack for vLLM) wins it back;
 # 6. find the same parts in vLLM and SGLang.
 
 # %%
@@ -641,16 +641,23 @@ print("exit statuses:", [s.proc.returncode for s in servers])
 assert [s.proc.returncode for s in servers] == [0, 0, 0, 0] and not any(s.alive() for s in servers)
 
 # %% [markdown]
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if the router hashed the whole prompt instead of its first block? Predict the hit rate on the
+#   shared-system-prompt trace, then try it with `pick_instance`.
+#
 # ## Where it lives in vLLM and SGLang
 #
 # | minienv | what it does | vLLM v0.11.0 | SGLang v0.5.3 |
 # |---|---|---|---|
-# | `python -m minienv serve` (`minienv/cli.py`), `minienv/serving/server.py` | a server process around one engine; one thread steps it | `vllm/entrypoints/openai/api_server.py` (`vllm serve`); the engine loop in its own process: `vllm/v1/engine/core.py` (`EngineCoreProc`) | `python/sglang/launch_server.py`, `python/sglang/srt/entrypoints/http_server.py`; the loop: `python/sglang/srt/managers/scheduler.py` |
-# | handlers hand requests to the engine thread; each receives only its own outputs | per-request output queues | `vllm/v1/engine/async_llm.py` (`AsyncLLM.generate`), `vllm/v1/engine/output_processor.py` (`RequestOutputCollector`) | `python/sglang/srt/managers/tokenizer_manager.py` (per-request state and event) |
-# | `proto/minienv/v1/minienv.proto`: `Generate` (a stream of `chunk`s, then `complete`), `Abort`, info calls; `grpc.health.v1` | the gRPC API | none in this release: HTTP only (a gRPC entrypoint came later, vllm-project/vllm#30190) | `python/sglang/srt/grpc/sglang_scheduler.proto`, `python/sglang/srt/entrypoints/grpc_server.py`, `grpc_request_manager.py`; health is its own `HealthCheck` RPC (`grpc.health.v1` came later, sgl-project/sglang#11955) |
-# | a cancelled call or a passed deadline aborts the request; its blocks are freed | a client that is gone costs nothing | `vllm/entrypoints/utils.py` (`with_cancellation`: a disconnect cancels the handler), `AsyncLLM.abort` | `tokenizer_manager.py` (`abort_request`); `entrypoints/grpc_request_manager.py` aborts when `context.cancelled()` |
-# | `--max-waiting` → `RESOURCE_EXHAUSTED` | back-pressure | none: the waiting queue is unbounded (a bound is proposed in vllm-project/vllm#27064) | `--max-queued-requests` (`python/sglang/srt/server_args.py`, checked at admission in `scheduler.py`) |
-# | gRPC's `round_robin` over N servers; prefix-aware routing | balancing, with cache affinity | data-parallel engines balanced by load: `vllm/v1/engine/coordinator.py`, `vllm/v1/engine/core_client.py` | `sgl-router/` (Rust): `src/policies/round_robin.rs`, `src/policies/cache_aware.rs` |
+# | `python -m minienv serve` (`minienv/cli.py`), `minienv/serving/server.py` | a server process around one engine; one thread steps it | [`vllm/entrypoints/openai/api_server.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/openai/api_server.py) (`vllm serve`); the engine loop in its own process: [`vllm/v1/engine/core.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/engine/core.py) (`EngineCoreProc`) | [`python/sglang/launch_server.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/launch_server.py), [`python/sglang/srt/entrypoints/http_server.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/entrypoints/http_server.py); the loop: [`python/sglang/srt/managers/scheduler.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/managers/scheduler.py) |
+# | handlers hand requests to the engine thread; each receives only its own outputs | per-request output queues | [`vllm/v1/engine/async_llm.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/engine/async_llm.py) (`AsyncLLM.generate`), [`vllm/v1/engine/output_processor.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/engine/output_processor.py) (`RequestOutputCollector`) | [`python/sglang/srt/managers/tokenizer_manager.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/managers/tokenizer_manager.py) (per-request state and event) |
+# | `proto/minienv/v1/minienv.proto`: `Generate` (a stream of `chunk`s, then `complete`), `Abort`, info calls; `grpc.health.v1` | the gRPC API | none in this release: HTTP only (a gRPC entrypoint came later, vllm-project/vllm#30190) | [`python/sglang/srt/grpc/sglang_scheduler.proto`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/grpc/sglang_scheduler.proto), [`python/sglang/srt/entrypoints/grpc_server.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/entrypoints/grpc_server.py), `grpc_request_manager.py`; health is its own `HealthCheck` RPC (`grpc.health.v1` came later, sgl-project/sglang#11955) |
+# | a cancelled call or a passed deadline aborts the request; its blocks are freed | a client that is gone costs nothing | [`vllm/entrypoints/utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/utils.py) (`with_cancellation`: a disconnect cancels the handler), `AsyncLLM.abort` | `tokenizer_manager.py` (`abort_request`); [`python/sglang/srt/entrypoints/grpc_request_manager.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/entrypoints/grpc_request_manager.py) aborts when `context.cancelled()` |
+# | `--max-waiting` → `RESOURCE_EXHAUSTED` | back-pressure | none: the waiting queue is unbounded (a bound is proposed in vllm-project/vllm#27064) | `--max-queued-requests` ([`python/sglang/srt/server_args.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/server_args.py), checked at admission in `scheduler.py`) |
+# | gRPC's `round_robin` over N servers; prefix-aware routing | balancing, with cache affinity | data-parallel engines balanced by load: [`vllm/v1/engine/coordinator.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/engine/coordinator.py), [`vllm/v1/engine/core_client.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/engine/core_client.py) | [`sgl-router/`](https://github.com/sgl-project/sglang/tree/v0.5.3/sgl-router) (Rust): `src/policies/round_robin.rs`, `src/policies/cache_aware.rs` |
 #
 # SGLang's `cache_aware` policy keeps, per worker, an approximate radix tree of the *text* it was sent, routes to
 # the worker with the longest match (above a threshold), and switches to the shortest queue when the loads differ

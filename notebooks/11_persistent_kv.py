@@ -432,23 +432,30 @@ check_num_tokens_to_load(num_tokens_to_load)
 # The reference solutions are in `solutions/11_persistent_kv.py` — try them yourself first.
 
 # %% [markdown]
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if the tier's keys left out the model fingerprint? Describe the first wrong thing a user would see after
+#   upgrading the model behind a warm tier.
+#
 # ## Where this lives in vLLM / LMCache / SGLang
 #
 # > **vLLM** (v0.11.0)
-# > * `vllm/distributed/kv_transfer/kv_connector/v1/base.py` — `KVConnectorBase_V1`. Scheduler side:
+# > * [`vllm/distributed/kv_transfer/kv_connector/v1/base.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/distributed/kv_transfer/kv_connector/v1/base.py) — `KVConnectorBase_V1`. Scheduler side:
 # >   `get_num_new_matched_tokens(request, num_computed_tokens)` (how many more tokens the external store has; it
 # >   must not change state), `update_state_after_alloc` (the blocks allocated for them), `build_connector_meta`.
 # >   Worker side: `start_load_kv` / `wait_for_layer_load` (into the allocated blocks, before the forward pass),
 # >   `save_kv_layer` / `wait_for_save`, `request_finished`. Ours is the same seam without the process boundary.
-# > * `vllm/distributed/kv_transfer/kv_connector/v1/lmcache_connector.py` — the adapter that plugs LMCache in.
+# > * [`vllm/distributed/kv_transfer/kv_connector/v1/lmcache_connector.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/distributed/kv_transfer/kv_connector/v1/lmcache_connector.py) — the adapter that plugs LMCache in.
 # >
 # > **LMCache** (v0.3.8)
-# > * `lmcache/v1/storage_backend/local_disk_backend.py` — the local disk tier; `connector/redis_connector.py` —
+# > * [`lmcache/v1/storage_backend/local_disk_backend.py`](https://github.com/LMCache/LMCache/blob/v0.3.8/lmcache/v1/storage_backend/local_disk_backend.py) — the local disk tier; `connector/redis_connector.py` —
 # >   Redis as a remote tier; chunk keys are chained hashes of token chunks.
 # >
 # > **SGLang** (v0.5.3)
-# > * `python/sglang/srt/mem_cache/hiradix_cache.py` — HiCache: the radix tree of notebook 06 extended with host
-# >   memory and storage tiers; `python/sglang/srt/mem_cache/hicache_storage.py` — the storage backend interface
+# > * [`python/sglang/srt/mem_cache/hiradix_cache.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/hiradix_cache.py) — HiCache: the radix tree of notebook 06 extended with host
+# >   memory and storage tiers; [`python/sglang/srt/mem_cache/hicache_storage.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/hicache_storage.py) — the storage backend interface
 # >   (`get`, `set`, `exists` by page hash).
 
 # %% [markdown]

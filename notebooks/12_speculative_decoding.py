@@ -451,15 +451,22 @@ check_ngram(propose)
 # * **The bonus from the wrong position.** The bonus comes from `p` at position `k + 1` — an off-by-one takes it
 #   from position `k`, and the chi-square test catches it.
 #
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if the draft model were the target itself? What would α be at temperature 0, and why would speculation
+#   still not pay?
+#
 # ## Where it lives
 #
 # | minienv | vLLM v0.11.0 | SGLang v0.5.3 |
 # |---|---|---|
-# | `minienv/spec_decode/rejection.py` — `verify` | `vllm/v1/sample/rejection_sampler.py` (`RejectionSampler`) | `python/sglang/srt/speculative/eagle_info.py` (`EagleVerifyInput.verify` calls the `tree_speculative_sampling_target_only` kernel; in `eagle_utils.py` before PR #10735) |
-# | `minienv/spec_decode/ngram.py` — `NgramProposer` | `vllm/v1/spec_decode/ngram_proposer.py` (`NgramProposer`, `prompt_lookup_min/max`) | `python/sglang/srt/speculative/ngram_worker.py` (`--speculative-algorithm NGRAM`; `lookahead_worker.py` / `LOOKAHEAD` before PR #11010, merged around this release) |
-# | `minienv/spec_decode/draft.py` — `DraftProposer` | `vllm/v1/spec_decode/draft_model.py` (added by PR #24322, after v0.11.0; v0.11.0 has EAGLE/Medusa/MTP in `eagle.py`, `medusa.py`) | `python/sglang/srt/speculative/standalone_worker.py` (`--speculative-algorithm STANDALONE`) |
-# | `minienv/spec_decode/speculator.py` — `SpeculativeConfig`, `SpecDecodingStats` | `vllm/config/speculative.py`, `vllm/v1/spec_decode/metrics.py` | `python/sglang/srt/speculative/spec_info.py` |
-# | `Scheduler.update_from_output(plan, num_rejected)` — truncate, then commit | `vllm/v1/core/sched/scheduler.py` (`update_from_output`: `num_computed_tokens -= num_rejected`) | `python/sglang/srt/speculative/eagle_info.py` (verify, then free the rejected slots) |
+# | `minienv/spec_decode/rejection.py` — `verify` | [`vllm/v1/sample/rejection_sampler.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/sample/rejection_sampler.py) (`RejectionSampler`) | [`python/sglang/srt/speculative/eagle_info.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/speculative/eagle_info.py) (`EagleVerifyInput.verify` calls the `tree_speculative_sampling_target_only` kernel; in `eagle_utils.py` before PR #10735) |
+# | `minienv/spec_decode/ngram.py` — `NgramProposer` | [`vllm/v1/spec_decode/ngram_proposer.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/spec_decode/ngram_proposer.py) (`NgramProposer`, `prompt_lookup_min/max`) | [`python/sglang/srt/speculative/ngram_worker.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/speculative/ngram_worker.py) (`--speculative-algorithm NGRAM`; `lookahead_worker.py` / `LOOKAHEAD` before PR #11010, merged around this release) |
+# | `minienv/spec_decode/draft.py` — `DraftProposer` | `vllm/v1/spec_decode/draft_model.py` (added by PR #24322, after v0.11.0; v0.11.0 has EAGLE/Medusa/MTP in `eagle.py`, `medusa.py`) | [`python/sglang/srt/speculative/standalone_worker.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/speculative/standalone_worker.py) (`--speculative-algorithm STANDALONE`) |
+# | `minienv/spec_decode/speculator.py` — `SpeculativeConfig`, `SpecDecodingStats` | [`vllm/config/speculative.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/config/speculative.py), [`vllm/v1/spec_decode/metrics.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/spec_decode/metrics.py) | [`python/sglang/srt/speculative/spec_info.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/speculative/spec_info.py) |
+# | `Scheduler.update_from_output(plan, num_rejected)` — truncate, then commit | [`vllm/v1/core/sched/scheduler.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/sched/scheduler.py) (`update_from_output`: `num_computed_tokens -= num_rejected`) | [`python/sglang/srt/speculative/eagle_info.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/speculative/eagle_info.py) (verify, then free the rejected slots) |
 #
 # ## Summary
 #

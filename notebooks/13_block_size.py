@@ -595,27 +595,34 @@ else:
 # %% [markdown]
 # (Solutions are in `solutions/13_block_size.py`.)
 #
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if the hash granularity were decoupled from the block size (vLLM's later releases match prefixes in smaller
+#   units than a block)? Which columns of the sweep would move, and which would not?
+#
 # ## Where this lives in vLLM / SGLang
 #
 # Pinned to releases (nano-vllm has none: a commit):
 #
 # > **vLLM v0.11.0**
-# > * `vllm/config/cache.py` — `CacheConfig.block_size` ("size of a contiguous cache block in number of tokens"; no
-# >   static default: the platform sets it, 16 on CUDA in `vllm/platforms/cuda.py`). The hash granularity is the
+# > * [`vllm/config/cache.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/config/cache.py) — `CacheConfig.block_size` ("size of a contiguous cache block in number of tokens"; no
+# >   static default: the platform sets it, 16 on CUDA in [`vllm/platforms/cuda.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/platforms/cuda.py)). The hash granularity is the
 # >   block size; later releases decouple them (`hash_block_size`, then `prefix_match_unit`: a finer prefix-hit
 # >   boundary that must divide the physical block) — the answer to trap 1 that keeps one physical size.
-# > * `vllm/v1/core/kv_cache_utils.py` — `hash_block_tokens`: one chain hash per full block (the reason a prefix
-# >   shorter than a block never hits); `vllm/v1/core/block_pool.py` — `BlockPool`, the pool of fixed-size blocks
+# > * [`vllm/v1/core/kv_cache_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_utils.py) — `hash_block_tokens`: one chain hash per full block (the reason a prefix
+# >   shorter than a block never hits); [`vllm/v1/core/block_pool.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/block_pool.py) — `BlockPool`, the pool of fixed-size blocks
 # >   and its free queue.
 # >
 # > **SGLang v0.5.3**
-# > * `python/sglang/srt/mem_cache/allocator.py` — `TokenToKVPoolAllocator` (page size 1: token-granular) and
+# > * [`python/sglang/srt/mem_cache/allocator.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/allocator.py) — `TokenToKVPoolAllocator` (page size 1: token-granular) and
 # >   `PagedTokenToKVPoolAllocator` (page-aligned allocation); `merge_and_sort_free` sorts freed pages so that later
 # >   allocations come out contiguous — the contiguity our dynamic scheme chased.
-# > * `python/sglang/srt/mem_cache/radix_cache.py` — `RadixCache.match_prefix` truncates the key to a multiple of
+# > * [`python/sglang/srt/mem_cache/radix_cache.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/radix_cache.py) — `RadixCache.match_prefix` truncates the key to a multiple of
 # >   `page_size` and `_key_match_paged` compares a whole page at a time: the page-granular hit of trap 1.
 # >
-# > **nano-vllm** (commit `bb823b3`): `nanovllm/config.py` — `kvcache_block_size: int = 256` (asserted a multiple
+# > **nano-vllm** (commit `bb823b3`): [`nanovllm/config.py`](https://github.com/GeeeekExplorer/nano-vllm/blob/bb823b3/nanovllm/config.py) — `kvcache_block_size: int = 256` (asserted a multiple
 # > of 256).
 
 # %% [markdown]

@@ -294,21 +294,28 @@ except ValueError as err:
     assert "kv_cache_manager_factory must be a callable" in str(err)
 
 # %% [markdown]
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if your manager handed out the most recently freed block first (MRU)? Which grading scenario catches it,
+#   and would the engine's outputs change?
+#
 # ## Where this lives in vLLM / SGLang
 #
 # > **vLLM v0.11.0**
-# > * `vllm/v1/core/kv_cache_manager.py` — `KVCacheManager`: `get_computed_blocks` (your `lookup`, capped so the
+# > * [`vllm/v1/core/kv_cache_manager.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_manager.py) — `KVCacheManager`: `get_computed_blocks` (your `lookup`, capped so the
 # >   last token is computed), `allocate_slots` (your `allocate` / `append_slots`: `None` when the blocks do not
 # >   fit; it also indexes the full blocks of the tokens the step will compute, unless `delay_cache_blocks`), `free`.
-# > * `vllm/v1/core/block_pool.py` — `BlockPool`: `get_new_blocks` (head of the free queue, and
+# > * [`vllm/v1/core/block_pool.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/block_pool.py) — `BlockPool`: `get_new_blocks` (head of the free queue, and
 # >   `_maybe_evict_cached_block` drops the hash in the same call), `touch` (a hit: out of the queue, `ref_cnt += 1`),
 # >   `cache_full_blocks` (the indexing your `commit` does), `free_blocks` (refcount −1, to the tail).
-# > * `vllm/v1/core/kv_cache_utils.py` — `FreeKVCacheBlockQueue` (your `OrderedDict`, as a doubly linked list) and
+# > * [`vllm/v1/core/kv_cache_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_utils.py) — `FreeKVCacheBlockQueue` (your `OrderedDict`, as a doubly linked list) and
 # >   `hash_block_tokens` (the chain hash).
-# > * `vllm/v1/core/single_type_kv_cache_manager.py` — `free` walks `reversed(req_blocks)`: last block first.
+# > * [`vllm/v1/core/single_type_kv_cache_manager.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/single_type_kv_cache_manager.py) — `free` walks `reversed(req_blocks)`: last block first.
 # >
 # > **SGLang v0.5.3**
-# > * `python/sglang/srt/mem_cache/radix_cache.py` — `RadixCache`: the same contract as a radix tree over token
+# > * [`python/sglang/srt/mem_cache/radix_cache.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/radix_cache.py) — `RadixCache`: the same contract as a radix tree over token
 # >   ids (`match_prefix` = lookup, `inc_lock_ref` / `dec_lock_ref` = refcounts, `insert` = commit, `evict` drops
 # >   unlocked leaves — the tree form of "tail before parent").
 

@@ -13,6 +13,15 @@ from collections import OrderedDict
 from minienv.exercises._check import exercise, fail, require
 
 
+def reference_release(pool, req: str) -> None:
+    """The toy pool's ``release`` (notebook 00's second exercise; the notebook's demo borrows it until the student
+    writes their own): refcount -1 per block, table's last block first, refcount 0 -> the free queue's tail."""
+    for block in reversed(pool.tables.pop(req)):
+        pool.refcount[block] -= 1
+        if pool.refcount[block] == 0:
+            pool.free[block] = None
+
+
 class ToyPool:
     """Notebook 00's allocator: ``free`` is the free queue (an OrderedDict, head = next out)."""
 
@@ -38,10 +47,7 @@ class ToyPool:
         self.tables.setdefault(req, []).extend(shared)
 
     def release(self, req: str) -> None:
-        for block in reversed(self.tables.pop(req)):
-            self.refcount[block] -= 1
-            if self.refcount[block] == 0:
-                self.free[block] = None
+        reference_release(self, req)
 
     def state(self) -> tuple:
         return list(self.free), list(self.refcount), {r: list(t) for r, t in self.tables.items()}

@@ -1,4 +1,5 @@
-"""``flow_diagram``: a static top-to-bottom flow of boxes (the engine map), as SVG.
+"""``flow_diagram``: a static top-to-bottom flow of boxes (the engine map), as SVG; ``forward_pass_svg``: one
+decoder forward pass with a model's shapes (notebook 02).
 
 A picture, not a widget: it renders the same in JupyterLab, on GitHub and on nbviewer.
 
@@ -88,3 +89,34 @@ def flow_diagram(stages: list[Stage], **kw):
     """``flow_svg`` as an ``IPython.display.SVG`` (displays in JupyterLab, GitHub and nbviewer)."""
     display = S.require("IPython.display")
     return display.SVG(data=flow_svg(stages, **kw))
+
+
+def forward_pass_svg(config) -> str:
+    """A box-and-arrow diagram of one decoder forward pass (notebook 02), labelled with the shapes of ``config``
+    (a :class:`~minienv.model.LlamaConfig`): nine boxes, the per-layer ones bracketed "× layers"."""
+    c = config
+    boxes = [
+        ("token ids  [N]", "#eeeeee"),
+        (f"embedding  [N, {c.hidden_size}]", "#dbe9f6"),
+        (f"RMSNorm → q/k/v proj  q[N,{c.num_attention_heads},{c.head_dim}]  k,v[N,{c.num_key_value_heads},{c.head_dim}]", "#fde2c8"),
+        ("RoPE on q and k (position-dependent rotation)", "#fde2c8"),
+        ("attention backend: write k,v to the KV cache; softmax(q·Kᵀ/√d)·V", "#f8c9c9"),
+        ("o_proj, + residual", "#fde2c8"),
+        (f"RMSNorm → SwiGLU MLP  [N, {c.intermediate_size}] → + residual", "#d9f0d3"),
+        ("final RMSNorm → LM head", "#dbe9f6"),
+        (f"logits  [N, {c.vocab_size}] → sampler → next token", "#eeeeee"),
+    ]
+    w, h, gap = 560, 34, 14
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + 150}" height="{len(boxes) * (h + gap) + 10}" '
+           'font-family="sans-serif" font-size="13">']
+    for i, (label, color) in enumerate(boxes):
+        y = 5 + i * (h + gap)
+        out.append(f'<rect x="10" y="{y}" width="{w}" height="{h}" rx="6" fill="{color}" stroke="#555"/>')
+        out.append(f'<text x="{10 + w / 2}" y="{y + h / 2 + 4}" text-anchor="middle">{label}</text>')
+        if i < len(boxes) - 1:
+            out.append(f'<line x1="{10 + w / 2}" y1="{y + h}" x2="{10 + w / 2}" y2="{y + h + gap}" stroke="#555"/>')
+    top, bottom = 5 + 2 * (h + gap), 5 + 6 * (h + gap) + h
+    out.append(f'<path d="M{w + 20},{top} h20 V{bottom} h-20" fill="none" stroke="#c33" stroke-width="2"/>')
+    out.append(f'<text x="{w + 48}" y="{(top + bottom) / 2}" fill="#c33">× {c.num_hidden_layers} layers</text>')
+    out.append("</svg>")
+    return "\n".join(out)
