@@ -181,10 +181,13 @@ assert paged_toy["token"] == 6 and paged_toy["internal"] + paged_toy["reservatio
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.lab.memory_accounting import PAPER_FIGURE2, SCHEME_LABELS, SCHEMES, figure2, format_figure2_table
+from minienv.lab.memory_accounting import (PAPER_FIGURE2, SCHEME_LABELS, SCHEMES, figure2, format_figure2_table,
+                                           simulate)
 
 BLOCK_SIZE = 16
-results = figure2(requests, KV_SLOTS, max_len=MAX_LEN, block_size=BLOCK_SIZE)  # allocator="buddy"
+results = {}
+for scheme in SCHEMES:  # the same requests, the same memory, four ways to place their KV (buddy allocator)
+    results[scheme] = simulate(requests, scheme, KV_SLOTS, max_len=MAX_LEN, block_size=BLOCK_SIZE)
 pct = {s: r.percent() for s, r in results.items()}
 print(format_figure2_table(results))
 print()

@@ -22,11 +22,13 @@
 # NBVAL_CHECK_OUTPUT
 import numpy as np
 
-from minienv.lab.eviction_experiments import hit_rate_sweep, popular_prefix_workload, simulate_cache
+from minienv.lab.eviction_experiments import POLICIES, popular_prefix_workload, simulate_cache
 
 stream = popular_prefix_workload(150, seed=0)
 BUDGETS = [256, 384, 512, 768, 1024, 2048, 4096, 8192]
-sweep = hit_rate_sweep(stream, BUDGETS)  # every policy at every budget; the curves are drawn further down
+sweep = {}  # the curves are drawn further down
+for policy in POLICIES:  # minienv's LRU, nano-vllm's free deque, no prefix cache
+    sweep[policy] = [simulate_cache(stream, budget, policy) for budget in BUDGETS]  # serve it, count the hits
 unbounded = simulate_cache(stream, sum(len(r.prompt) + r.output_len + 16 for r in stream), "minienv LRU")
 for run in (sweep["minienv LRU"][0], sweep["minienv LRU"][4], unbounded):
     print(f"KV budget {run.kv_budget_tokens:>6} tokens: prefix-cache hit rate {run.hit_rate:.1%}, "

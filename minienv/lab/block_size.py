@@ -42,7 +42,7 @@ from minienv.scheduler import Scheduler
 
 __all__ = [
     "BLOCK_SIZES", "TraceRequest", "Trace", "sharegpt_trace", "alpaca_trace", "shared_prompt_trace", "standard_traces",
-    "check_block_size", "RunResult", "simulate", "sweep", "attention_time", "LengthStats", "length_stats",
+    "check_block_size", "RunResult", "simulate", "sweep", "decode_batch", "with_timings", "attention_time", "LengthStats", "length_stats",
     "predicted_fragmentation", "predicted_hit_tokens", "Recommendation", "recommend_block_size", "objective",
     "format_table", "DEFAULT_DYNAMIC", "best_fixed", "ENTRY_COST_KEYS", "row_key", "step_time_us", "step_work", "NUM_LAYERS",
 ]
@@ -237,11 +237,6 @@ def simulate(trace: Trace, kv_budget_tokens: int, block_size: int | None = None,
 
 
 # ------------------------------------------------------------------------------------------------ attention time
-def _decode_batch(trace: Trace, num_seqs: int) -> list[int]:
-    """Lengths of a representative decode batch: the first ``num_seqs`` requests, halfway through their output."""
-    return [len(r.prompt) + max(1, r.output_len // 2) for r in trace.requests[:num_seqs]]
-
-
 def _layout(lengths: Sequence[int], mgr: KVCacheManager, chunk: int = 8) -> list[list[int]]:
     """Grow the sequences in the manager the way serving does — prompts, then decode chunks round-robin — so
     their blocks interleave in the pool as they would in a running engine. Returns the block tables."""
@@ -299,51 +294,57 @@ def attention_time(lengths: Sequence[int], block_size: int | None = None, *, dyn
 
 
 # ------------------------------------------------------------------------------------------------ the sweep
+def decode_batch(trace: Trace, num_seqs: int = 16) -> list[int]:
+    """Lengths of a representative decode batch: the first ``num_seqs`` requests, halfway through their output."""
+    return [len(r.prompt) + max(1, r.output_len // 2) for r in trace.requests[:num_seqs]]
+
+
+def with_timings(run: RunResult, attention: Sequence[dict[str, float]], manager_us: Sequence[float],
+                 dynamic: DynamicBlockConfig | None = None, *, timed: bool = True) -> RunResult:
+    """The sweep's row: ``run`` (the deterministic columns of :func:`simulate`) with the timings of one or more
+    rounds — ``attention`` the :func:`attention_time` results, ``manager_us`` the runs' manager times.
+
+    ``attn_us`` / ``manager_us`` become medians over the rounds and ``extra`` keeps the minima
+    (``attn_us_min``, ``manager_us_min``), the attended layout (``padded_keys``, ``batch_blocks``: deterministic)
+    and the dynamic configuration, if any. ``timed=False`` (tests that need only the layout) leaves the attention
+    time out."""
+    extra = {"manager_us_min": min(manager_us), "dynamic": dynamic, "padded_keys": attention[0]["padded_keys"],
+             "batch_blocks": attention[0]["blocks"]}
+    attn_us = None
+    if timed:
+        extra["attn_us_min"] = min(a["min_us"] for a in attention)
+        attn_us = float(np.median([a["median_us"] for a in attention]))
+    return replace(run, attn_us=attn_us, manager_us=float(np.median(manager_us)), extra=extra)
+
+
 def sweep(traces: Sequence[Trace], kv_budget_tokens: int, block_sizes: Sequence[int] = BLOCK_SIZES, *,
           dynamic: DynamicBlockConfig | Sequence[DynamicBlockConfig] = (), attention: bool = True,
           num_seqs: int = 16, rounds: int = 1, **simulate_kwargs) -> dict[str, list[RunResult]]:
     """Every trace at every block size, then each ``dynamic`` configuration: ``{trace name: [RunResult]}``.
 
-    Timings are taken in ``rounds`` interleaved rounds (each round runs every configuration once, starting one
-    configuration later than the round before, so drift in the machine's speed hits all alike); ``attn_us`` and
-    ``manager_us`` are medians over rounds and ``extra["attn_us_min"]`` / ``extra["manager_us_min"]`` the minima
-    over every call. The other columns are deterministic.
+    With one round this is notebook 13's loop (simulate, time one decode step, :func:`with_timings`). With more,
+    the timings are taken in interleaved rounds (each round runs every configuration once, starting one
+    configuration later than the round before, so drift in the machine's speed hits all alike). The deterministic
+    columns are those of the first round. ``attention=False`` times nothing but lays the decode batch out (tests).
     """
     configs: list[tuple[int | None, DynamicBlockConfig | None]] = [(b, None) for b in block_sizes]
-    dyn = [dynamic] if isinstance(dynamic, DynamicBlockConfig) else list(dynamic)
-    configs += [(None, d) for d in dyn]
+    configs += [(None, d) for d in ([dynamic] if isinstance(dynamic, DynamicBlockConfig) else list(dynamic))]
     out: dict[str, list[RunResult]] = {}
     for trace in traces:
-        batch = _decode_batch(trace, num_seqs)
-        attn: list[list[float]] = [[] for _ in configs]
+        batch = decode_batch(trace, num_seqs)
+        first: dict[int, RunResult] = {}
+        attn: list[list[dict[str, float]]] = [[] for _ in configs]
         mgr_t: list[list[float]] = [[] for _ in configs]
-        layout: list[tuple[int, int]] = [(0, 0) for _ in configs]
-        attn_min: list[list[float]] = [[] for _ in configs]
-        first_of: dict[int, RunResult] = {}
         for rnd in range(max(1, rounds)):
             # each round starts one configuration later: none always runs right after the same neighbour
             for k in [(rnd + i) % len(configs) for i in range(len(configs))]:
                 b, d = configs[k]
                 r = simulate(trace, kv_budget_tokens, b, dynamic=d, **simulate_kwargs)
-                if rnd == 0:
-                    first_of[k] = r
+                first.setdefault(k, r)
                 mgr_t[k].append(r.manager_us)
-                a = attention_time(batch, b, dynamic=d, repeats=9 if attention else 1)
-                attn[k].append(a["median_us"])
-                attn_min[k].append(a["min_us"])
-                if rnd == 0:
-                    layout[k] = (a["padded_keys"], a["blocks"])
-        rows = []
-        first = [first_of[k] for k in range(len(configs))]
-        for k, r in enumerate(first):
-            extra = {"manager_us_min": min(mgr_t[k]), "dynamic": dyn[k - len(block_sizes)] if r.scheme == "dynamic"
-                     else None, "padded_keys": layout[k][0], "batch_blocks": layout[k][1]}
-            a_med = None
-            if attention:
-                extra["attn_us_min"] = min(attn_min[k])
-                a_med = float(np.median(attn[k]))
-            rows.append(replace(r, attn_us=a_med, manager_us=float(np.median(mgr_t[k])), extra=extra))
-        out[trace.name] = rows
+                attn[k].append(attention_time(batch, b, dynamic=d, repeats=9 if attention else 1))
+        out[trace.name] = [with_timings(first[k], attn[k], mgr_t[k], configs[k][1], timed=attention)
+                           for k in range(len(configs))]
     return out
 
 

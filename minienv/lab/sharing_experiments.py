@@ -21,7 +21,7 @@ from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.lab.workload import ALPACA, generate_workload
 
 __all__ = [
-    "SavingResult", "parallel_sampling_saving", "beam_search_saving", "SharedPrefixResult", "shared_prefix_saving",
+    "SavingResult", "parallel_sampling_cases", "parallel_sampling_saving", "beam_search_saving", "SharedPrefixResult", "shared_prefix_saving",
     "paper_sharing_results", "format_paper_table",
 ]
 
@@ -46,6 +46,17 @@ def _alpaca(num_requests: int, seed: int):
     return generate_workload(num_requests, ALPACA, seed=seed)
 
 
+def parallel_sampling_cases(n: int, *, num_requests: int = 200, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """The bookkeeping of :func:`parallel_sampling_saving` (notebook 05 runs its loop over these): per Alpaca-like
+    request, its prompt tokens and the ``n`` samples' output lengths, seeded."""
+    rng = np.random.default_rng(seed + 1)
+    cases = []
+    for r in _alpaca(num_requests, seed):
+        out_lens = np.maximum(1, np.round(ALPACA.output.sample(rng, n))).astype(int).tolist()
+        cases.append(([int(t) for t in rng.integers(0, 30_000, r.prompt_len)], out_lens))
+    return cases
+
+
 def parallel_sampling_saving(n: int, *, num_requests: int = 200, block_size: int = 16, seed: int = 0) -> SavingResult:
     """Parallel sampling of ``n`` sequences per Alpaca-like prompt, through :meth:`KVCacheManager.fork`.
 
@@ -54,13 +65,9 @@ def parallel_sampling_saving(n: int, *, num_requests: int = 200, block_size: int
     first write of each sample into the shared, partly filled last prompt block copies it (copy-on-write). After
     every decode step we add up the blocks the tables name (no sharing) and the blocks that physically exist.
     """
-    reqs = _alpaca(num_requests, seed)
-    rng = np.random.default_rng(seed + 1)
     logical = physical = copies = 0
-    for r in reqs:
-        out_lens = np.maximum(1, np.round(ALPACA.output.sample(rng, n))).astype(int).tolist()
-        prompt = [int(t) for t in rng.integers(0, 30_000, r.prompt_len)]
-        need = n * cdiv(r.prompt_len + max(out_lens), block_size) + 1
+    for prompt, out_lens in parallel_sampling_cases(n, num_requests=num_requests, seed=seed):
+        need = n * cdiv(len(prompt) + max(out_lens), block_size) + 1
         mgr = KVCacheManager(need, block_size, enable_prefix_caching=False)
         mgr.allocate("s0", prompt)
         mgr.commit("s0")

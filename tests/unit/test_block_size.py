@@ -9,6 +9,7 @@ import random
 
 import numpy as np
 import pytest
+from dataclasses import replace
 
 from engine_harness import alone, bundled
 from minienv.engine import InferenceEngine
@@ -347,3 +348,23 @@ def _solution():
     return mod.predict_fragmentation
 
 
+
+
+def test_notebook_13s_loop_is_the_sweep():
+    """The loop notebook 13 shows (simulate, time one decode step, with_timings) builds the sweep's rows: the same
+    deterministic columns and layout as ``sweep`` (one route; only the clock differs)."""
+    traces = bs.standard_traces(scale=0.1)
+    dyn = [bs.DEFAULT_DYNAMIC]
+    swept = bs.sweep(traces, 4096, (1, 16, 256), dynamic=dyn)
+    for trace in traces:
+        batch = bs.decode_batch(trace)
+        rows = []
+        for B, d in [(1, None), (16, None), (256, None), (None, dyn[0])]:
+            run = bs.simulate(trace, 4096, B, dynamic=d)
+            attn = bs.attention_time(batch, B, dynamic=d, repeats=1)
+            rows.append(bs.with_timings(run, [attn], [run.manager_us], d))
+        for mine, theirs in zip(rows, swept[trace.name], strict=True):
+            untimed = dict(manager_us=0.0, attn_us=None)  # the clock is the only difference
+            assert replace(mine, **untimed) == replace(theirs, **untimed)
+            for key in ("padded_keys", "batch_blocks", "dynamic"):
+                assert mine.extra[key] == theirs.extra[key]
