@@ -161,16 +161,43 @@ assert mgr.lookup(A_PROMPT).num_cached_tokens == 4  # the tail of a's chain went
 # First decide: `hit = self.lookup(token_ids)`; new blocks needed = `ceil((len(hit)·B + n) / B) − len(hit)`; the
 # hit blocks with refcount 0 count against the free ones too (taking them empties queue slots). If the sum exceeds
 # the free queue, return `None` *before touching anything*. Only then take the hit (refcount +1, out of the queue)
-# and then the new blocks from the head — hit first, so the new blocks cannot evict the hit.
+# and then the new blocks from the head — hit first, so the new blocks cannot evict the hit. Your notebook-06
+# `safe_victims(list(free_queue), refcounts, n)` names exactly those head blocks.
 # </details>
 #
 # <details><summary>Hint 3: commit and free</summary>
 #
 # Commit: for each full block `j` from the first not yet hashed to `num_tokens // B − 1`, compute
-# `h = hash_block_tokens(previous hash or ROOT_HASH, tokens[j·B:(j+1)·B])`; index `h -> table[j]` unless `h` is
+# `h = hash_block_tokens(previous hash or ROOT_HASH, tokens[j·B:(j+1)·B])` (or take `chain_hashes(tokens, B)[j]`,
+# your notebook-05 function, at the cost of rehashing the prefix); index `h -> table[j]` unless `h` is
 # already indexed (another request computed the same block at the same time: keep yours private). Free: walk the
 # table **reversed**, refcount −1, and append each block that reaches 0 to the queue's tail; leave the index alone.
 # </details>
+#
+# ### Your pieces from earlier chapters
+#
+# Three functions you already wrote belong in this engine. Paste them here (from your notebooks 05, 06 and 07 —
+# the same names, the same signatures); any you leave as `None` falls back to minienv's, so the grading works
+# either way. `chain_hashes` gives every full block's key (use it in `lookup` and `commit`), `safe_victims` picks
+# the blocks an allocation takes from the free queue (use it in `allocate` / `append_slots`), and
+# `fewest_computed` is handed to the engine in grading 3, where it chooses whom the tight budget preempts.
+
+# %%
+from minienv.kv.hashing import hash_block_chain
+from minienv.kv.errors import OutOfBlocksError
+
+chain_hashes = None  # notebook 05: chain_hashes(tokens, block_size) -> [hash of each full block]
+safe_victims = None  # notebook 06: safe_victims(lru_order, refcount, n) -> the first n blocks nobody holds
+fewest_computed = None  # notebook 07: fewest_computed(candidates) -> the request to preempt
+
+if chain_hashes is None:
+    chain_hashes = hash_block_chain  # minienv's: the same chain, from ROOT_HASH
+if safe_victims is None:
+    def safe_victims(lru_order, refcount, n):
+        victims = [b for b in lru_order if refcount[b] == 0][:n]
+        if len(victims) < n:
+            raise OutOfBlocksError(n, len(victims), len(lru_order))
+        return victims
 
 # %%
 from collections import OrderedDict
@@ -243,10 +270,12 @@ capstone.check_random_ops(MyKVCacheManager)
 # `factory(num_blocks, block_size, enable_prefix_caching)` instead of building its own manager, and
 # `capstone.plug(MyKVCacheManager)` is such a factory. Eight greedy requests (half share a 16-token prefix) run
 # with your manager; their outputs must equal minienv's manager with the cache on, with it off, and each request
-# generated alone by `minienv.generate` — and again at a 48-token budget, where requests are preempted and resume.
+# generated alone by `minienv.generate` — and again at a 48-token budget, where requests are preempted and resume,
+# the victims chosen by your `fewest_computed` from notebook 07 if you pasted it above (the check holds it to its
+# own rule: it must return one of the candidates).
 
 # %%
-capstone.check_in_engine(MyKVCacheManager)
+capstone.check_in_engine(MyKVCacheManager, victim_policy=fewest_computed)
 
 # %% [markdown]
 # ## The proof the grading rests on

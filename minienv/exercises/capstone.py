@@ -536,16 +536,17 @@ def _workload() -> tuple[list[list[int]], Any]:
     return prompts, SamplingParams(max_tokens=10, temperature=0)
 
 
-def run_engine(factory: Callable | None, *, enable_prefix_caching: bool = True, kv_budget_tokens: int = 512
-               ) -> tuple[list[list[int]], int, int]:
+def run_engine(factory: Callable | None, *, enable_prefix_caching: bool = True, kv_budget_tokens: int = 512,
+               victim_policy: Callable | None = None) -> tuple[list[list[int]], int, int]:
     """The capstone workload (8 greedy requests, half sharing a 16-token prefix) through a real engine; returns the
-    outputs, the number of preemptions and the prompt tokens served from the prefix cache."""
+    outputs, the number of preemptions and the prompt tokens served from the prefix cache. ``victim_policy``: who
+    is preempted when memory runs out (notebook 07's exercise; the engine's default when None)."""
     from minienv.engine import InferenceEngine
     model, tok = _tiny_setup()
     prompts, params = _workload()
     eng = InferenceEngine(model, tok, kv_budget_tokens=kv_budget_tokens, block_size=B, max_num_seqs=4,
                           max_num_batched_tokens=64, enable_prefix_caching=enable_prefix_caching, history_size=0,
-                          kv_cache_manager_factory=factory)
+                          kv_cache_manager_factory=factory, victim_policy=victim_policy)
     ids = [eng.add_request(p, params) for p in prompts]
     outs: dict[str, list[int]] = {}
     while eng.has_unfinished_requests():
@@ -568,13 +569,25 @@ TIGHT_BUDGET = 48  # tokens: the longest request fits alone, eight at once do no
 
 
 @exercise("implement MyKVCacheManager first (check_rules), then run this cell again")
-def check_in_engine(cls) -> str:
-    """The series' proofs with the student's manager inside the real engine."""
+def check_in_engine(cls, victim_policy: Callable | None = None) -> str:
+    """The series' proofs with the student's manager inside the real engine — and, if given, the victim policy
+    they wrote in notebook 07 choosing whom the tight budget preempts."""
     dense = dense_outputs()
+    policy, broken = None, []
+    if victim_policy is not None:
+        def policy(candidates):  # the student's notebook-07 function, held to its own rule
+            try:
+                pick = victim_policy(list(candidates))
+            except Exception as err:  # noqa: BLE001 - reported after the run: the engine would roll the step back
+                pick = err
+            if not any(pick is c for c in candidates):
+                broken.append(f"candidates {[c.request_id for c in candidates]}: got {pick!r}")
+                return candidates[0]  # keep the engine going; the verdict below names the rule
+            return pick
     with _student():
         try:
-            mine, _, hits = run_engine(plug(cls))
-            mine_tight, preempted, _ = run_engine(plug(cls), kv_budget_tokens=TIGHT_BUDGET)
+            mine, _, hits = run_engine(plug(cls), victim_policy=policy)
+            mine_tight, preempted, _ = run_engine(plug(cls), kv_budget_tokens=TIGHT_BUDGET, victim_policy=policy)
         except (_NotYet, ExerciseFailed):
             raise
         except NotImplementedError as err:
@@ -582,6 +595,8 @@ def check_in_engine(cls) -> str:
         except Exception as err:  # noqa: BLE001 - the engine's invariant check or a crash inside the manager
             fail("inside the engine, your manager keeps every invariant and never crashes",
                  f"{type(err).__name__}: {err}")
+    require(not broken, "your victim policy (notebook 07) returns one of the candidates it is given (the request "
+            "object itself)", broken[0] if broken else "")
     ref_on, _, _ = run_engine(None)
     ref_off, _, _ = run_engine(None, enable_prefix_caching=False)
     assert ref_on == ref_off == dense, "minienv's own manager disagrees with dense generation"
@@ -594,6 +609,7 @@ def check_in_engine(cls) -> str:
     for i, (got, want) in enumerate(zip(mine_tight, dense, strict=True)):
         require(got == want, "nothing is lost under a tight budget: preempted requests resume to the same output",
                 f"request {i} at a {TIGHT_BUDGET}-token budget ({preempted} preemptions): yours {got}, dense {want}")
+    yours = " chosen by your victim policy" if victim_policy is not None else ""
     return (f"8 requests: your manager ({hits} prompt tokens from cache) == minienv's (cache on) == cache off == "
-            f"dense, and still equal at a {TIGHT_BUDGET}-token budget with {preempted} preemptions")
+            f"dense, and still equal at a {TIGHT_BUDGET}-token budget with {preempted} preemptions{yours}")
 

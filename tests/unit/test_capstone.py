@@ -312,6 +312,25 @@ def test_a_crashing_method_in_a_scenario_names_that_scenarios_rule():
     assert text.startswith("✗ scenario 1: ") and "your free('a') raised IndexError: oops" in text
 
 
+def _solution_of(notebook, name):
+    spec = importlib.util.spec_from_file_location(f"sol_{notebook}", REPO / "solutions" / f"{notebook}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def test_the_students_victim_policy_from_07_runs_in_the_engine_with_their_manager(capsys):
+    """The series' pieces come together: notebook 07's victim policy chooses whom the tight budget preempts, with
+    the student's manager; outputs stay equal to each request alone."""
+    assert cap.check_in_engine(Good, victim_policy=_solution_of("07_scheduling", "fewest_computed")) == PASSED
+    assert "chosen by your victim policy" in capsys.readouterr().out
+
+
+def test_a_victim_policy_that_breaks_its_own_rule_is_named():
+    with pytest.raises(ExerciseFailed, match="your victim policy .notebook 07. returns one of the candidates"):
+        cap.check_in_engine(Good, victim_policy=lambda candidates: candidates[0].request_id)
+
+
 def test_index_at_allocation_passes_the_engine_proof():
     """Why the rules scenario, not the engine, catches this bug: in minienv's engine a same-step hit reads K/V the
     same forward pass writes before attending, so outputs cannot show it. The notebook says so; this pins it."""
@@ -334,7 +353,7 @@ def test_committed_skeleton_is_not_implemented(check, capsys):
     skeleton, source = _skeleton()
     assert check(skeleton) == NOT_IMPLEMENTED
     assert capsys.readouterr().out.startswith("not implemented yet — ")
-    assert f"{check.__name__}(MyKVCacheManager)" in source
+    assert f"{check.__name__}(MyKVCacheManager" in source
 
 
 # ---------------------------------------------------------------------------------------- the engine seam
