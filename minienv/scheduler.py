@@ -352,7 +352,7 @@ class Scheduler:
                 break  # FCFS: the head waits for memory; nobody overtakes it
             self.waiting.popleft()
             if ext:  # the tier's K/V go into the fresh blocks; the step computes the n tokens after them
-                alloc = self.kv_tier.load(req.request_id, alloc, ext)
+                alloc = self.kv_tier.load(req.request_id, tokens, alloc, ext)
             is_resume = req.status is RequestStatus.PREEMPTED
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = alloc.num_cached_tokens + ext

@@ -633,6 +633,8 @@ class InferenceEngine:
         self.scheduler.finish_request(req.request_id, reason)
         if self.speculator is not None:
             self.speculator.free(req.request_id)
+        if self.kv_tier is not None:  # a request id names one instance: nothing staged survives it
+            self.kv_tier.forget(req.request_id)
         req.finish(reason, now, step, error)
         self.counters.finished += 1
         self.counters.errors += reason == "error"

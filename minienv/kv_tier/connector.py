@@ -20,6 +20,9 @@ Invariants:
 
 * a block is loaded only from a record whose checksum, format version, model fingerprint, key, parent key, token
   ids, shape and dtype all match (:func:`~minienv.kv_tier.record.decode_record`);
+* staged blocks belong to one request *instance*: they are reused only for exactly the token ids they were
+  verified against, and :meth:`KVTierConnector.forget` (the engine calls it when a request finishes or is aborted)
+  drops them, so an id reused for another prompt never loads the first prompt's K/V;
 * only committed, full blocks are stored (a partly filled block's tokens are not final);
 * the tier never fails a request: store errors are counted; a store that cannot recover (full, read-only) is
   switched off with a warning; one that may (Redis down) is skipped for ``retry_interval_s`` and then retried;
@@ -107,7 +110,10 @@ class TierEvent:
 
 @dataclass
 class _Staged:
-    token_count: int  # len(token_ids) the staging was made for
+    """Blocks read and verified for one admission attempt. Bound to the token ids they were verified against (not
+    to the request id alone: an id can be aborted and reused for another prompt of the same length)."""
+
+    token_ids: tuple[int, ...]  # the request's tokens the blocks were verified against
     num_local: int
     first_block: int
     arrays: list[np.ndarray]
@@ -209,8 +215,9 @@ class KVTierConnector:
         return how many tokens they cover (0 when the tier has nothing, or is off). Call :meth:`load` once the
         blocks are allocated; a request that is not admitted after all keeps its staging for the next try."""
         B = self.block_size
+        tokens = tuple(token_ids)
         staged = self._staged.get(request_id)
-        if staged is not None and staged.token_count == len(token_ids) and staged.num_local == num_local_tokens:
+        if staged is not None and staged.token_ids == tokens and staged.num_local == num_local_tokens:
             return len(staged.arrays) * B  # the head of the queue waiting for memory: staged already
         self._staged.pop(request_id, None)
         self._chains.pop(request_id, None)  # a new admission: where its chain is stored is asked again below
@@ -265,18 +272,20 @@ class KVTierConnector:
                                           else ROOT_HASH)
         if not arrays:
             return 0
-        self._staged[request_id] = _Staged(len(token_ids), num_local_tokens, first, arrays)
+        self._staged[request_id] = _Staged(tokens, num_local_tokens, first, arrays)
         while len(self._staged) > 8:
             self._staged.popitem(last=False)
         return len(arrays) * B
 
-    def load(self, request_id: str, alloc, num_tokens: int):
+    def load(self, request_id: str, token_ids: Sequence[int], alloc, num_tokens: int):
         """Copy the staged K/V into the request's freshly allocated blocks (the first ``num_tokens //
-        block_size`` of ``alloc.new_block_ids``); return ``alloc`` cut to the tokens the step still computes."""
+        block_size`` of ``alloc.new_block_ids``); return ``alloc`` cut to the tokens the step still computes.
+        ``token_ids``: the request's tokens now; the staging must have been verified against exactly these."""
         staged = self._staged.pop(request_id)
         B = self.block_size
         k = num_tokens // B
         assert k == len(staged.arrays) and len(alloc.new_block_ids) >= k, "load must follow prepare's answer"
+        assert staged.token_ids == tuple(token_ids), f"{request_id}: staged blocks were verified for other tokens"
         block_ids = list(alloc.new_block_ids[:k])
         self.kv_pool.kv_cache[:, :, block_ids] = np.stack(staged.arrays, axis=2)
         self.stats.loads += k
@@ -285,6 +294,12 @@ class KVTierConnector:
             self._emit("load", request_id, staged.first_block + i, bid, b"")
         return replace(alloc, token_ids=alloc.token_ids[num_tokens:], positions=alloc.positions[num_tokens:],
                        slot_mapping=alloc.slot_mapping[num_tokens:])
+
+    def forget(self, request_id: str) -> None:
+        """The request finished or was aborted: nothing staged or chained for it may serve a later request that
+        reuses its id."""
+        self._staged.pop(request_id, None)
+        self._chains.pop(request_id, None)
 
     # ------------------------------------------------------------------ after commit
     def save_committed(self, plan, kv_manager) -> int:
