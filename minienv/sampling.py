@@ -4,6 +4,11 @@
 its values when it is built, so a bad value fails at the call site rather than as a NaN several steps later.
 Each request gets its own :class:`Sampler` holding its own ``np.random.Generator``: a sampled run with a seed is
 reproducible however many other requests are batched beside it (vLLM does the same with per-request generators).
+
+A speculating engine draws differently (:meth:`Sampler.coupled_sample`): the token at position ``i`` is the
+Gumbel-max sample ``argmax(p / E)`` with exponential noise ``E`` that is a function of (seed, ``i``) only. The draft
+model samples its proposal for ``i`` with the *same* noise, so verification keeps a draft exactly when it equals
+the target's own sample: the text is the same whatever was proposed, preempted or retried.
 """
 
 from __future__ import annotations
@@ -143,6 +148,7 @@ class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
         self._rng: np.random.Generator | None = None
+        self._entropy: int | None = params.seed  # the key of the coupled draws (fresh entropy when unseeded)
 
     @property
     def rng(self) -> np.random.Generator:
@@ -178,6 +184,20 @@ class Sampler:
             cdf = np.cumsum(probs, axis=-1)
             out = np.minimum((cdf < u * cdf[..., -1:]).sum(axis=-1), probs.shape[-1] - 1)
         return int(out) if np.ndim(out) == 0 else out
+
+
+    def noise(self, position: int, size: int) -> np.ndarray:
+        """Exponential noise ``E`` for the token at ``position``: a function of (seed, position) only — never of how
+        many draws came before, so a preempted, re-proposed or retried step draws the same."""
+        if self._entropy is None:
+            self._entropy = int(np.random.SeedSequence().entropy)  # once: an unseeded request is still consistent
+        return np.random.default_rng([self._entropy, int(position)]).standard_exponential(size)
+
+    def coupled_sample(self, probs: np.ndarray, position: int) -> int:
+        """The Gumbel-max sample ``argmax(probs / E)`` (exactly distributed as ``probs``) with :meth:`noise`'s ``E``
+        for ``position``: two models that sample one position with this share its noise (Daliri, Musco & Suresh,
+        "Coupling without Communication and Drafter-Invariant Speculative Decoding", 2024)."""
+        return int(np.argmax(probs / self.noise(position, probs.shape[-1])))
 
 
 def greedy(logits: np.ndarray) -> int:

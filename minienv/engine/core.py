@@ -27,6 +27,7 @@ import math
 import signal
 import threading
 import time
+import warnings
 from collections import OrderedDict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -483,7 +484,10 @@ class InferenceEngine:
         reqs = [self.requests[s.request_id] for s in sampling]
         if self.speculator is not None:
             self.speculator.last_results.clear()
-        if len(num_logits) == sum(num_logits):
+        plain = len(num_logits) == sum(num_logits)  # no drafts in this step
+        if plain and self.speculator is not None:  # a speculating engine samples with its coupled draws (_verify)
+            plain = not any([req.sampling_params.temperature for req in reqs])
+        if plain:
             tokens, errors = self._sample(reqs, logits if len(logits) == len(reqs) else logits[:len(reqs)])
             emitted = [[t] for t in tokens]
             rejected: dict[str, int] = {}
@@ -525,8 +529,22 @@ class InferenceEngine:
             else:
                 notify(req)
         c.peak_blocks_in_use = max(c.peak_blocks_in_use, self.kv_cache_manager.pool.num_used_blocks)
+        interrupted: BaseException | None = None
         if self.speculator is not None:
-            self._propose(plan)
+            # NOTE: the drafts are for the NEXT step, and this step is already committed: a failing proposer is
+            # rolled back by the speculator (no drafts, no draft KV of the batch), this step still gets its one
+            # record, and the next step decodes plainly — the text does not change (coupled draws). An exception
+            # of the proposer is counted and warned about once; a KeyboardInterrupt / SystemExit is raised once
+            # the step is recorded, as a Ctrl-C that arrives during the bookkeeping is.
+            try:
+                self._propose(plan)
+            except Exception as exc:  # noqa: BLE001 - speculation only saves time; the step stands without it
+                if self.speculator.stats.num_failed_proposals == 1:
+                    warnings.warn(f"speculative proposer failed ({type(exc).__name__}: {exc}); those requests decode "
+                                  "without drafts this step (counted in speculator.stats.num_failed_proposals)",
+                                  RuntimeWarning, stacklevel=4)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, after the step's record
+                interrupted = exc
         c.busy_s += time.perf_counter() - t0
         if self.history.maxlen or self._step_listeners:
             record = StepRecord.of(plan.step, plan, sampled, finished, tuple(self._kv_events), stats_values(self),
@@ -534,12 +552,16 @@ class InferenceEngine:
             self.history.append(record)
             for listener in self._step_listeners:
                 listener(record)
+        if interrupted is not None:
+            raise interrupted
 
     def _verify(self, sampling, reqs: list[Request], num_logits: list[int], logits: np.ndarray):
         """Speculative decoding: each request's rows -> the verified run of tokens it appends, and its rejections.
 
-        A request without drafts this step takes exactly the plain path (:meth:`_sample`); a row block with a
-        non-finite entry finishes its request with an error, as there.
+        A greedy request without drafts this step takes exactly the plain path (:meth:`_sample`); a sampled one is
+        verified with no drafts, so every token of a sampled request in a speculating engine comes from the same
+        (seed, position) draws whether or not it was speculated. A row block with a non-finite entry finishes its
+        request with an error, as there.
         """
         assert self.speculator is not None
         emitted: list[list[int]] = []
@@ -548,7 +570,7 @@ class InferenceEngine:
         offsets = np.cumsum([0] + num_logits)
         for s, req, lo, hi in zip(sampling, reqs, offsets[:-1], offsets[1:], strict=True):
             rows = logits[lo:hi]
-            if s.num_spec_tokens == 0:
+            if s.num_spec_tokens == 0 and req.sampling_params.greedy:
                 (tok,), (err,) = self._sample([req], rows)
                 emitted.append([tok] if err is None else [])
                 errors.append(err)

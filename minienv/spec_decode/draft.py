@@ -28,7 +28,6 @@ from minienv.kv.kv_pool import KVPool
 from minienv.kv.paged_attention import PagedAttentionBackend, PagedAttentionMetadata
 from minienv.model.llama import LlamaModel
 from minienv.sampling import Sampler
-from minienv.spec_decode.rejection import _draw
 
 
 @dataclass
@@ -106,7 +105,8 @@ class DraftProposer:
                     token = int(np.argmax(row))
                 else:
                     q = seq.sampler.probs(row)
-                    token = _draw(q, seq.sampler.rng)
+                    # the target's noise for this position: a draft equal to the target's sample is kept
+                    token = seq.sampler.coupled_sample(q, len(seq.token_ids) + step)
                     probs[seq.request_id].append(q)
                 drafts[seq.request_id].append(token)
                 if step + 1 < seq.k:

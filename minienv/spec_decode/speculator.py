@@ -25,7 +25,7 @@ import numpy as np
 from minienv.request import Request
 from minienv.spec_decode.draft import DraftInput, DraftProposer
 from minienv.spec_decode.ngram import NgramProposer
-from minienv.spec_decode.rejection import VerifyResult, verify
+from minienv.spec_decode.rejection import VerifyResult, verify, verify_coupled
 
 SpecMethod = Literal["draft", "ngram"]
 
@@ -95,6 +95,7 @@ class SpecDecodingStats:
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)  # accepted_per_pos[i]: drafts kept at position i
     num_rejections: int = 0  # verifications that rejected a draft (the others kept all of theirs)
+    num_failed_proposals: int = 0  # proposal rounds that raised (rolled back: those requests decode plainly)
 
     def __post_init__(self) -> None:
         self.accepted_per_pos = [0] * self.num_speculative_tokens
@@ -187,6 +188,16 @@ class Speculator:
         ``requests`` are running and about to decode (every token but the last is computed). ``k`` shrinks near
         ``max_tokens``: a request that may emit ``r`` more tokens gets at most ``r - 1`` drafts.
         """
+        try:
+            self._propose(requests)
+        except BaseException:  # a proposal is all or nothing: no drafts, no draft KV of this batch survive
+            for req in requests:
+                req.spec_token_ids, req.spec_probs = [], None
+                self.free(req.request_id)
+            self.stats.num_failed_proposals += 1
+            raise
+
+    def _propose(self, requests: Sequence[Request]) -> None:
         todo: list[DraftInput] = []
         for req in requests:
             req.spec_token_ids, req.spec_probs = [], None
@@ -210,14 +221,19 @@ class Speculator:
 
     # ------------------------------------------------------------------ verify
     def verify(self, req: Request, drafts: Sequence[int], logits: np.ndarray) -> VerifyResult:
-        """The tokens ``req`` appends, from the target's ``[len(drafts) + 1, V]`` logits (padded ids masked)."""
+        """The tokens ``req`` appends, from the target's ``[len(drafts) + 1, V]`` logits (padded ids masked).
+
+        Greedy: :func:`~minienv.spec_decode.rejection.verify`. Sampled (also with no drafts at all):
+        :func:`~minienv.spec_decode.rejection.verify_coupled` with the request's noise for the positions it fills,
+        so its text is a function of (seed, position) only (see that module)."""
         logits = logits[:, : self.num_sampled_ids]
-        greedy = req.sampling_params.greedy
-        probs = logits if greedy else req.sampler.probs(logits)
-        q = req.spec_probs
-        if q is not None and len(q) != len(drafts):
-            q = q[: len(drafts)]  # the scheduler may have trimmed the drafts to fit the step
-        result = verify(list(drafts), probs, None if greedy else q, req.sampler.rng, greedy)
+        if req.sampling_params.greedy:
+            result = verify(list(drafts), logits, None, None, True)
+        else:
+            probs = req.sampler.probs(logits)
+            start = req.num_tokens  # the position of the first token this verification emits
+            noise = np.stack([req.sampler.noise(start + i, probs.shape[-1]) for i in range(len(drafts) + 1)])
+            result = verify_coupled(list(drafts), probs, noise)
         self.stats.observe(result)
         self.last_results[req.request_id] = result
         return result

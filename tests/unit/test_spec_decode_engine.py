@@ -177,16 +177,66 @@ def test_engine_speculative_samples_follow_the_target_distribution(model, tok, m
     assert stat <= critical, (stat, critical)
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
-@pytest.mark.parametrize("bug", ["always_accept", "forget_residual", "bonus_from_last_draft_position"])
-def test_engine_chi_square_catches_planted_bugs(model, tok, monkeypatch, method, bug):
-    import test_spec_decode
+def _coupled_always_accept(drafts, target, noise):
+    from minienv.spec_decode.rejection import VerifyResult
 
+    best = np.argmax(target / noise, axis=-1).tolist()
+    return VerifyResult(list(drafts) + [best[len(drafts)]], len(drafts), len(drafts))
+
+
+def _coupled_bonus_from_last_draft_position(drafts, target, noise):
+    from minienv.spec_decode.rejection import verify_coupled
+
+    r = verify_coupled(drafts, target, noise)
+    if r.num_accepted == len(drafts) and drafts:
+        best = np.argmax(target / noise, axis=-1).tolist()
+        return type(r)(list(drafts) + [best[len(drafts) - 1]], r.num_draft_tokens, r.num_accepted)
+    return r
+
+
+def _coupled_target_noise_not_shared(drafts, target, noise):
+    """Judges each draft against a sample with *other* noise than the draft's: keeps drafts the target's own sample
+    would not have chosen."""
+    from minienv.spec_decode.rejection import verify_coupled
+
+    return verify_coupled(drafts, target, np.roll(noise, 1, axis=-1))
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("bug", [_coupled_always_accept, _coupled_bonus_from_last_draft_position],
+                         ids=["always_accept", "bonus_from_last_draft_position"])
+def test_engine_chi_square_catches_planted_bugs(model, tok, monkeypatch, method, bug):
+    """The engine verifies sampled drafts with the drafter-invariant rule (``verify_coupled``); planted bugs in it
+    move the samples off the target's distribution, and the chi-square sees it. (Rejection sampling's own planted
+    bugs are caught in ``test_spec_decode.py``, where :func:`verify` is tested directly.)"""
     import minienv.spec_decode.speculator as speculator
 
-    monkeypatch.setattr(speculator, "verify", getattr(test_spec_decode, bug))
+    monkeypatch.setattr(speculator, "verify_coupled", bug)
     stat, critical, outside = engine_chi_square(model, tok, method)
-    assert outside or stat > critical, f"{bug} with {method} proposals passed: chi-square {stat:.1f} <= {critical:.1f}"
+    assert outside or stat > critical, f"{bug.__name__} with {method} proposals passed: chi-square {stat:.1f} <= " \
+                                       f"{critical:.1f}"
+
+
+def test_seeded_text_is_the_same_whatever_the_proposer_and_shared_noise_is_what_keeps_drafts(model, tok,
+                                                                                            monkeypatch):
+    """Drafter invariance: a seeded request's text does not depend on the proposer or on k. Sharing each
+    position's noise between draft and target is what makes drafts *kept*: judged with other noise, the text is
+    the same but far fewer drafts survive."""
+    import minienv.spec_decode.speculator as speculator
+
+    sps = [SamplingParams(max_tokens=16, temperature=0.8, seed=i) for i in range(len(PROMPTS))]
+
+    def run(cfg):
+        e = InferenceEngine(model, tok, kv_budget_tokens=4096, block_size=16, speculative_config=cfg)
+        return [o.token_ids for o in e.generate(PROMPTS, sps)], e.speculator.stats.acceptance_rate
+
+    draft = {"method": "draft", "num_speculative_tokens": 3}
+    text, shared = run(draft)
+    assert run({"method": "ngram", "num_speculative_tokens": 3})[0] == text
+    assert run({"method": "draft", "num_speculative_tokens": 1})[0] == text
+    monkeypatch.setattr(speculator, "verify_coupled", _coupled_target_noise_not_shared)
+    unshared_text, unshared = run(draft)
+    assert unshared < 0.6 * shared, (unshared, shared)
 
 
 # ------------------------------------------------------------------------ bad configurations
