@@ -158,6 +158,7 @@ class KVTierConnector:
         self.enabled = True
         self.disabled_reason: str | None = None
         self._down_until = 0.0
+        self._misbehaviours = 0  # in a row; a well-formed answer resets it
         self._staged: OrderedDict[str, _Staged] = OrderedDict()
         self._chains: dict[str, _Chain] = {}
         self._bad: set[BlockHash] = set()  # keys whose record was refused: the next save replaces it
@@ -181,6 +182,32 @@ class KVTierConnector:
             for fn in self._listeners:
                 fn(event)
 
+    #: consecutive misbehaviours (an exception no store documents, an answer of the wrong shape) before the tier
+    #: is switched off for good: a store that is broken, not down, would cost every admission a failed call.
+    MAX_MISBEHAVIOURS = 3
+
+    def _call(self, fn, *args):
+        """A store call, treated as untrusted: a :class:`TierBackendError` is a counted failure (see :meth:`_failed`);
+        any other exception is a misbehaviour (:meth:`_misbehaved`). Returns ``None`` on either."""
+        try:
+            return fn(*args)
+        except TierBackendError as exc:
+            self._failed(exc)
+        except Exception as exc:  # noqa: BLE001 - whatever a store does wrong, the request is served without it
+            self._misbehaved(f"{type(exc).__name__}: {exc}")
+        return None
+
+    def _misbehaved(self, what: str) -> None:
+        """Counted as a backend error (the admission is a miss); the MAX_MISBEHAVIOURS-th in a row switches the
+        tier off, with the one warning it gives."""
+        self.stats.backend_errors += 1
+        self._misbehaviours += 1
+        if self._misbehaviours >= self.MAX_MISBEHAVIOURS and self.enabled:
+            self.enabled = False
+            self.disabled_reason = f"the store misbehaved {self._misbehaviours} times in a row (last: {what})"
+            warnings.warn(f"KV tier switched off: {self.disabled_reason}. Serving continues without it.",
+                          TierWarning, stacklevel=4)
+
     def _failed(self, exc: TierBackendError) -> None:
         self.stats.backend_errors += 1
         if exc.permanent:
@@ -203,12 +230,33 @@ class KVTierConnector:
         token). Reads only: no LRU refresh, no staging, no counters (except a failed store call)."""
         if not self.available:
             return 0
-        try:
-            n = self.store.contains_prefix(self._keys(token_ids))
-        except TierBackendError as exc:
-            self._failed(exc)
-            return 0
+        keys = self._keys(token_ids)
+        n = self._contains_prefix(keys)
         return max(0, n * self.block_size - num_computed_tokens)
+
+    def _contains_prefix(self, keys: list[BlockHash]) -> int:
+        n = self._call(self.store.contains_prefix, keys)
+        if n is None:
+            return 0
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= len(keys):
+            self._misbehaved(f"contains_prefix answered {n!r} for {len(keys)} keys")
+            return 0
+        return int(n)
+
+    def _get_many(self, keys: list[BlockHash]) -> list | None:
+        records = self._call(self.store.get_many, keys)
+        if records is None:
+            return None
+        try:
+            records = list(records)
+        except Exception:  # noqa: BLE001 - not even iterable
+            records = None
+        if records is None or len(records) != len(keys):
+            self._misbehaved(f"get_many answered {len(records) if records is not None else 'no list'} records "
+                             f"for {len(keys)} keys")
+            return None
+        self._misbehaviours = 0
+        return records
 
     def prepare(self, request_id: str, token_ids: Sequence[int], num_local_tokens: int) -> int:
         """At admission, after the local lookup hit ``num_local_tokens``: stage the tier's next blocks, verified;
@@ -228,10 +276,8 @@ class KVTierConnector:
         s = self.stats
         s.lookups += 1
         s.queried_tokens += max(0, len(keys) * B - num_local_tokens)
-        try:
-            n_stored = self.store.contains_prefix(keys)
-        except TierBackendError as exc:
-            self._failed(exc)
+        n_stored = self._contains_prefix(keys)
+        if not n_stored:
             return 0
         # How far the request's chain is stored: saving starts there (local hits the tier lost are re-stored).
         known = min(n_stored, first)
@@ -240,10 +286,8 @@ class KVTierConnector:
             return 0
         want = keys[first:n_stored]
         t0 = time.perf_counter()
-        try:
-            records = self.store.get_many(want)
-        except TierBackendError as exc:
-            self._failed(exc)
+        records = self._get_many(want)
+        if records is None:
             return 0
         arrays: list[np.ndarray] = []
         for j, (key, record) in enumerate(zip(want, records, strict=True), start=first):
@@ -253,8 +297,8 @@ class KVTierConnector:
             try:
                 kv = decode_record(record, fingerprint=self.fingerprint, key=key, parent_key=parent,
                                    token_ids=token_ids[j * B:(j + 1) * B], shape=self.block_shape, dtype=self.dtype)
-            except RecordError as exc:
-                if isinstance(exc, RecordChecksumError):
+            except Exception as exc:  # noqa: BLE001 - a record is untrusted input: anything wrong with it is a miss
+                if isinstance(exc, RecordChecksumError) or not isinstance(exc, RecordError):
                     s.corrupt_records += 1
                 elif isinstance(exc, RecordVersionError):
                     s.version_records += 1
@@ -324,10 +368,11 @@ class KVTierConnector:
                 parent = chain.last_key
                 record = encode_record(self.fingerprint, key, parent, req.token_ids[j * B:(j + 1) * B],
                                        kv[:, :, req.block_ids[j]])
-                try:
-                    result = self.store.put(key, parent, record, replace=key in self._bad)
-                except TierBackendError as exc:
-                    self._failed(exc)
+                result = self._call(lambda: self.store.put(key, parent, record, replace=key in self._bad))
+                if result is None:
+                    return written
+                if getattr(result, "status", None) not in ("stored", "replaced", "present", "orphan", "too_big"):
+                    self._misbehaved(f"put answered {result!r}")
                     return written
                 self.stats.evictions += result.evicted
                 if result.status in ("stored", "replaced"):

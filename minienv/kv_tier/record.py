@@ -166,6 +166,8 @@ def decode_record(record: bytes, *, fingerprint: bytes, key: BlockHash, parent_k
     Checked in order of cheapness and of what the error should say: version, checksum (so a flipped byte in the
     header is reported as corruption, not as a mismatch), then fingerprint, key, parent, tokens, shape, dtype.
     """
+    if not isinstance(record, (bytes, bytearray, memoryview)):  # a store is untrusted: SQLite returns any type
+        raise RecordChecksumError(f"the store returned a {type(record).__name__}, not a record's bytes")
     header = peek_header(bytes(record[:HEADER_SIZE + _CHECKSUM_LEN]))
     body, checksum = record[:-_CHECKSUM_LEN], record[-_CHECKSUM_LEN:]
     if hashlib.sha256(body).digest() != bytes(checksum):

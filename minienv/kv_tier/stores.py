@@ -152,8 +152,20 @@ class SQLiteStore:
             permanent = any(word in str(exc) for word in ("full", "readonly", "read-only"))
             raise TierBackendError(f"SQLite KV tier {str(self.path)!r}: {exc}", permanent=permanent) from exc
 
+    _RECOUNT = {"clock": "SELECT coalesce(max(last_access), 0) FROM blocks",
+                "bytes": "SELECT coalesce(sum(nbytes), 0) FROM blocks", "evictions": "SELECT 0"}
+
     def _meta(self, name: str) -> int:
-        return self._db.execute("SELECT value FROM meta WHERE name=?", (name,)).fetchone()[0]
+        """A counter of the ``meta`` table, validated: the file is shared with other processes, so a row another
+        process deleted or overwrote with a non-integer is recounted from the records (and written back inside a
+        write transaction) instead of failing a lookup."""
+        row = self._db.execute("SELECT value FROM meta WHERE name=?", (name,)).fetchone()
+        if row is not None and type(row[0]) is int:
+            return row[0]
+        value = self._db.execute(self._RECOUNT[name]).fetchone()[0]
+        if self._db.in_transaction:
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, value))
+        return value
 
     # -- reads
     def contains_prefix(self, keys: Sequence[bytes]) -> int:
@@ -200,6 +212,7 @@ class SQLiteStore:
                     return PutResult("present")
                 clock = self._meta("clock") + 1
                 db.execute("UPDATE meta SET value=? WHERE name='clock'", (clock,))
+                self._meta("bytes")  # (re)counted if another process removed it: the update below is relative
                 if row is not None:  # replace a record refused on load (corrupt): same key, same place in the chain
                     db.execute("UPDATE blocks SET record=?, nbytes=?, last_access=? WHERE key=?",
                                (record, len(record), clock, key))

@@ -240,3 +240,19 @@ def test_8_a_tier_failure_over_grpc_fails_neither_its_request_nor_an_unrelated_o
         assert len(ids) == 60, "the unrelated in-flight request was ended by another request's tier failure"
         assert kv_idle(srv) == 0
         assert srv.call(lambda e: e.kv_tier.stats.backend_errors) >= 1
+
+
+def test_b_a_store_that_keeps_misbehaving_is_switched_off_after_three_with_one_warning(tmp_path):
+    from minienv.kv_tier import SQLiteStore
+
+    model, tok = bundled()
+    prompts = [_ids(60, 10 + i) for i in range(5)]
+    InferenceEngine(model, tok, kv_tier=tmp_path).generate(prompts, GREEDY)  # every prompt is in the store
+    e = InferenceEngine(model, tok, kv_tier=_BrokenStore(SQLiteStore(tmp_path)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [e.generate([p], GREEDY)[0] for p in prompts]  # one admission each: 5 lookups
+    assert [list(o.token_ids) for o in outs] == [_alone(p, GREEDY) for p in prompts]
+    tier_warnings = [w for w in caught if issubclass(w.category, TierWarning)]
+    assert len(tier_warnings) == 1 and "switched off" in str(tier_warnings[0].message)
+    assert not e.kv_tier.enabled and e.kv_tier.stats.backend_errors == 3 and "TypeError" in e.kv_tier.disabled_reason
