@@ -513,14 +513,16 @@ class InferenceEngine:
             reason: FinishReason | None = "error" if err else None
             if err is None:
                 sampled[req.request_id] = toks[-1]
-                if req.metrics.first_token_time is None:
-                    req.metrics.first_token_time, req.metrics.first_token_step = now, done_step
+                first = req.metrics.first_token_time is None
                 for tok in toks:  # one token, or the verified run of a speculative decode
                     try:
                         reason = append_token(req, tok, eos)
                     except Exception as exc:  # noqa: BLE001 - the tokenizer failed on this request's token
                         reason, err = "error", f"could not detokenize token {tok}: {type(exc).__name__}: {exc}"
-                    c.generated_tokens += reason != "eos" and err is None
+                        break
+                    if first:  # TTFT: only a request that did receive a token has one
+                        req.metrics.first_token_time, req.metrics.first_token_step, first = now, done_step, False
+                    c.generated_tokens += reason != "eos"
                     if reason is not None:
                         break  # a stop inside the run: the tokens after it are dropped
             if reason is not None:

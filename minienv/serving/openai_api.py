@@ -302,7 +302,9 @@ class OpenAIApi:
             chunks.append(chunk)
         try:
             body = json.loads(b"".join(chunks))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except RecursionError:  # nesting deeper than the parser's recursion: still the client's body
+            raise ApiError(400, "the body is not valid JSON for this server: nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, and an integer past Python's digit limit
             raise ApiError(400, f"the body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
             raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}")
