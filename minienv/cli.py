@@ -44,8 +44,9 @@ def positive_int(text: str) -> int:
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     """The engine's flags (shared by generation and ``serve``)."""
     eng = p.add_argument_group("engine")
-    eng.add_argument("--kv-budget-tokens", type=positive_int, default=16384,
-                     help="KV cache size in tokens, for all requests together (default: 16384)")
+    eng.add_argument("--kv-budget-tokens", type=positive_int, default=None,
+                     help="KV cache size in tokens, for all requests together (default: 16384; 2048 for a real "
+                          "model given by --model NAME|.gguf|HF folder)")
     eng.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default: 16)")
     eng.add_argument("--max-num-seqs", type=positive_int, default=16, help="most requests running at once (default: 16)")
     eng.add_argument("--max-num-batched-tokens", type=positive_int, default=512,
@@ -75,10 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random seed for reproducible sampling (with --prompts-file, line i uses seed + i)")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="stop when the output contains TEXT (repeatable)")
-    p.add_argument("--model", type=Path, default=None, metavar="DIR",
-                   help="model directory with config.json + model.safetensors (default: bundled assets/target)")
+    p.add_argument("--model", default=None, metavar="NAME|PATH",
+                   help="a real model: 'smollm2-135m-instruct' (downloaded once into ~/.cache/minienv/models), a "
+                        "Llama .gguf file or a Hugging Face folder; or a minienv model directory with "
+                        "--tokenizer (default: the bundled toy, assets/target)")
     p.add_argument("--tokenizer", type=Path, default=None, metavar="FILE",
                    help="tokenizer.json (default: bundled assets/tokenizer.json)")
+    p.add_argument("--chat", default=None, metavar="MESSAGE",
+                   help="ask a chat model (--model NAME) one question: the message is rendered with the model's "
+                        "chat template, and the answer ends at its end-of-turn token")
     add_engine_options(p)
     p.add_argument("--no-cache", action="store_true",
                    help="no KV cache at all: recompute the whole sequence every token (slow; single prompt only)")
@@ -146,10 +152,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve_main(argv[1:])
     if argv[:1] == ["client"]:
         return client_main(argv[1:])
+    if argv[:1] == ["download"]:
+        return download_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    if (args.prompt is None) == (args.prompts_file is None):
-        parser.error("give a prompt, or --prompts-file FILE (not both)")
+    if sum(x is not None for x in (args.prompt, args.prompts_file, args.chat)) != 1:
+        parser.error("give a prompt, --prompts-file FILE, or --chat MESSAGE (exactly one)")
+    if args.chat is not None and args.model is None:
+        parser.error("--chat needs a chat model: --model smollm2-135m-instruct (or a .gguf / HF folder)")
     if args.no_cache and args.prompts_file is not None:
         parser.error("--no-cache runs a single prompt without the engine; it cannot be used with --prompts-file")
     if args.prompt is not None and not _is_utf8_encodable(args.prompt):
@@ -175,10 +185,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         prompts = None if args.prompts_file is None else _read_prompts(args.prompts_file)  # fail before loading
-        tokenizer = load_tokenizer(args.tokenizer)  # the cheaper file first: a bad one fails fast
-        model = load_model(args.model)
+        chat_template = None
+        budget = args.kv_budget_tokens
+        if _is_real_model(args.model, args.tokenizer):
+            from minienv.model.pretrained import load_pretrained
+
+            pre = load_pretrained(args.model)
+            model, tokenizer, chat_template = pre.model, pre.tokenizer, pre.chat_template
+            budget = budget or 2048
+        else:
+            tokenizer = load_tokenizer(args.tokenizer)  # the cheaper file first: a bad one fails fast
+            model = load_model(args.model)
+        budget = budget or 16384
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {model.config.vocab_size}")
+        if args.chat is not None:
+            if chat_template is None:
+                raise ValueError(f"the model {args.model} has no chat template: give a prompt to continue instead")
+            args.prompt = chat_template.render([{"role": "user", "content": args.chat}])
         if args.no_cache:
             return _run_no_cache(model, tokenizer, args.prompt, params)
 
@@ -186,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             engine = InferenceEngine(
-                model, tokenizer, kv_budget_tokens=args.kv_budget_tokens, block_size=args.block_size,
+                model, tokenizer, kv_budget_tokens=budget, block_size=args.block_size,
                 enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens, scheduling=args.scheduling,
                 kv_tier=args.kv_tier)
@@ -206,11 +230,48 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(f"=== [{i}] {prompt}\n{out.text}\n")
         sys.stdout.write("\n" + format_batch_stats(engine, outputs, wall) + "\n")
         sys.stdout.flush()
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ImportError) as exc:
         print(f"minienv: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    return 0
+
+
+def _is_real_model(model: str | None, tokenizer: Path | None) -> bool:
+    """``--model`` names a known model, a ``.gguf`` file, or a folder that carries its own tokenizer.json (and no
+    ``--tokenizer`` was given): the real-model path; otherwise the minienv model directory + tokenizer path."""
+    if model is None or tokenizer is not None:
+        return False
+    from minienv.model.hub import KNOWN_MODELS
+
+    path = Path(model)
+    has = (lambda name: (path / name).is_file()) if path.is_dir() else (lambda name: False)
+    return model in KNOWN_MODELS or path.is_file() or not path.exists() or has("tokenizer.json") \
+        or not has("config.json")
+
+
+def download_main(argv: Sequence[str]) -> int:
+    """``python -m minienv download NAME``: fetch a known model into the cache (a progress bar on stderr) and print
+    its path. Exit 1 with one ``minienv download: error:`` line when offline or a checksum does not match."""
+    from minienv.model.hub import KNOWN_MODELS, cache_dir
+
+    p = argparse.ArgumentParser(prog="python -m minienv download",
+                                description=f"Download a known model into {cache_dir()} (MINIENV_MODELS_DIR "
+                                            "overrides) once; later runs use the cached, checksum-verified file.")
+    p.add_argument("name", help=f"one of {sorted(KNOWN_MODELS)}")
+    p.add_argument("--force", action="store_true", help="download again even when a good copy is cached")
+    args = p.parse_args(list(argv))
+    from minienv.model.hub import download
+
+    try:
+        path = download(args.name, force=args.force)
+    except (OSError, ValueError) as exc:
+        print(f"minienv download: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    print(path)
     return 0
 
 
@@ -267,8 +328,10 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--parent-pid", type=int, default=None, metavar="PID",
                    help="stop (as on SIGTERM) as soon as process PID, which must be this server's parent, is gone: "
                         "a server started by a notebook or a test dies with its kernel however the kernel ends")
-    p.add_argument("--model", type=Path, default=None, metavar="DIR",
-                   help="model directory with config.json + model.safetensors (default: bundled assets/target)")
+    p.add_argument("--model", default=None, metavar="NAME|PATH",
+                   help="a real model ('smollm2-135m-instruct', a Llama .gguf file, a Hugging Face folder): "
+                        "/v1/chat/completions then applies its chat template; or a minienv model directory with "
+                        "--tokenizer (default: the bundled toy)")
     p.add_argument("--tokenizer", type=Path, default=None, metavar="FILE",
                    help="tokenizer.json (default: bundled assets/tokenizer.json)")
     add_engine_options(p)
@@ -282,6 +345,15 @@ def _say(line: str, stream=None) -> None:
         print(line, file=stream or sys.stdout, flush=True)
     except (OSError, ValueError):
         pass
+
+
+def _served_name(model: str | None) -> str:
+    """What ``/v1/models`` reports: the known name, or the file's / folder's name, or ``minienv-bundled``."""
+    if model is None:
+        return "minienv-bundled"
+    from minienv.model.hub import KNOWN_MODELS
+
+    return model if model in KNOWN_MODELS else Path(model).stem
 
 
 def serve_main(argv: Sequence[str]) -> int:
@@ -329,8 +401,13 @@ def serve_main(argv: Sequence[str]) -> int:
         from minienv.model import load_model
         from minienv.tokenizer import load_tokenizer
 
+        if _is_real_model(args.model, args.tokenizer):
+            model, tokenizer, budget = args.model, None, args.kv_budget_tokens  # the engine loads it by name
+        else:
+            model, tokenizer = load_model(args.model), load_tokenizer(args.tokenizer)
+            budget = args.kv_budget_tokens or 16384
         engine = InferenceEngine(
-            load_model(args.model), load_tokenizer(args.tokenizer), kv_budget_tokens=args.kv_budget_tokens,
+            model, tokenizer, kv_budget_tokens=budget,
             block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             scheduling=args.scheduling, kv_tier=args.kv_tier)
@@ -341,7 +418,7 @@ def serve_main(argv: Sequence[str]) -> int:
     try:
         tls = None if args.tls_cert is None else TLSConfig(args.tls_cert, args.tls_key)
         server = EngineServer(build_engine, host=args.host, port=args.port, max_waiting=args.max_waiting,
-                              model_name=args.model.name if args.model else "minienv-bundled",
+                              model_name=_served_name(args.model),
                               http_port=args.http_port, max_message_bytes=args.max_message_bytes, tls=tls,
                               stream_interval=args.stream_interval)
     except (ServerBindError, ValueError) as exc:

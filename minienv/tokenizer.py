@@ -329,6 +329,55 @@ class BPETokenizer:
         else:
             self._special_re = None
         self._cache: dict[str, tuple[int, ...]] = {}
+        #: how text is cut into pre-tokens before BPE: minienv's own ASCII pattern unless :meth:`from_vocab` named a
+        #: standard one (:mod:`minienv.pretokenizers`)
+        self._split = _PRETOKENIZE_RE.findall
+        self.pre_tokenizer = "minienv"
+        self._eos_override: int | None = None
+
+    @classmethod
+    def from_vocab(cls, tokens: Sequence[str], merges: Sequence[str], special_ids: Sequence[int], *,
+                   pre_tokenizer: str, eos_token_id: int | None = None, source: str = "vocabulary") -> "BPETokenizer":
+        """A tokenizer from a vocabulary in the byte-level alphabet (id = position), its merges (``"left right"``,
+        by rank) and the ids of its special tokens, pre-tokenizing as the standard ``pre_tokenizer`` named (see
+        :data:`minienv.pretokenizers.PRE_TOKENIZERS`, e.g. ``"gpt2"`` or ``"smollm"``): what a GGUF file's
+        ``tokenizer.ggml.*`` metadata describes. ``eos_token_id`` is where generation stops (a chat model's
+        end-of-turn token, not necessarily ``<|endoftext|>``). Problems are :class:`TokenizerError` naming ``source``.
+        """
+        from minienv.pretokenizers import get_pre_tokenizer
+
+        try:
+            split = get_pre_tokenizer(pre_tokenizer)
+        except ValueError as exc:
+            raise TokenizerError(f"{source}: {exc}") from exc
+        specials = {tokens[i]: i for i in special_ids}
+        vocab = {tok: i for i, tok in enumerate(tokens)}
+        if len(vocab) != len(tokens):
+            raise TokenizerError(f"{source}: the vocabulary repeats a token")
+        id_bytes: list[bytes | None] = [None] * len(tokens)
+        for i, tok in enumerate(tokens):
+            if i not in specials.values():
+                try:
+                    id_bytes[i] = _token_bytes(tok)
+                except ValueError as exc:
+                    raise TokenizerError(f"{source}: {exc}") from exc
+        byte_ids = []
+        for b in range(256):
+            ch = _BYTE_TO_CHAR[b]
+            # A byte-level vocabulary may lack bytes that never occur in its training text (SmolLM2 lacks 21: a
+            # few control characters and bytes that are never valid UTF-8); `tokenizers` drops such a byte (there
+            # is no unknown token), and so does :meth:`_bpe` (id -1 marks it).
+            byte_ids.append(vocab.get(ch, -1))
+        if byte_ids.count(-1) > 128:
+            raise TokenizerError(f"{source}: {byte_ids.count(-1)} of the 256 byte tokens are missing; not a "
+                                 "byte-level vocabulary")
+        pairs, merged_ids = _read_merges(Path(source), {"merges": list(merges)}, vocab)
+        self = cls._from_layout(id_bytes, byte_ids, pairs, merged_ids, specials)
+        self._split, self.pre_tokenizer = split, pre_tokenizer
+        if eos_token_id is not None:
+            self._check_id(eos_token_id)
+            self._eos_override = int(eos_token_id)
+        return self
 
     @classmethod
     def train(
@@ -427,7 +476,10 @@ class BPETokenizer:
 
     @property
     def eos_token_id(self) -> int | None:
-        """Id of ``<|endoftext|>`` (documents are joined with it in training; generation stops on it)."""
+        """Where generation stops: ``<|endoftext|>`` (documents are joined with it in training), unless the model's
+        file names another end token (a chat model's ``<|im_end|>``)."""
+        if self._eos_override is not None:
+            return self._eos_override
         return self.special_tokens.get("<|endoftext|>")
 
     def id_to_token(self, token_id: int) -> str:
@@ -474,6 +526,15 @@ class BPETokenizer:
         if cached is not None:
             return cached
         word = [self._byte_ids[b] for b in piece.encode("utf-8")]
+        if -1 in word:  # a byte the vocabulary lacks is dropped, and merges join its neighbours (as `tokenizers`)
+            word = [t for t in word if t != -1]
+        result = self._merge(word)
+        if len(self._cache) < 500_000:
+            self._cache[piece] = tuple(result)
+        return tuple(result)
+
+    def _merge(self, word: list[int]) -> list[int]:
+        """Apply the lowest-rank merge present until none applies."""
         ranks = self._merge_rank
         while len(word) > 1:
             best = None
@@ -485,13 +546,10 @@ class BPETokenizer:
             if best is None:
                 break
             word = list(_merge_word(tuple(word), best_pair[0], best_pair[1], best[1]))
-        result = tuple(word)
-        if len(self._cache) < 500_000:
-            self._cache[piece] = result
-        return result
+        return word
 
     def _encode_ordinary(self, text: str, out: list[int]) -> None:
-        for piece in _PRETOKENIZE_RE.findall(text):  # the pattern covers every character, see pretokenize()
+        for piece in self._split(text):  # the pattern covers every character, see pretokenize()
             out.extend(self._bpe(piece))
 
     def encode(self, text: str) -> list[int]:
@@ -543,6 +601,9 @@ class BPETokenizer:
 
     def to_hf_dict(self) -> dict:
         """The ``tokenizer.json`` structure that ``tokenizers.Tokenizer.from_file`` reads."""
+        if self.pre_tokenizer != "minienv":
+            raise TokenizerError(f"only minienv's own pre-tokenizer is written to tokenizer.json, not "
+                                 f"{self.pre_tokenizer!r} (this tokenizer came from a model file: keep that file)")
         vocab = {s: i for i, s in enumerate(self._token_strs)}
         merges = [[self._token_strs[a], self._token_strs[b]] for a, b in self.merges]
         added = [

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-REQUIRED_TIERS = ("reference", "browser", "install", "redis", "prometheus", "binder")
+REQUIRED_TIERS = ("reference", "browser", "install", "redis", "prometheus", "binder", "realmodel")
 _skipped_in_required_tier: list[str] = []
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import _signal
 import itertools
 import math
+import os
 import signal
 import threading
 import time
@@ -73,6 +74,9 @@ def _interrupt_deferred() -> Iterator[None]:
 
 
 _MAIN_THREAD_ID = threading.main_thread().ident
+#: default KV budget of a real model given by name or path: SmolLM2-135M keeps 45 KiB of float32 K/V per token, so
+#: the toy's 8192-token default would preallocate 377 MB; 2048 tokens (94 MB) holds a few conversations
+PRETRAINED_KV_BUDGET_TOKENS = 2048
 
 
 class _InterruptGuard:
@@ -152,7 +156,10 @@ class InferenceEngine:
     ----------
     model, tokenizer:
         A :class:`~minienv.model.LlamaModel` and a tokenizer (``encode`` / ``decode`` / ``eos_token_id``); ``None``
-        loads the bundled ones. A tokenizer smaller than the model's (padded) vocabulary is fine: logits past its
+        loads the bundled ones. ``model`` may also name a real model (``"smollm2-135m-instruct"``, downloaded once
+        into the user cache) or a path to a Llama ``.gguf`` file or Hugging Face folder: it then brings its own
+        tokenizer and chat template (:meth:`chat`), and ``kv_budget_tokens`` defaults to
+        ``PRETRAINED_KV_BUDGET_TOKENS`` instead of 8192. A tokenizer smaller than the model's (padded) vocabulary is fine: logits past its
         last id are masked, so the engine never samples an id it cannot decode. A larger one is refused.
     kv_budget_tokens, block_size:
         Token slots of KV for all requests: ``kv_budget_tokens // block_size`` blocks, preallocated.
@@ -184,7 +191,7 @@ class InferenceEngine:
         minienv's own.
     """
 
-    def __init__(self, model: Any = None, tokenizer: Any = None, *, kv_budget_tokens: int = 8192,
+    def __init__(self, model: Any = None, tokenizer: Any = None, *, kv_budget_tokens: int | None = None,
                  block_size: int = 16, enable_prefix_caching: bool = True, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 512, scheduling: SchedulingPolicy = "continuous",
                  victim_policy: VictimPolicy | None = None, static_padding: bool = True, history_size: int = 256,
@@ -198,6 +205,20 @@ class InferenceEngine:
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
         history_size = _check_count("history_size", history_size)
         self.finished_retention = _check_count("finished_retention", finished_retention)
+        #: the model's chat template (:meth:`chat`), None for the bundled toy; the name servers report
+        self.chat_template: Any = None
+        self.model_name = "minienv-bundled"
+        if isinstance(model, (str, os.PathLike)):  # a real model by name, .gguf path or HF folder
+            if tokenizer is not None:
+                raise ValueError("a model given by name or path brings its own tokenizer: pass tokenizer=None")
+            from minienv.model.pretrained import load_pretrained
+            pre = load_pretrained(model)
+            model, tokenizer = pre.model, pre.tokenizer
+            self.chat_template, self.model_name = pre.chat_template, pre.name
+            if kv_budget_tokens is None:
+                kv_budget_tokens = PRETRAINED_KV_BUDGET_TOKENS
+        if kv_budget_tokens is None:
+            kv_budget_tokens = 8192
         if model is None:
             from minienv.model import load_model
             model = load_model()
@@ -368,6 +389,31 @@ class InferenceEngine:
         for i in ids:
             self._release(self.requests[i])
         return outs
+
+    def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             ) -> list[RequestOutput]:
+        """vLLM's ``LLM.chat``: one conversation (a list of ``{"role", "content"}`` dicts) or a list of them, each
+        rendered with the model's chat template (which opens the assistant's turn) and generated together; one
+        finished :class:`RequestOutput` per conversation, in order. Generation ends at the template's end-of-turn
+        token (the tokenizer's ``eos_token_id``). A malformed conversation raises :class:`InvalidRequestError`
+        naming it, and nothing is queued."""
+        if self.chat_template is None:
+            raise InvalidRequestError("this model has no chat template (the bundled toy continues text: use "
+                                      "generate); load a chat model, e.g. InferenceEngine(model="
+                                      "'smollm2-135m-instruct')")
+        one = isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], dict)
+        conversations = [messages] if one else messages
+        if isinstance(conversations, (str, bytes, dict)) or not isinstance(conversations, (list, tuple)) \
+                or not conversations:
+            raise InvalidRequestError("chat() takes a conversation (a list of {'role', 'content'} dicts) or a "
+                                      f"non-empty list of them, got {type(messages).__name__}")
+        prompts = []
+        for i, conv in enumerate(conversations):
+            try:
+                prompts.append(self.chat_template.render(conv))
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc), index=None if one else i) from exc
+        return self.generate(prompts, sampling_params)
 
     def stream(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                ) -> Iterator[RequestOutput]:

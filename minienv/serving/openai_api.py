@@ -365,7 +365,17 @@ class OpenAIApi:
         body = await self._json_body(request)
         self._check_model(body)
         messages = _check_messages(body.get("messages"))
-        req = parse_generation(body, _CHAT_FIELDS, render_chat(messages))
+        # A real model brings its chat template (read-only after the engine thread built the engine); the toy has
+        # none and gets render_chat's play script.
+        engine = self.server.engine_thread.engine
+        if engine is None:
+            raise ApiError(503, "the model is still loading; retry when /health says ok", code="model_loading")
+        template = getattr(engine, "chat_template", None)
+        if template is not None:
+            prompt = template.render([{"role": m["role"], "content": m["content"]} for m in messages])
+        else:
+            prompt = render_chat(messages)
+        req = parse_generation(body, _CHAT_FIELDS, prompt)
         return await self._generate(request, req, chat=True)
 
     async def models(self, request: Request) -> Response:

@@ -154,7 +154,7 @@ class _EngineThread:
         self._on_loaded = on_loaded
         self._inbox: queue.Queue[Callable[[Any], None]] = queue.Queue()
         self._streams: dict[str, OutputSink] = {}  # engine thread only (invariant 1)
-        self.engine: Any = None  # set once by the engine thread; read by no one else but tests through call()
+        self.engine: Any = None  # set once by the engine thread; others read only its immutable chat_template
         self.prompt_limits: PromptLimits | None = None  # set with engine, before `loaded`; immutable
         self.load_error: BaseException | None = None
         self.loaded = threading.Event()
