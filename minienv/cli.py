@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if sum(x is not None for x in (args.prompt, args.prompts_file, args.chat)) != 1:
-        parser.error("give a prompt, --prompts-file FILE, or --chat MESSAGE (exactly one)")
+        parser.error("give a prompt, --prompts-file FILE or --chat MESSAGE (one of them, not both)")
     if args.chat is not None and args.model is None:
         parser.error("--chat needs a chat model: --model smollm2-135m-instruct (or a .gguf / HF folder)")
     if args.no_cache and args.prompts_file is not None:
