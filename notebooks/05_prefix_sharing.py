@@ -254,11 +254,11 @@ fork_view.static()
 # %%
 # NBVAL_CHECK_OUTPUT
 from minienv.kv.block_table import cdiv
-from minienv.lab.sharing_experiments import parallel_sampling_cases
+from minienv.lab.sharing_experiments import SavingResult, parallel_sampling_cases
 
 
 def parallel_sampling(n, cases, block_size=16):
-    named = held = 0  # block-steps: blocks the tables name / blocks that exist, summed over every decode step
+    named = held = copies = 0  # block-steps the tables name / that exist, summed over every decode step
     for prompt, out_lens in cases:
         mgr = KVCacheManager(n * cdiv(len(prompt) + max(out_lens), block_size) + 1, block_size,
                              enable_prefix_caching=False)
@@ -274,23 +274,27 @@ def parallel_sampling(n, cases, block_size=16):
             for sid in [sid for sid, length in alive.items() if length == step]:
                 mgr.free(sid)
                 del alive[sid]
-    return 1 - held / named
+        copies += mgr.cow_copies
+    return SavingResult(f"parallel sampling n={n}", named, held, copies)
 
 
-saved = {n: parallel_sampling(n, parallel_sampling_cases(n, num_requests=100)) for n in (2, 4, 6)}
-print("parallel sampling, memory saved by sharing:", {n: f"{v:.1%}" for n, v in saved.items()})
+par = [parallel_sampling(n, parallel_sampling_cases(n, num_requests=100)) for n in (2, 4, 6)]
+print("parallel sampling, memory saved by sharing:", [f"{r.saved_fraction:.1%}" for r in par])
 
 # %% [markdown]
-# The same numbers, with beam search and the shared prefixes, beside the paper's:
+# With beam search (the same fork / free / copy-on-write, beams chosen by a seeded scorer) and the shared prefixes,
+# beside the paper's:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.lab.sharing_experiments import format_paper_table, paper_sharing_results
+from minienv.lab.sharing_experiments import (beam_search_saving, format_paper_table, parallel_sampling_saving,
+                                             shared_prefix_saving)
 
 # the same numbers from a shell: .venv/bin/python -m minienv.lab.sharing_experiments
-par, beam, shots = paper_sharing_results(parallel_requests=100, beam_requests=40)
+beam = [beam_search_saving(w, num_requests=40) for w in (2, 4, 6)]
+shots = [shared_prefix_saving(80, label="1-shot"), shared_prefix_saving(341, label="5-shot")]
 print(format_paper_table(par, beam, shots))
-assert [r.saved_fraction for r in par] == [saved[n] for n in (2, 4, 6)]  # the loop above, exactly
+assert par[0] == parallel_sampling_saving(2, num_requests=100)  # the loop above is the lab's, exactly
 assert all(a.saved_fraction < b.saved_fraction for xs in (par, beam) for a, b in zip(xs, xs[1:]))  # more, more shared
 assert 0.03 < par[0].saved_fraction and par[-1].saved_fraction < 0.15  # ballparks of 6.1–9.8 % and 37.6–55.2 %
 assert 0.3 < beam[0].saved_fraction and beam[-1].saved_fraction < 0.7

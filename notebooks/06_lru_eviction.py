@@ -206,17 +206,48 @@ live["view"].static()
 # ## The naive evictor: a running request's text, corrupted
 #
 # The naive design's evictor (notebook 00) takes the least recently used block — **any** block. A is decoding when
-# B arrives under a budget that holds one of them: B gets A's oldest blocks and overwrites them. `demo_evictor_damage`
-# compares A's logits with the dense model's **for the same tokens** (damage shows even where no token flips).
+# B arrives under a budget that holds one of them: B gets A's oldest blocks and overwrites them. Here is the whole
+# run on the naive design — its manager, its evictor and one paged model step per call:
 
 # %%
-from minienv.lab.naive_design import demo_evictor_damage
+import numpy as np
+
+from minienv.kv import KVPool, PagedAttentionBackend
+from minienv.kv.block_table import cdiv
+from minienv.lab.naive_design import PagedAttentionManager, TokenBudgetLRUEvictor, demo_evictor_damage, paged_step
 from minienv.lab.serving import load_demo_model
 
 demo = load_demo_model()
 prompt_a = demo.encode("JULIET.\nO Romeo, Romeo,")
 prompt_b = demo.encode("FIRST CITIZEN.\nBefore we proceed any further, hear me speak.")
+budget = cdiv(max(len(prompt_a), len(prompt_b)) + 8, B) * B  # holds A or B alone, not both
+backend = PagedAttentionBackend(KVPool.for_model(demo.model.config, budget, B))
+naive_mgr, naive_evictor = PagedAttentionManager(budget // B, B), TokenBudgetLRUEvictor(budget, B)
+
+
+def feed(rid, tokens):  # make room the naive way (any LRU block, in use or not), then run one model step
+    naive_evictor.evict_if_needed(naive_mgr, len(tokens))
+    naive_evictor.touch(naive_mgr.append_tokens(rid, len(tokens)))
+    naive_evictor.touch(naive_mgr.block_tables[rid])  # the request's whole table is now the most recently used
+    return paged_step(demo.model, backend, naive_mgr.block_tables[rid], tokens, naive_mgr.seq_lens[rid])
+
+
+logits, a_out = feed("A", prompt_a), []
+while len(a_out) < 8:
+    a_out.append(int(np.argmax(logits)))  # greedy
+    if len(a_out) == 3:
+        feed("B", prompt_b)  # B arrives while A decodes: the evictor hands it A's oldest blocks
+    if len(a_out) < 8:
+        logits = feed("A", [a_out[-1]])
+print(f"A on the naive design: {demo.decode(a_out)!r}")
+
+# %% [markdown]
+# `demo_evictor_damage` runs that same loop and minienv's, and compares A's logits with the dense model's **for the
+# same tokens** (damage shows even where no token flips):
+
+# %%
 ev = demo_evictor_damage(demo.model, prompt_a, prompt_b, block_size=B, max_new_tokens=8, b_arrives_after=3)
+assert list(ev.naive_ids) == a_out  # the loop above, exactly
 print(f"model: {demo.name}; budget {ev.kv_budget_tokens} tokens; B arrives after A's token {ev.b_arrives_after}")
 print(f"naive: evicted A's in-use blocks {list(ev.naive_evicted_in_use)}; B's table now names A's blocks "
       f"{list(ev.naive_overwritten)}")

@@ -41,7 +41,7 @@ from minienv.kv.paged_attention import PagedAttentionBackend, PagedAttentionMeta
 __all__ = [
     "BROKEN", "EvictInUseDemo", "EvictorDamage", "PagedAttentionManager", "Pop0TimingDemo", "PrefixAwareRefcounter",
     "RefcountSetDemo", "TokenBudgetLRUEvictor", "WholePromptHashingDemo", "demo_evict_in_use", "demo_evictor_damage",
-    "demo_pop0_timing", "demo_refcount_set", "demo_whole_prompt_hashing", "random_demo_model",
+    "demo_pop0_timing", "demo_refcount_set", "demo_whole_prompt_hashing", "paged_step", "random_demo_model",
 ]
 
 BROKEN = True  #: this module is the broken teaching version (checked by the tests, shown by the notebooks)
@@ -162,7 +162,7 @@ def random_demo_model():
     return LlamaModel(cfg, random_weights(cfg, seed=0, scale=0.3))
 
 
-def _paged_step(model, backend: PagedAttentionBackend, block_ids: Sequence[int], new_tokens: Sequence[int],
+def paged_step(model, backend: PagedAttentionBackend, block_ids: Sequence[int], new_tokens: Sequence[int],
                 num_tokens_after: int) -> np.ndarray:
     """One model step of one sequence through the paged backend; returns the last token's logits."""
     table = BlockTable(backend.kv_pool.block_size, list(block_ids), num_tokens_after)
@@ -253,7 +253,7 @@ def demo_evict_in_use(
             evicted_in_use.extend(b for b in evicted if b in table and other != rid)
         evictor.touch(mgr.append_tokens(rid, len(tokens)))
         evictor.touch(mgr.block_tables[rid])
-        logits = _paged_step(model, backend, mgr.block_tables[rid], tokens, mgr.seq_lens[rid])
+        logits = paged_step(model, backend, mgr.block_tables[rid], tokens, mgr.seq_lens[rid])
         return int(np.argmax(logits))
 
     naive_a = [naive_feed("A", prompt_a)]
@@ -275,7 +275,7 @@ def demo_evict_in_use(
 
     def ours_feed(rid: str, tokens: list[int], first: bool) -> int:
         alloc = ours.allocate(rid, tokens) if first else ours.append_slots(rid, tokens)
-        logits = _paged_step(model, backend, ours.block_ids(rid), alloc.token_ids, ours.num_tokens(rid))
+        logits = paged_step(model, backend, ours.block_ids(rid), alloc.token_ids, ours.num_tokens(rid))
         ours.commit(rid)
         return int(np.argmax(logits))
 
@@ -525,7 +525,7 @@ def demo_evictor_damage(model, prompt_a: Sequence[int], prompt_b: Sequence[int],
         evicted_in_use.extend(b for b in evicted for other, t in mgr.block_tables.items() if other != rid and b in t)
         evictor.touch(mgr.append_tokens(rid, len(tokens)))
         evictor.touch(mgr.block_tables[rid])
-        return _paged_step(model, backend, mgr.block_tables[rid], tokens, mgr.seq_lens[rid])
+        return paged_step(model, backend, mgr.block_tables[rid], tokens, mgr.seq_lens[rid])
 
     rows, out = [naive_feed("A", pa)], []
     overwritten: set[int] = set()
@@ -544,7 +544,7 @@ def demo_evictor_damage(model, prompt_a: Sequence[int], prompt_b: Sequence[int],
     backend = PagedAttentionBackend(kv)
     ours = KVCacheManager(num_blocks, block_size)  # no forks here: no copy-on-write copies to apply
     alloc = ours.allocate("A", pa)
-    rows = [_paged_step(model, backend, ours.block_ids("A"), alloc.token_ids, ours.num_tokens("A"))]
+    rows = [paged_step(model, backend, ours.block_ids("A"), alloc.token_ids, ours.num_tokens("A"))]
     ours.commit("A")
     out, refused = [], False
     while True:
@@ -557,7 +557,7 @@ def demo_evictor_damage(model, prompt_a: Sequence[int], prompt_b: Sequence[int],
             else:
                 ours.free("B")
         ours.append_slots("A", [out[-1]])
-        rows.append(_paged_step(model, backend, ours.block_ids("A"), [out[-1]], ours.num_tokens("A")))
+        rows.append(paged_step(model, backend, ours.block_ids("A"), [out[-1]], ours.num_tokens("A")))
         ours.commit("A")
     ours_ids, ours_err = tuple(out), errors(pa, out, rows)
     reference = dense_greedy(model, pa, max_new_tokens)
