@@ -36,7 +36,9 @@ SHOW_TWICE = textwrap.dedent("""
     t0 = time.perf_counter()
     static.show(go.Figure(go.Bar(x=[1, 2], y=[3, 4])))
     static.show(go.Figure(go.Bar(x=[1, 2], y=[4, 3])))
-    print(json.dumps({"shown": shown, "seconds": time.perf_counter() - t0}))
+    import threading
+    threads = sorted(t.name for t in threading.enumerate() if t.name == "minienv-png-export")
+    print(json.dumps({"shown": shown, "seconds": time.perf_counter() - t0, "export_threads": threads}))
 """)
 
 
@@ -71,7 +73,7 @@ def _assert_live_only_with_one_note(result, printed, stderr, reason: str):
 def test_no_browser_means_the_live_figure_at_once_and_one_note(tmp_path):
     result, printed, stderr, _ = _show_twice(str(tmp_path / "no-such-browser"))
     _assert_live_only_with_one_note(result, printed, stderr, "no browser at BROWSER_PATH")
-    assert result["seconds"] < 2.0  # decided up front: nothing was started
+    assert result["export_threads"] == []  # decided up front: no exporter was ever started
 
 
 def test_a_browser_that_never_answers_is_bounded_and_killed(tmp_path):
@@ -79,7 +81,9 @@ def test_a_browser_that_never_answers_is_bounded_and_killed(tmp_path):
     hung = _executable(tmp_path, "hung-browser", f"touch {marker}; exec sleep 300")
     result, printed, stderr, _ = _show_twice(str(hung), start_timeout=3.0)
     _assert_live_only_with_one_note(result, printed, stderr, "no answer from the exporter within 3 s")
-    assert result["seconds"] < 15.0  # the start timeout, a short close, and never a second try
+    # the 3 s start timeout, a kill, and never a second try (generous: a loaded CI machine imports slowly; the
+    # unbounded exporter never returned at all)
+    assert result["seconds"] < 30.0
     assert marker.exists()  # it was started ...
     alive = subprocess.run(["pgrep", "-f", str(hung)], capture_output=True, text=True).stdout.split()
     assert alive == [], f"browser processes left running: {alive}"  # ... and is gone
@@ -90,7 +94,7 @@ def test_a_browser_that_dies_at_start(tmp_path):
     result, printed, stderr, _ = _show_twice(str(dead))
     # the reason is the browser library's own words (which vary with how the browser dies): any one line will do
     _assert_live_only_with_one_note(result, printed, stderr, "static images are off in this kernel — ")
-    assert result["seconds"] < 15.0
+    assert result["seconds"] < 30.0
 
 
 def test_exporter_problem_names_the_missing_part(monkeypatch, tmp_path):
