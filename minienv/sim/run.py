@@ -1,0 +1,214 @@
+"""Run a trace through minienv's real engine on the roofline's virtual clock; report what vLLM's
+``benchmark_serving`` reports.
+
+The loop is a benchmark client's: requests are added when the virtual clock reaches their arrival, the engine
+steps, and a step listener charges each step the roofline time of the shape the scheduler built (and stamps every
+token with the clock). When nothing is running the clock jumps to the next arrival. The engine is
+:class:`~minienv.engine.InferenceEngine` unchanged — scheduler, KV manager, prefix cache, preemption — with the
+no-math :class:`~minienv.sim.simulated_model.SimulatedModel`; the KV pool has as many blocks as the GPU has memory
+left after the weights.
+
+Metrics follow ``benchmark_serving``: TTFT = first token time - arrival; ITL = gaps between a request's tokens;
+TPOT = (e2e - TTFT) / (output tokens - 1) per request; throughputs over the run's duration (first arrival to last
+finish). Plus the vLLM paper's *normalized latency* (mean of e2e / output length, s/token), preemptions, KV usage
+and the prefix-cache hit rate (tokens, like vLLM).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from minienv.engine.core import InferenceEngine
+from minienv.sampling import SamplingParams
+from minienv.sim.reservation import LAYOUTS, ReservationKVManager, reservation_tokens
+from minienv.sim.roofline import (DEFAULT_MBU, DEFAULT_MFU, DEFAULT_OVERHEAD_S, RooflineClock, StepCost)
+from minienv.sim.simulated_model import SimTokenizer, SimulatedModel
+from minienv.sim.workloads import TraceRequest
+
+
+@dataclass
+class SimConfig:
+    """Everything a simulation needs besides its trace (the CLI's flags)."""
+
+    model: str = "Llama-3-8B"
+    gpu: str = "H100-SXM"
+    tensor_parallel_size: int = 1
+    scheduling: str = "continuous"
+    kv_layout: str = "paged"
+    enable_prefix_caching: bool = False
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+    mfu: float = DEFAULT_MFU
+    mbu: float = DEFAULT_MBU
+    overhead_s: float = DEFAULT_OVERHEAD_S
+
+
+@dataclass
+class SimResult:
+    """One run's figures: ``metrics`` holds vLLM's result keys and ours; ``steps`` (if kept) one row per step:
+    (clock s, step s, tokens, running requests, KV blocks used)."""
+
+    config: SimConfig
+    clock: RooflineClock
+    num_blocks: int
+    metrics: dict[str, Any]
+    steps: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 5)))
+
+
+def _pct(values: Sequence[float] | np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+class _Progress:
+    """A one-line progress bar on stderr, redrawn at most twice a second."""
+
+    def __init__(self, total: int, stream=sys.stderr):
+        self.total, self.stream, self.last = total, stream, 0.0
+
+    def update(self, done: int, sim_s: float, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self.last < 0.5:
+            return
+        self.last = now
+        filled = int(30 * done / self.total)
+        self.stream.write(f"\rsimulate [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} requests, "
+                          f"{sim_s:8.1f} s simulated")
+        self.stream.flush()
+        if force:
+            self.stream.write("\n")
+
+
+def simulate(trace: list[TraceRequest], config: SimConfig | None = None, *, progress: bool = False,
+             keep_steps: bool = False, on_step: Callable[[float, StepCost, InferenceEngine], None] | None = None,
+             ) -> SimResult:
+    """Serve ``trace`` with minienv's engine timed by the roofline of ``config``; return the figures.
+
+    Args:
+        keep_steps: keep one row per step in ``result.steps`` (the notebook's KV-fill and throughput views).
+        on_step: ``on_step(clock_s, cost, engine)`` after every step (live views).
+    """
+    cfg = config or SimConfig()
+    if cfg.kv_layout not in LAYOUTS:
+        raise ValueError(f"unknown --kv-layout {cfg.kv_layout!r}; known: {', '.join(LAYOUTS)}")
+    if cfg.kv_layout != "paged" and cfg.scheduling != "continuous":
+        raise ValueError("the reservation layouts are the Orca baselines: they need --scheduler continuous")
+    if not trace:
+        raise ValueError("the trace is empty")
+    clock = RooflineClock(cfg.model, cfg.gpu, tensor_parallel_size=cfg.tensor_parallel_size, mfu=cfg.mfu,
+                          mbu=cfg.mbu, overhead_s=cfg.overhead_s)
+    max_len = clock.model.max_model_len
+    budget = clock.kv_budget_tokens(cfg.gpu_memory_utilization)  # ModelDoesNotFitError names both sizes
+    num_blocks = budget // cfg.block_size
+    if num_blocks < 1:
+        raise ValueError(f"the KV budget of {budget} tokens holds no block of {cfg.block_size} tokens")
+    lens: dict[str, tuple[int, int]] = {str(i): (r.prompt_len, r.output_len) for i, r in enumerate(trace)}
+    factory = None
+    if cfg.kv_layout != "paged":
+        def reserve(rid: str) -> int:
+            p, o = lens[rid]
+            return reservation_tokens(cfg.kv_layout, p, o, max_len)
+
+        def factory(n: int, bs: int, prefix: bool) -> ReservationKVManager:
+            return ReservationKVManager(n, bs, reserve, enable_prefix_caching=prefix)
+    engine = InferenceEngine(SimulatedModel(max_len), SimTokenizer(), kv_budget_tokens=num_blocks * cfg.block_size,
+                             block_size=cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching,
+                             max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                             scheduling=cfg.scheduling, history_size=0, finished_retention=0,
+                             kv_cache_manager_factory=factory)
+    n = len(trace)
+    arrival = np.array([r.arrival_s for r in trace])
+    first = np.full(n, np.nan)
+    last = np.full(n, np.nan)
+    done_at = np.full(n, np.nan)
+    itl = array("d")
+    step_rows: list[tuple[float, float, int, int, int]] = []
+    pool = engine.kv_cache_manager.pool
+    state = {"now": 0.0, "kv_sum": 0.0, "kv_peak": 0, "steps": 0, "busy": 0.0}
+
+    def charge(record) -> None:
+        plan = record.scheduler_output
+        cost = clock.step_cost([(s.num_new_tokens, s.num_computed_tokens) for s in plan.scheduled],
+                               sum([s.samples for s in plan.scheduled]))
+        now = state["now"] = state["now"] + cost.time_s
+        state["busy"] += cost.time_s
+        for rid in record.sampled:
+            i = int(rid)
+            if first[i] != first[i]:  # NaN: its first token
+                first[i] = now
+            else:
+                itl.append(now - last[i])
+            last[i] = now
+        for rid in record.finished:
+            done_at[int(rid)] = now
+        used = pool.num_used_blocks
+        state["kv_sum"] += used
+        state["kv_peak"] = max(state["kv_peak"], used)
+        state["steps"] += 1
+        if keep_steps:
+            step_rows.append((now, cost.time_s, cost.num_tokens, len(plan.scheduled), used))
+        if on_step is not None:
+            on_step(now, cost, engine)
+
+    engine.add_step_listener(charge)
+    bar = _Progress(n) if progress else None
+    t_wall = time.perf_counter()
+    i = 0
+    while i < n or engine.has_unfinished_requests():
+        while i < n and trace[i].arrival_s <= state["now"]:
+            r = trace[i]
+            engine.add_request(r.prompt, SamplingParams(max_tokens=r.output_len, temperature=0.0), request_id=str(i))
+            i += 1
+        if not engine.has_unfinished_requests():
+            state["now"] = trace[i].arrival_s  # idle: jump to the next arrival
+            continue
+        engine.step()
+        if bar is not None:
+            bar.update(engine.counters.finished, state["now"])
+    wall = time.perf_counter() - t_wall
+    if bar is not None:
+        bar.update(engine.counters.finished, state["now"], force=True)
+
+    out_len = np.array([r.output_len for r in trace], dtype=float)
+    in_len = np.array([r.prompt_len for r in trace], dtype=float)
+    ttft = (first - arrival) * 1e3
+    e2e = (done_at - arrival) * 1e3
+    multi = out_len > 1
+    tpot = (e2e[multi] - ttft[multi]) / (out_len[multi] - 1)
+    itl_ms = np.frombuffer(itl, dtype=float) * 1e3 if len(itl) else np.zeros(0)
+    duration = float(np.nanmax(done_at) - arrival.min())
+    kv = engine.kv_cache_manager
+    ps = kv.prefix_stats
+    m: dict[str, Any] = {
+        "model": clock.model.name, "gpu": clock.gpu.name, "tensor_parallel_size": clock.tp,
+        "scheduler": cfg.scheduling, "kv_layout": cfg.kv_layout, "block_size": cfg.block_size,
+        "duration": duration, "completed": int(np.isfinite(done_at).sum()),
+        "total_input_tokens": int(in_len.sum()), "total_output_tokens": int(out_len.sum()),
+        "request_throughput": n / duration, "output_throughput": out_len.sum() / duration,
+        "total_token_throughput": (in_len.sum() + out_len.sum()) / duration,
+    }
+    for key, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl_ms), ("e2el", e2e)):
+        m[f"mean_{key}_ms"] = float(np.mean(values)) if len(values) else 0.0
+        m[f"median_{key}_ms"] = _pct(values, 50)
+        m[f"std_{key}_ms"] = float(np.std(values)) if len(values) else 0.0
+        m[f"p99_{key}_ms"] = _pct(values, 99)
+    steps = max(1, state["steps"])
+    m.update({
+        "normalized_latency_s_per_token": float(np.mean(e2e / 1e3 / out_len)),
+        "num_preemptions": engine.scheduler.num_preemptions,
+        "kv_cache_blocks": num_blocks, "kv_cache_tokens": num_blocks * cfg.block_size,
+        "kv_usage_mean": state["kv_sum"] / steps / num_blocks, "kv_usage_peak": state["kv_peak"] / num_blocks,
+        "prefix_cache_hit_rate": ps.hits / ps.queries if ps.queries else 0.0,
+        "num_steps": state["steps"], "gpu_busy_fraction": state["busy"] / duration if duration else 0.0,
+        "sim_wall_s": wall, "sim_requests_per_s": n / wall if wall else math.inf,
+    })
+    rows = np.array(step_rows, dtype=float) if step_rows else np.zeros((0, 5))
+    return SimResult(cfg, clock, num_blocks, m, rows)
