@@ -13,6 +13,8 @@ engine over gRPC and, with ``--http-port``, the OpenAI-compatible HTTP API (:mod
 extra) on 127.0.0.1 until SIGTERM or Ctrl-C, then drains (``--grace``). Another host needs ``--tls-cert`` and
 ``--tls-key``, or ``--insecure``.
 ``python -m minienv client "prompt" [--address HOST:PORT]`` streams a completion from such a server to stdout.
+``python -m minienv simulate --model Llama-3-8B --gpu H100-SXM ...`` runs the engine on a simulated GPU
+(:mod:`minienv.sim.cli`, flags like vLLM's ``benchmark_serving``).
 A prompt that is literally ``serve`` or ``client`` is written after ``--``: ``python -m minienv -- serve``.
 
 Bad arguments exit with status 2 and a usage message on stderr (argparse's convention); a request the model
@@ -154,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return client_main(argv[1:])
     if argv[:1] == ["download"]:
         return download_main(argv[1:])
+    if argv[:1] == ["simulate"]:
+        from minienv.sim.cli import simulate_main
+
+        return simulate_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if sum(x is not None for x in (args.prompt, args.prompts_file, args.chat)) != 1:

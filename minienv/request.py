@@ -37,9 +37,10 @@ class RequestStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self.value.startswith("finished")
+        return self in _FINISHED_STATUSES  # a set look-up: read for every request in every step
 
 
+_FINISHED_STATUSES = frozenset(s for s in RequestStatus if s.value.startswith("finished"))
 _FINISHED_STATUS = {"length": RequestStatus.FINISHED_LENGTH, "stop": RequestStatus.FINISHED_STOPPED,
                     "eos": RequestStatus.FINISHED_EOS, "abort": RequestStatus.FINISHED_ABORTED,
                     "error": RequestStatus.FINISHED_ERROR}
@@ -89,6 +90,13 @@ class RequestMetrics:
     num_preemptions: int = 0
     #: tokens run through the model for this request: prefill chunks + decodes + recomputation after preemption
     num_computed_tokens_total: int = 0
+
+    def copy(self) -> "RequestMetrics":
+        """A shallow copy (every field is a number or None), as ``copy.copy`` makes it but without its generic
+        reduce machinery: an output carries one for every request in every step."""
+        new = object.__new__(RequestMetrics)
+        new.__dict__.update(self.__dict__)
+        return new
 
     def _pace(self, first: float | None, finished: float | None) -> float | None:
         if first is None or finished is None:

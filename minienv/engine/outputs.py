@@ -12,7 +12,6 @@ the engine may forget the request.
 from __future__ import annotations
 
 import codecs
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +157,7 @@ def make_output(req: Request, *, advance: bool) -> RequestOutput:
         req.delivered_tokens, req.delivered_chars = len(ids), len(text)
     return RequestOutput(
         request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_tuple, text=text,
-        token_ids=ids, finished=req.is_finished, finish_reason=req.finish_reason, metrics=copy.copy(req.metrics),
+        token_ids=ids, finished=req.is_finished, finish_reason=req.finish_reason, metrics=req.metrics.copy(),
         stop_reason=req.stop_reason, delta_text=text[n_chr:] if advance else "",
         delta_token_ids=ids[n_tok:] if advance else (), error=req.error,
     )

@@ -87,12 +87,15 @@ class _Progress:
             self.stream.write("\n")
 
 
-def simulate(trace: list[TraceRequest], config: SimConfig | None = None, *, progress: bool = False,
+def simulate(trace: list[TraceRequest], config: SimConfig | None = None, *, max_concurrency: int | None = None,
+             progress: bool = False,
              keep_steps: bool = False, on_step: Callable[[float, StepCost, InferenceEngine], None] | None = None,
              ) -> SimResult:
     """Serve ``trace`` with minienv's engine timed by the roofline of ``config``; return the figures.
 
     Args:
+        max_concurrency: like ``benchmark_serving --max-concurrency``: at most this many requests in flight; a
+            request is sent when it has arrived *and* a slot is free, and its latencies count from then.
         keep_steps: keep one row per step in ``result.steps`` (the notebook's KV-fill and throughput views).
         on_step: ``on_step(clock_s, cost, engine)`` after every step (live views).
     """
@@ -103,6 +106,10 @@ def simulate(trace: list[TraceRequest], config: SimConfig | None = None, *, prog
         raise ValueError("the reservation layouts are the Orca baselines: they need --scheduler continuous")
     if not trace:
         raise ValueError("the trace is empty")
+    if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
+                                        or max_concurrency < 1):
+        raise ValueError(f"max_concurrency must be an int >= 1 or None, got {max_concurrency!r}")
+    cap = max_concurrency or len(trace)
     clock = RooflineClock(cfg.model, cfg.gpu, tensor_parallel_size=cfg.tensor_parallel_size, mfu=cfg.mfu,
                           mbu=cfg.mbu, overhead_s=cfg.overhead_s)
     max_len = clock.model.max_model_len
@@ -163,12 +170,13 @@ def simulate(trace: list[TraceRequest], config: SimConfig | None = None, *, prog
     t_wall = time.perf_counter()
     i = 0
     while i < n or engine.has_unfinished_requests():
-        while i < n and trace[i].arrival_s <= state["now"]:
+        while i < n and trace[i].arrival_s <= state["now"] and i - engine.counters.finished < cap:
             r = trace[i]
+            arrival[i] = max(arrival[i], state["now"])  # sent later than it arrived: a concurrency slot was busy
             engine.add_request(r.prompt, SamplingParams(max_tokens=r.output_len, temperature=0.0), request_id=str(i))
             i += 1
         if not engine.has_unfinished_requests():
-            state["now"] = trace[i].arrival_s  # idle: jump to the next arrival
+            state["now"] = max(state["now"], trace[i].arrival_s)  # idle: jump to the next arrival
             continue
         engine.step()
         if bar is not None:
