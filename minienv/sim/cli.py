@@ -100,8 +100,8 @@ ROWS = (("Successful requests", "completed", "{:d}"), ("Benchmark duration (s)",
         ("Median E2E latency (ms)", "median_e2el_ms", "{:.1f}"),
         ("Normalized latency (s/token)", "normalized_latency_s_per_token", "{:.4f}"),
         ("Preemptions", "num_preemptions", "{:d}"), ("KV cache blocks", "kv_cache_blocks", "{:d}"),
-        ("KV usage mean / peak", None, None), ("Prefix cache hit rate", "prefix_cache_hit_rate", "{:.1%}"),
-        ("Engine steps", "num_steps", "{:d}"), ("Simulation wall time (s)", "sim_wall_s", "{:.2f}"),
+        ("KV usage mean / peak", None, "kv"), ("Prefix cache hit rate", "prefix_cache_hit_rate", "{:.1%}"),
+        ("Engine steps", "num_steps", "{:d}"), ("Simulation wall / CPU time (s)", None, "wall"),
         ("Simulated requests per wall second", "sim_requests_per_s", "{:.0f}"))
 
 
@@ -109,7 +109,12 @@ def format_table(m: dict) -> str:
     head = f" {m['model']} on {m['tensor_parallel_size']} x {m['gpu']} · {m['scheduler']} · {m['kv_layout']} "
     lines = [f"{head:=^60}"]
     for label, key, fmt in ROWS:
-        value = (f"{m['kv_usage_mean']:.1%} / {m['kv_usage_peak']:.1%}" if key is None else fmt.format(m[key]))
+        if fmt == "kv":
+            value = f"{m['kv_usage_mean']:.1%} / {m['kv_usage_peak']:.1%}"
+        elif fmt == "wall":
+            value = f"{m['sim_wall_s']:.2f} / {m['sim_cpu_s']:.2f}"
+        else:
+            value = fmt.format(m[key])
         lines.append(f"{label + ':':<42}{value:>18}")
     lines.append("=" * 60)
     return "\n".join(lines)

@@ -102,6 +102,8 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
               learned_positions=True, biases=True, source=_HF.format("facebook/opt-13b")),
     ModelSpec("Qwen2.5-7B", 28, 3584, 28, 4, 128, 18944, 152064, 32768, qkv_bias=True,
               source=_HF.format("Qwen/Qwen2.5-7B")),
+    ModelSpec("Mistral-7B", 32, 4096, 32, 8, 128, 14336, 32768, 32768,
+              source=_HF.format("mistralai/Mistral-7B-Instruct-v0.3")),
     ModelSpec("Llama-3-70B", 80, 8192, 64, 8, 128, 28672, 128256, 8192,
               source=_HF.format("meta-llama/Meta-Llama-3-70B")),
 )}

@@ -121,18 +121,20 @@ class RooflineClock:
         return self._cost(tokens, keys, ctx_read, rows)
 
     def _cost(self, tokens: int, keys: int, ctx_read: int, rows: int) -> StepCost:
+        if not tokens:  # nothing computed: no weights read, no launch
+            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
         tp = self.tp
         flops = (self._layer_flops_per_token * tokens + self._head_flops_per_row * rows
                  + self._attn_flops_per_key * keys)
         kv = self._kv_bytes_per_token
         nbytes = self._weight_bytes + kv * ctx_read + kv * tokens  # read the context's KV, write the new tokens'
         comm = 0.0
-        if tp > 1 and tokens:
+        if tp > 1:
             size = tokens * self._act_bytes_per_token
             per_call = ALLREDUCE_LATENCY_S + 2 * (tp - 1) / tp * size / (self.gpu.link_gbs * 1e9)
             comm = 2 * self.model.num_layers * per_call
         return StepCost(flops, nbytes, flops / tp / self._peak, nbytes / tp / self._bw, comm,
-                        self.overhead_s if tokens else 0.0, tokens)
+                        self.overhead_s, tokens)
 
     def decode_time(self, batch: int, context: int) -> float:
         """Seconds of one decode step of ``batch`` requests each holding ``context`` tokens (the notebook's curve)."""
