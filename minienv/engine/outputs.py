@@ -140,27 +140,33 @@ def append_token(req: Request, token: int, eos_token_id: int | None) -> FinishRe
     return None
 
 
-def visible_text(req: Request) -> str:
-    """The text a consumer may see now: all of it once finished, else minus a possible stop-string start."""
+def visible_text(req: Request, finished: bool | None = None) -> str:
+    """The text a consumer may see now: all of it once finished, else minus a possible stop-string start.
+    ``finished``: ``req.is_finished`` if the caller has it already."""
     stops = req.sampling_params.stop_strings
-    if req.is_finished or not stops:
+    if not stops or (req.is_finished if finished is None else finished):
         return req.text
     return req.text[:max(0, len(req.text) - max(map(len, stops)) + 1)]
 
 
 def make_output(req: Request, *, advance: bool) -> RequestOutput:
     """The request's output now; the delta is what its consumer has not been given. ``advance`` marks it given."""
-    text = visible_text(req)
+    finished = req.is_finished
+    text = visible_text(req, finished)
     ids = tuple(req.output_token_ids)
     n_tok, n_chr = req.delivered_tokens, req.delivered_chars
     if advance:
         req.delivered_tokens, req.delivered_chars = len(ids), len(text)
-    return RequestOutput(
+    # NOTE: RequestOutput(...) field by field, filled into the instance's __dict__: a frozen dataclass's __init__
+    # sets each of its 12 fields through object.__setattr__, and a streaming consumer gets one output per request
+    # per step (test_make_output_equals_the_constructor)
+    out = object.__new__(RequestOutput)
+    out.__dict__.update(
         request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_tuple, text=text,
-        token_ids=ids, finished=req.is_finished, finish_reason=req.finish_reason, metrics=req.metrics.copy(),
+        token_ids=ids, finished=finished, finish_reason=req.finish_reason, metrics=req.metrics.copy(),
         stop_reason=req.stop_reason, delta_text=text[n_chr:] if advance else "",
-        delta_token_ids=ids[n_tok:] if advance else (), error=req.error,
-    )
+        delta_token_ids=ids[n_tok:] if advance else (), error=req.error)
+    return out
 
 
 class Consumer:

@@ -230,3 +230,27 @@ def test_cli_model_that_does_not_fit_exits_1_naming_both_sizes(capsys):
     assert main(["simulate", "--model", "Llama-3-70B", "--gpu", "L4", "--num-prompts", "2"]) == 1
     err = capsys.readouterr().err
     assert "does not fit" in err and "GiB" in err and "L4" in err
+
+
+# ---------------------------------------------------------------------- the engine's per-step costs (profiled)
+def test_make_output_equals_the_constructor():
+    import copy
+    import dataclasses
+
+    from minienv.engine.outputs import RequestOutput, make_output
+    from minienv.request import RequestStatus
+    from minienv.sim.simulated_model import SimTokenizer, SimulatedModel
+    from minienv.engine import InferenceEngine
+    from minienv.sampling import SamplingParams
+
+    eng = InferenceEngine(SimulatedModel(256), SimTokenizer(), kv_budget_tokens=256, block_size=16)
+    rid = eng.add_request([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0, stop=["zz"]))
+    for _ in range(3):
+        eng.step()
+        req = eng.requests.get(rid) or eng.retained[rid]
+        made = make_output(req, advance=False)
+        fields = {f.name: getattr(made, f.name) for f in dataclasses.fields(RequestOutput)}
+        assert made == RequestOutput(**fields) and made.metrics == copy.copy(req.metrics)
+        assert made.metrics is not req.metrics and made.finished == req.is_finished
+    for status in RequestStatus:
+        assert status.is_finished == status.value.startswith("finished")
