@@ -3,9 +3,10 @@
 The vLLM paper (Kwon et al., SOSP '23, §6.1 and Fig. 11) reports its two traces' length statistics under the OPT
 tokenizer: ShareGPT prompts average 161.31 tokens and outputs 337.99 (long, heavy-tailed conversations); Alpaca
 prompts average 19.31 and outputs 58.45 (short instructions). We draw both from log-normal distributions whose
-*means match those reported means* (``mu = ln(mean) - sigma^2 / 2``); the spread ``sigma`` is ours, chosen to
-give the wide, right-skewed histograms of the paper's Fig. 11 (1.0 for ShareGPT, 0.7 for Alpaca) — the raw
-datasets were not fitted. Lengths are then filtered like ``benchmark_serving``'s ShareGPT loader: prompt and
+*means match those reported means* (``mu = ln(mean) - sigma^2 / 2``); the spread ``sigma`` is a choice, made to
+give the wide, right-skewed histograms of the paper's Fig. 11 — the raw datasets were not fitted. Both
+distributions are :mod:`minienv.lab.workload`'s (``SHAREGPT``, ``ALPACA``: one definition for the notebooks and
+the simulator). Unlike there, lengths are then *filtered* like ``benchmark_serving``'s ShareGPT loader: prompt and
 output >= 4 tokens, prompt <= 1024, prompt + output <= the model's context (redrawn, so the means shift a little;
 :func:`describe` prints what a trace really holds). ``random`` is fixed lengths, like its ``--dataset-name random``.
 
@@ -20,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minienv.lab.workload import ALPACA, SHAREGPT
 from minienv.sim.simulated_model import SIM_VOCAB
 
-#: dataset -> (mean prompt, mean output, sigma prompt, sigma output): means from the vLLM paper, sigmas ours
-SHAPES = {"sharegpt": (161.31, 337.99, 1.0, 1.0), "alpaca": (19.31, 58.45, 0.7, 0.7)}
+SHAPES = {"sharegpt": SHAREGPT, "alpaca": ALPACA}
 DATASETS = ("sharegpt", "alpaca", "random")
 
 
@@ -38,10 +39,6 @@ class TraceRequest:
         return len(self.prompt)
 
 
-def _lognormal(rng: np.random.Generator, mean: float, sigma: float, n: int) -> np.ndarray:
-    return np.rint(rng.lognormal(math.log(mean) - sigma * sigma / 2, sigma, n)).astype(np.int64)
-
-
 def lengths(dataset: str, n: int, rng: np.random.Generator, max_model_len: int, *, input_len: int = 1024,
             output_len: int = 128) -> tuple[np.ndarray, np.ndarray]:
     """``n`` (prompt, output) lengths of ``dataset``, filtered like ``benchmark_serving`` (see the module doc)."""
@@ -52,12 +49,12 @@ def lengths(dataset: str, n: int, rng: np.random.Generator, max_model_len: int, 
         return np.full(n, input_len), np.full(n, output_len)
     if dataset not in SHAPES:
         raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
-    mp, mo, sp, so = SHAPES[dataset]
+    shape = SHAPES[dataset]
     ps: list[int] = []
     os_: list[int] = []
     while len(ps) < n:
         k = 2 * (n - len(ps)) + 16
-        p, o = _lognormal(rng, mp, sp, k), _lognormal(rng, mo, so, k)
+        p, o = shape.prompt.sample(rng, k), shape.output.sample(rng, k)
         ok = (p >= 4) & (o >= 4) & (p <= 1024) & (p + o <= max_model_len)
         ps.extend(p[ok].tolist())
         os_.extend(o[ok].tolist())
