@@ -157,7 +157,8 @@ class InferenceEngine:
     model, tokenizer:
         A :class:`~minienv.model.LlamaModel` and a tokenizer (``encode`` / ``decode`` / ``eos_token_id``); ``None``
         loads the bundled ones. ``model`` may also name a real model (``"smollm2-135m-instruct"``, downloaded once
-        into the user cache) or a path to a Llama ``.gguf`` file or Hugging Face folder: it then brings its own
+        into the user cache), a path to a Llama ``.gguf`` file or Hugging Face folder, or an already loaded
+        :class:`~minienv.model.pretrained.Pretrained` (engines sharing one copy of the weights): it then brings its own
         tokenizer and chat template (:meth:`chat`), and ``kv_budget_tokens`` defaults to
         ``PRETRAINED_KV_BUDGET_TOKENS`` instead of 8192. A tokenizer smaller than the model's (padded) vocabulary is fine: logits past its
         last id are masked, so the engine never samples an id it cannot decode. A larger one is refused.
@@ -208,11 +209,12 @@ class InferenceEngine:
         #: the model's chat template (:meth:`chat`), None for the bundled toy; the name servers report
         self.chat_template: Any = None
         self.model_name = "minienv-bundled"
-        if isinstance(model, (str, os.PathLike)):  # a real model by name, .gguf path or HF folder
+        from minienv.model.pretrained import Pretrained
+        if isinstance(model, (str, os.PathLike, Pretrained)):  # a real model by name, .gguf path or HF folder
             if tokenizer is not None:
                 raise ValueError("a model given by name or path brings its own tokenizer: pass tokenizer=None")
             from minienv.model.pretrained import load_pretrained
-            pre = load_pretrained(model)
+            pre = model if isinstance(model, Pretrained) else load_pretrained(model)
             model, tokenizer = pre.model, pre.tokenizer
             self.chat_template, self.model_name = pre.chat_template, pre.name
             if kv_budget_tokens is None:

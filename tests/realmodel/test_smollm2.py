@@ -113,8 +113,7 @@ def test_paged_engine_equals_dense_model(smol):
     """The engine's batched, paged greedy tokens are the dense model's argmax at every position."""
     from minienv.engine import InferenceEngine
 
-    engine = InferenceEngine(smol.model, smol.tokenizer, kv_budget_tokens=1024, block_size=16)
-    engine.chat_template = smol.chat_template
+    engine = InferenceEngine(smol, kv_budget_tokens=1024, block_size=16)
     outs = engine.chat(CONVERSATIONS, GREEDY)
     for conv, out in zip(CONVERSATIONS, outs):
         prompt = smol.tokenizer.encode(smol.chat_template.render(conv))
@@ -133,9 +132,7 @@ def test_prefix_cache_on_equals_off_with_a_shared_system_prompt(smol):
     convs = [[system, {"role": "user", "content": q}] for q in questions]
     runs = {}
     for caching in (True, False):
-        engine = InferenceEngine(smol.model, smol.tokenizer, kv_budget_tokens=1024, max_num_seqs=1,
-                                 enable_prefix_caching=caching)
-        engine.chat_template = smol.chat_template
+        engine = InferenceEngine(smol, kv_budget_tokens=1024, max_num_seqs=1, enable_prefix_caching=caching)
         runs[caching] = [list(o.token_ids) for o in engine.chat(convs, SamplingParams(max_tokens=12,
                                                                                       temperature=0.0))]
         if caching:
@@ -144,11 +141,11 @@ def test_prefix_cache_on_equals_off_with_a_shared_system_prompt(smol):
 
 
 def test_engine_by_name_chats_and_stops_at_im_end(gguf_path, smol):
-    """``InferenceEngine(model=path)`` brings tokenizer and template; the answer ends at ``<|im_end|>``."""
+    """``InferenceEngine(loaded model)`` brings tokenizer and template; the answer ends at ``<|im_end|>``."""
     from minienv.engine import InferenceEngine
 
-    engine = InferenceEngine(smol.model, smol.tokenizer)  # the path route is exercised by the CLI test below
-    engine.chat_template = smol.chat_template
+    engine = InferenceEngine(smol)  # the by-path route is exercised by the CLI test below
+    assert engine.model_name == gguf_path.stem and engine.kv_budget_tokens == 2048
     [out] = engine.chat([{"role": "user", "content": "What is the capital of France?"}], GREEDY)
     assert out.finish_reason == "eos" and "Paris" in out.text and "<|im_end|>" not in out.text
 
