@@ -161,3 +161,24 @@ def test_cli_chat_answers_in_a_sentence(gguf_path):
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "The capital of France is Paris."
+
+
+def test_openai_chat_completions_apply_the_template(smol):
+    """The OpenAI client against the server minienv's `serve --model` runs (in-process here, sharing the model)."""
+    from openai import OpenAI
+
+    from minienv.engine import InferenceEngine
+    from minienv.serving import EngineServer
+
+    server = EngineServer(lambda: InferenceEngine(smol, kv_budget_tokens=512), port=0, http_port=0,
+                          model_name=smol.name).start()
+    try:
+        server.wait_until_serving(timeout=120)
+        client = OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1", api_key="unused")
+        assert [m.id for m in client.models.list().data] == [smol.name]
+        reply = client.chat.completions.create(model=smol.name, max_tokens=24, temperature=0, messages=[
+            {"role": "user", "content": "What is the capital of France?"}])
+        assert reply.choices[0].message.content == "The capital of France is Paris."
+        assert reply.choices[0].finish_reason == "stop"
+    finally:
+        server.stop(grace=0)
