@@ -16,7 +16,8 @@ the median of per-round ratios. Greedy tokens are checked equal between the vari
   (copying a passage that is in the prompt). No draft model is possible here: SmolLM2-135M is the smallest model of
   its tokenizer's family on this machine — a draft must share the tokenizer and be several times cheaper.
 * ``serving``: the same request in-process, over gRPC (``Client.generate``) and over HTTP (the OpenAI client)
-  against ``python -m minienv serve --model``.
+  against ``python -m minienv serve --model`` (prefix caching off on both sides, so the repeated prompt is
+  computed every time).
 
 The model comes from the cache (``python -m minienv download smollm2-135m-instruct``; MINIENV_MODELS_DIR).
 """
@@ -257,7 +258,7 @@ def serving(pre, path: Path, prompt: list[int], n_new: int, rounds: int, seed: i
 
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "minienv", "serve", "--model", str(path), "--port", "0",
-                             "--http-port", "0", "--kv-budget-tokens", "4096"], stdout=subprocess.PIPE,
+                             "--http-port", "0", "--kv-budget-tokens", "4096", "--no-prefix-caching"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
     grpc_addr = http_url = None
     lines = []
@@ -278,8 +279,8 @@ def serving(pre, path: Path, prompt: list[int], n_new: int, rounds: int, seed: i
         with Client(grpc_addr) as client:
             oa = OpenAI(base_url=http_url, api_key="none")
 
-            def inproc():
-                dt, rows, _ = engine_run(pre, [prompt], n_new)
+            def inproc():  # prefix caching off on both sides: the server would otherwise reuse the repeated prompt
+                dt, rows, _ = engine_run(pre, [prompt], n_new, enable_prefix_caching=False)
                 got["in-process"] = rows[0]
                 return dt
 
