@@ -449,6 +449,13 @@ check_ngram(propose)
 # patterns). On a GPU, decoding is bound by reading the weights, the draft is truly cheap, and the verify call
 # costs about one decode step: that is where the papers' 2–3× come from.
 #
+# **On a real model the verdict moves, but on a CPU only partly** (notebook 15). SmolLM2-135M-Instruct is
+# memory-bound: a decode step reads 538 MB of float32 weights for one token, so verifying drafts no longer costs
+# one step per draft — but numpy's several-row matrix product (GEMM) is still ~3× the one-row product (GEMV) on one
+# core. Measured by `benchmarks/bench_real_model.py` (paired rounds, a shared 2-core machine): n-gram speculation
+# 0.98× plain on a grounded task (copying a passage from the prompt, 54 % of drafts accepted) and 0.87× on free chat
+# (36 %) — from the toy's clear loss to break-even where the answer is in the prompt, and still a loss on free text.
+#
 # ## Traps real engines shipped
 #
 # * **Speculation changed greedy output.** Any mismatch between how the verifier and the plain sampler read the
