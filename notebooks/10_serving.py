@@ -198,6 +198,11 @@ assert final.finish_reason == "length" and final.ttft_s > 0
 # The served text is token for token what the in-process engine generates: the server adds a transport, not a
 # different engine.
 #
+# What the transport costs depends on the model. The toy's decode step lasts about 2 ms, the size of a message's
+# cost, so serving shows; SmolLM2-135M-Instruct's step lasts ~100 ms on this CPU, and `benchmarks/bench_real_model.py`
+# measured one request over gRPC at 1.09× and over HTTP at 0.98× the in-process tokens/s (paired rounds, a shared
+# 2-core machine): on a real model the transport is lost in the noise (notebook 15).
+#
 # ## minienv's client
 #
 # Those are the raw generated stubs: messages and `oneof`s. `minienv.serving.Client` (`minienv/serving/client.py`)
