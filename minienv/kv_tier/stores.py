@@ -9,7 +9,9 @@ children it has. That is what makes eviction safe for chains:
 2. **evict chain tails first** — only *leaves* (records with no stored child) are eviction candidates, least
    recently used first; evicting a leaf may make its parent a leaf. So eviction shortens prefixes from the end and
    never cuts one in the middle (which would strand every later block).
-3. **LRU refresh on hit** — every record returned by :meth:`TierStore.get_many` gets a fresh access stamp.
+3. **LRU refresh on hit** — every record returned by :meth:`TierStore.get_many` gets a fresh access stamp (the
+   SQLite store skips the refresh rather than wait when another process holds the write lock: a stale stamp
+   costs an eviction order, waiting costs a step).
 4. **never half visible** — a record, its metadata and the byte count change in one SQLite transaction / one Redis
    Lua script (Redis runs a script atomically), so a concurrent reader sees the old state or the new one.
 5. ``bytes_used <= capacity_bytes`` after every write (a record bigger than the whole capacity is refused).
@@ -19,6 +21,14 @@ its children count, the LRU stamp and the byte total must change *together*, and
 indexed query. With files, rename makes one record atomic but the index beside it would need its own crash-safe
 bookkeeping — a database by hand. SQLite ships with Python, serializes writers from many processes with a file
 lock (WAL mode lets readers run alongside), and its transactions survive a crash mid-write.
+
+**A step never waits for another process's lock for long.** SQLite serializes writers with a file lock; a
+process that holds a write transaction open makes every other writer wait for the connection's busy timeout.
+After construction (which may wait ``timeout_s``), the SQLite store's operations wait at most ``lock_timeout_s``
+(50 ms by default): lookups and record reads need no lock in WAL mode, an LRU refresh that cannot get the lock is
+skipped, and a write that cannot is a transient :class:`TierBackendError` — the connector then leaves the tier
+alone for ``retry_interval_s``. So a lock held for minutes costs at most one ``lock_timeout_s`` stall per retry
+interval instead of a ``timeout_s`` stall per admission.
 
 Errors: a store that cannot be opened or used raises :class:`TierConfigError` at construction, naming the path or
 URL; a failure during use raises :class:`TierBackendError` (``permanent=True`` when it ran out of space or became read-only),
@@ -93,8 +103,13 @@ class SQLiteStore:
 
     kind = "sqlite"
 
-    def __init__(self, directory: str | os.PathLike, *, capacity_bytes: int | None = None, timeout_s: float = 10.0):
+    def __init__(self, directory: str | os.PathLike, *, capacity_bytes: int | None = None, timeout_s: float = 10.0,
+                 lock_timeout_s: float = 0.05):
         self.capacity_bytes = _check_capacity(capacity_bytes)
+        for name, value in (("timeout_s", timeout_s), ("lock_timeout_s", lock_timeout_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise TierConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        self.lock_timeout_s = float(lock_timeout_s)
         path = Path(directory)
         if path.exists() and not path.is_dir():
             raise TierConfigError(f"KV tier path {str(path)!r} is a file; the tier needs a directory to keep "
@@ -105,6 +120,7 @@ class SQLiteStore:
             raise TierConfigError(f"cannot create the KV tier directory {str(path)!r}: {exc.strerror or exc}") from exc
         self.directory = path
         self.path = path / DB_NAME
+        self.lru_refresh_skipped = 0  #: hits whose LRU refresh was skipped because another process held the lock
         try:
             # check_same_thread=False: an engine may be built in one thread and stepped in another (a server's
             # worker); it is never stepped from two at once, so one connection is used by one thread at a time.
@@ -123,6 +139,8 @@ class SQLiteStore:
                 self._db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES ('clock', 0), ('bytes', 0), ('evictions', 0)")
                 self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            # from now on a step waits for another process's write lock at most this long (module docstring)
+            self._db.execute(f"PRAGMA busy_timeout={int(self.lock_timeout_s * 1000)}")
         except sqlite3.DatabaseError as exc:
             raise TierConfigError(f"cannot use {str(self.path)!r} as a KV tier store: {exc}") from exc
 
@@ -188,14 +206,19 @@ class SQLiteStore:
             return []
 
         def run():
-            with self._write() as db:
-                marks = ",".join("?" * len(keys))
-                found = dict(db.execute(f"SELECT key, record FROM blocks WHERE key IN ({marks})", keys).fetchall())
-                if found:
-                    clock = self._meta("clock") + 1
-                    db.execute("UPDATE meta SET value=? WHERE name='clock'", (clock,))
-                    db.execute(f"UPDATE blocks SET last_access=? WHERE key IN ({','.join('?' * len(found))})",
-                               (clock, *found))
+            marks = ",".join("?" * len(keys))  # a read: WAL mode serves it while another process writes
+            found = dict(self._db.execute(f"SELECT key, record FROM blocks WHERE key IN ({marks})", keys).fetchall())
+            if found:
+                try:
+                    with self._write() as db:
+                        clock = self._meta("clock") + 1
+                        db.execute("UPDATE meta SET value=? WHERE name='clock'", (clock,))
+                        db.execute(f"UPDATE blocks SET last_access=? WHERE key IN ({','.join('?' * len(found))})",
+                                   (clock, *found))
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) and "busy" not in str(exc):
+                        raise
+                    self.lru_refresh_skipped += 1  # another process holds the write lock: serve, do not wait
             return [found.get(k) for k in keys]
         return self._run(run)
 
