@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from minienv.generate import generate_ids
 from minienv.sampling import SamplingParams
@@ -180,15 +180,16 @@ def diff_fingerprints(before: dict[str, Any], after: dict[str, Any]) -> list[str
     return out
 
 
-def assert_rolled_back(before: dict[str, Any], engine: Any) -> None:
-    """After a step raised: the engine is as it was before the step.
+def assert_rolled_back(before: dict[str, Any], engine: Any, take: Callable[[], dict[str, Any]] | None = None) -> None:
+    """After a step raised: the engine is as it was before the step (``take``: how ``before`` was taken, when not
+    ``fingerprint(engine)``).
 
     Two documented exceptions (``minienv.engine.core``): evicted cached blocks stay evicted, and a preemption (or a static padding slot released) the failed step's plan made stands (the
     victim's freed blocks may already hold the failed step's K/V, so they cannot be handed back); then the state
     differs by exactly that preemption, which the caller's later output comparison covers, and only the invariants
     and the set of requests are compared here.
     """
-    after = fingerprint(engine)
+    after = fingerprint(engine) if take is None else take()
     engine.check_invariants()
     if (after["stats"].num_preemptions > before["stats"].num_preemptions
             or set(after["padding_slots"]) < set(before["padding_slots"])):  # a padding slot released: the same
