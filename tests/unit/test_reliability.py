@@ -251,3 +251,18 @@ def test_b_a_store_that_keeps_misbehaving_is_switched_off_after_three_with_one_w
     tier_warnings = [w for w in caught if issubclass(w.category, TierWarning)]
     assert len(tier_warnings) == 1 and "switched off" in str(tier_warnings[0].message)
     assert not e.kv_tier.enabled and e.kv_tier.stats.backend_errors == 3 and "TypeError" in e.kv_tier.disabled_reason
+
+
+def test_d_a_draft_model_exception_is_counted_warned_once_and_changes_no_text():
+    model, tok = bundled()
+    flaky = FlakyModel(load_model(assets_dir() / "draft"), {3: RuntimeError, 6: RuntimeError})
+    cfg = {"method": "draft", "num_speculative_tokens": 3}
+    sp = SamplingParams(max_tokens=20, temperature=0.8, seed=3)
+    e = InferenceEngine(model, tok, speculative_config={**cfg, "draft_model": flaky})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = e.generate([SPEC_PROMPTS[2]], sp)[0]
+    assert flaky.failures == 2 and e.speculator.stats.num_failed_proposals == 2
+    assert len([w for w in caught if "proposer failed" in str(w.message)]) == 1
+    assert len(e.history) == e.stats.num_steps and e.stats.num_failed_steps == 0
+    assert list(out.token_ids) == _alone(SPEC_PROMPTS[2], sp, speculative_config={**cfg, "draft_model": flaky.model})
