@@ -173,3 +173,35 @@ def test_a_damaged_cached_file_is_named(tmp_path, monkeypatch):
     path.write_bytes(b"GGUF" + b"\0" * 100)
     with pytest.raises(DownloadError, match="is damaged.*python -m minienv download smollm2-135m-instruct"):
         cached_path("smollm2-135m-instruct")
+
+
+def test_a_hugging_face_folder_loads_like_the_gguf(tiny, tmp_path):
+    """config.json + model.safetensors + a standard byte-level tokenizer.json (+ tokenizer_config.json's chat
+    template and end token): the same model, tokenizer and template as the GGUF it was made from."""
+    import json
+
+    from minienv.model import save_checkpoint
+    from minienv.model.gguf_file import read_gguf
+    from minienv.model.pretrained import load_pretrained
+
+    path, weights = tiny
+    g = read_gguf(path)
+    folder = tmp_path / "hf"
+    save_checkpoint(folder, CONFIG, weights)
+    tokens = [g.tokenizer.id_to_stored(i) for i in range(g.tokenizer.vocab_size)]
+    specials = {"<|endoftext|>": 259, "<|im_start|>": 260, "<|im_end|>": 261}
+    (folder / "tokenizer.json").write_text(json.dumps({
+        "version": "1.0", "normalizer": None, "added_tokens": [
+            {"id": i, "content": t, "special": True} for t, i in specials.items()],
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(tokens)}, "merges": ["Ġ t", "h e", "Ġt he"]},
+    }), encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>"}))
+    pre = load_pretrained(folder)
+    assert pre.name == "hf" and pre.tokenizer.pre_tokenizer == "gpt2" and pre.tokenizer.eos_token_id == 261
+    text = "the other theme 123 <|im_end|>"
+    assert pre.tokenizer.encode(text) == g.tokenizer.encode(text)
+    conv = [{"role": "user", "content": "the"}]
+    assert pre.chat_template.render(conv) == "<|im_start|>user\nthe<|im_end|>\n<|im_start|>assistant\n"
+    ids = g.tokenizer.encode(pre.chat_template.render(conv))
+    np.testing.assert_array_equal(pre.model.forward(ids), LlamaModel(g.config, g.weights).forward(ids))
