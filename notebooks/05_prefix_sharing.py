@@ -21,8 +21,6 @@
 
 # %%
 # NBVAL_CHECK_OUTPUT
-import numpy as np
-
 from minienv.kv.block_table import cdiv
 from minienv.lab.serving import load_demo_model
 from minienv.lab.sharing_demos import common_prefix_len
@@ -46,38 +44,33 @@ print(f"sharing the {shared // B} full blocks of the common prefix: {total - sav
 # Only **full** blocks can be shared (the block holding the end of the system prompt also holds the start of a
 # question). How do we recognise that block `j` of a new prompt holds exactly what a cached block holds?
 #
-# ## Build it small: a hash chain in ten lines
+# ## Build it small: a prefix index in ten lines
 #
 # A block's K/V depend on **every token before it**, so its key must name the whole prefix `tokens[0 : (j+1)·B]`.
-# A **chain** does that in O(B) per block: hash the parent's hash together with the block's own tokens.
+# The simplest such key is that prefix itself — correct, but a prompt of `n` blocks builds and stores keys of
+# B, 2B, …, nB tokens. A **chain hash** names the same prefix in O(B) per block: hash the *parent's hash* together
+# with the block's own tokens (you write it in Exercise 1; from the drawing on we use minienv's `chain_hashes`).
 
 # %%
-import hashlib
+def prefix_keys(tokens, block_size):
+    """Key of every full block: the whole prefix up to the block's end (what a chain hash stands for)."""
+    return [tuple(tokens[:(j + 1) * block_size]) for j in range(len(tokens) // block_size)]
 
-def chain(tokens, block_size):
-    """Chain hash of every full block: h_j = sha256(h_{j-1} | tokens of block j)."""
-    parent, out = b"root", []
-    for j in range(len(tokens) // block_size):
-        block = np.asarray(tokens[j * block_size:(j + 1) * block_size], dtype="<i8").tobytes()
-        parent = hashlib.sha256(parent + block).digest()
-        out.append(parent)
-    return out
-
-toy_index = {}  # hash -> "block" (here just the name of the request that computed it)
+toy_index = {}  # key -> "block" (here just the name of the request that computed it)
 
 def toy_lookup(tokens, block_size):
     """Longest cached run of full blocks, leaving at least the last token to compute."""
     hits = 0
-    for h in chain(tokens, block_size)[: (len(tokens) - 1) // block_size]:
-        if h not in toy_index:
+    for key in prefix_keys(tokens, block_size)[: (len(tokens) - 1) // block_size]:
+        if key not in toy_index:
             break
         hits += 1
     return hits * block_size
 
 for name, p in prompts.items():
     cached = toy_lookup(p, B)
-    for h in chain(p, B):
-        toy_index.setdefault(h, name)
+    for key in prefix_keys(p, B):
+        toy_index.setdefault(key, name)
     print(f"{name}: {len(p)} tokens, {cached:>2} cached, {len(p) - cached:>2} to compute")
 
 # %% [markdown]
@@ -88,6 +81,8 @@ for name, p in prompts.items():
 #
 # One row per prompt, one column per block; a hash several prompts share is drawn once, spanning them. Split groups
 # never share again: each hash carries its parent's. The dashed box is the partial last block, with no hash yet.
+# Below it, the naive design of notebook 00, which keys its prefix block by `hash(tuple(prompt))` — the **whole**
+# prompt — beside the chain (`minienv.lab.naive_design` runs both):
 
 # %%
 from IPython.display import display
@@ -97,6 +92,7 @@ from minienv.viz.kv_views import chain_hashes, hash_chain_view
 hash_chain_view(prompts, B, title=f"block-hash chains of the six prompts (B = {B})", cell_w=66)
 
 # %%
+# NBVAL_CHECK_OUTPUT
 chains = {n: chain_hashes(p, B) for n, p in prompts.items()}
 first_split = min(j for j in range(max(map(len, chains.values())))
                   if len({c[j] if j < len(c) else None for c in chains.values()}) > 1)
@@ -105,14 +101,6 @@ for x, y in [(x, y) for x in prompts for y in prompts if x < y]:  # equal hash <
     for j in range(min(len(chains[x]), len(chains[y]))):
         assert (chains[x][j] == chains[y][j]) == (prompts[x][:(j + 1) * B] == prompts[y][:(j + 1) * B])
 
-# %% [markdown]
-# ## The naive design: one hash for the whole prompt
-#
-# The naive design (notebook 00) keys its prefix block by `hash(tuple(prompt))` — the **whole** prompt — so it
-# shares nothing unless a prompt repeats exactly. `minienv.lab.naive_design` reproduces it beside ours:
-
-# %%
-# NBVAL_CHECK_OUTPUT
 from minienv.lab.naive_design import demo_whole_prompt_hashing
 
 naive_demo = demo_whole_prompt_hashing(list(prompts.values()), system_prompt_tokens=shared, block_size=B)
@@ -127,11 +115,11 @@ assert naive_demo.ours_hit_tokens >= (len(prompts) - 1) * (shared // B) * B
 # %% [markdown]
 # ## minienv's version: `KVCacheManager`
 #
-# `minienv/kv/kv_cache_manager.py` is the toy made exact. **Hash**: `hash_block_tokens(parent, tokens, extra_key)`,
-# sha256 from a fixed root, with an *extra key* (model, dtype, cache salt) so models or tenants never share K/V.
-# **Index**: hash → block; a hit also compares stored tokens and parent (a collision costs a miss, never wrong K/V).
-# **Refcounts**: +1 per hit, −1 per free; at 0 a block keeps K/V and hash (**cached-free**, findable until notebook
-# 06 evicts it). A block is indexed at `commit`, after the step that wrote its K/V. Stats count **tokens**.
+# `minienv/kv/kv_cache_manager.py` is the toy made exact, with three additions. The hash takes an *extra key*
+# (model, dtype, cache salt) so models or tenants never share K/V, and a hit compares the stored tokens too (a
+# collision costs a miss, never wrong K/V). A **refcount** counts the tables holding a block (+1 per hit, −1 per
+# free); at 0 the block keeps K/V and hash (**cached-free**, findable until notebook 06 evicts it). A block is
+# indexed at `commit`, after the step that wrote its K/V. Stats count **tokens**.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -164,8 +152,7 @@ assert all(mgr.ref_cnt(b) == 1 for b in common)  # r1 still holds them; r0 let g
 # ## Live: requests arriving and finishing
 #
 # The six requests arrive, decode and finish at different times (bookkeeping only). Each cell reads `block ·rcN`;
-# dark cells are shared. The system prompt's refcount rises with every arrival and falls with every finish; when
-# the last holder leaves its blocks turn **cached-free** (pale blue). Below: the free queue, head first.
+# dark cells are shared, pale blue ones cached-free. Below: the free queue, head first.
 
 # %%
 from minienv.lab.sharing_demos import ArrivalScript
@@ -240,16 +227,11 @@ fork_view.static()
 # %% [markdown]
 # ## The paper's sharing results, in our units
 #
-# Kwon et al. (SOSP 2023) §6.3, Fig. 15 (OPT-13B, Alpaca): blocks saved by sharing are **6.1 %–9.8 %** for parallel
-# sampling and **37.6 %–55.2 %** for beam search (2, 4, 6 sequences). §6.4, Fig. 16 (LLaMA-13B, WMT16 with a 1- or
-# 5-shot prefix of 80 / 341 tokens): **1.67×** and **3.58×** the request rate of Orca (Oracle). We recompute them
-# with the real manager (`minienv.lab.sharing_experiments`, block size 16): Alpaca-like prompts forked into `n`
-# samples; beam search under a seeded random scorer, forking and freeing beams as vLLM's block manager did; and the
-# shared-prefix workload's prompt tokens computed and KV blocks held, cache off vs on.
-#
-# Parallel sampling, the whole experiment: each request prefills, **forks** into `n` samples, and every sample
-# decodes its own length; after each step we add up the blocks the tables name (what `n` unshared copies would
-# hold) and the blocks that physically exist. `lab` only draws the seeded requests:
+# Kwon et al. (SOSP 2023) §6.3, Fig. 15 (OPT-13B, Alpaca): sharing saves **6.1 %–9.8 %** of the blocks for parallel
+# sampling and **37.6 %–55.2 %** for beam search (2, 4, 6 sequences); §6.4, Fig. 16 (LLaMA-13B, a 1- or 5-shot
+# prefix of 80 / 341 tokens): **1.67×** and **3.58×** the request rate of Orca (Oracle). Parallel sampling is the
+# fork above, over 100 Alpaca-like requests (block size 16): after each decode step, add up the blocks the tables
+# name (what `n` unshared copies would hold) and the blocks that exist. `lab` only draws the seeded requests:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -282,8 +264,8 @@ par = [parallel_sampling(n, parallel_sampling_cases(n, num_requests=100)) for n 
 print("parallel sampling, memory saved by sharing:", [f"{r.saved_fraction:.1%}" for r in par])
 
 # %% [markdown]
-# With beam search (the same fork / free / copy-on-write, beams chosen by a seeded scorer) and the shared prefixes,
-# beside the paper's:
+# Beam search forks and frees beams as vLLM's block manager did (beams chosen by a seeded random scorer); the
+# shared-prefix rows count prompt tokens computed and KV blocks held, cache off vs on. Beside the paper's:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -303,21 +285,19 @@ assert 1 < shots[0].work_ratio < shots[0].prefill_ratio and shots[1].prefill_rat
 assert all(r.memory_ratio > 1 for r in shots)
 
 # %% [markdown]
-# **Why ours differ.** *Parallel sampling* (5.1–10.9 % vs 6.1–9.8 %): only full prompt blocks are shared, and
-# Alpaca prompts (~19 tokens) are short next to ~58 output tokens; our lengths are log-normal draws with Alpaca's
-# means, counted per request. *Beam search* (38.6–62.9 % vs 37.6–55.2 %): beams also share their **generated**
-# history, and how much depends on the scorer (ours is random, not OPT-13B) — at widths 4 and 6 ours shares more;
-# the ordering holds. *Shared prefix*: the paper's ratios are A100 **throughput**, mixing prefill computed once and
-# KV stored once, which we count separately; decode is not saved. `benchmarks/bench_prefix_cache.py` times it.
+# **Why ours differ.** *Parallel sampling* (5.1<!--out-->–10.9 %<!--out--> vs 6.1–9.8 %): only full prompt
+# blocks are shared, and Alpaca prompts (~19 tokens) are short next to ~58 output tokens. *Beam search*
+# (38.6<!--out-->–62.9 %<!--out--> vs 37.6–55.2 %): beams also share their **generated** history, by an amount that
+# depends on the scorer (ours is random, not OPT-13B); the ordering holds. *Shared prefix*: the paper's ratios are
+# A100 **throughput**; we count prefill (3.32×<!--out--> and 9.19×<!--out--> fewer tokens) and KV memory apart,
+# and decode is not saved. `benchmarks/bench_prefix_cache.py` times it.
 #
 # ## Proof: the cache changes how much is computed, never what is generated
 #
-# `serve_greedy` runs the six prompts through `InferenceEngine` with the prefix cache **on** and **off**; the text
-# must be identical (cache off equals the dense model: notebook 04; `tests/unit/test_prefix_differential.py` checks
-# on == off == dense more widely). A hit *skips* its tokens, so attention must read their **cached** K/V (small
-# engines have shared the blocks and never fed them to attention): poison the cached K/V before a request that hits
-# them, and its output must change. (`r0` and `r1` prefill in the same step, so `r1` finds nothing yet: a block is
-# findable only after the step that writes it. From `r2` on, all hit.)
+# `serve_greedy` runs the six prompts through `InferenceEngine` with the prefix cache **on** and **off**: the text
+# must be identical (`tests/unit/test_prefix_differential.py` checks on == off == dense more widely). A hit *skips*
+# its tokens, so attention must read their **cached** K/V: poison them before a request that hits, and its output
+# must change. (`r0` and `r1` prefill in the same step, so `r1` finds nothing yet; from `r2` on, all hit.)
 
 # %%
 from minienv.lab.serving import serve_greedy
@@ -381,19 +361,20 @@ assert broken == {"index_at_allocation": ["failed_step"], "hash_own_tokens": ["o
 # %% [markdown]
 # ## The traps of this layer
 #
-# Each shipped in a real engine or in the naive design (eviction's traps are notebook 06's). Regression tests:
-# `tests/unit/test_kv_cache_manager.py`, `test_naive_design.py`; the cell below re-checks each on a fresh manager.
+# Each shipped in a real engine or in the naive design (eviction's traps are notebook 06's); the rule that
+# prevents it was taught above. Regression tests: `tests/unit/test_kv_cache_manager.py`, `test_naive_design.py`;
+# the cell below re-checks each on a fresh manager.
 #
-# | trap | what went wrong | the lesson, in one sentence |
+# | trap | what went wrong | rule taught in |
 # |---|---|---|
-# | naive design: whole-prompt hash | one key for the whole prompt | Hash **per block, chained**, so prompts share exactly their common full blocks. |
-# | naive design: refcount set to 1 | `acquire` set the refcount instead of incrementing it | A refcount is only ever **+1 / −1**, once per table that takes or drops the block. |
-# | vLLM #12621 | `hash(None)` became a constant in Python 3.12 → forced collisions across users | Use a **stable content hash** (sha256) with a real root, and check the stored key on every hit. |
-# | vLLM #1556, fixed by PR #3347 | sliding window + fork: a table named a block twice, fork added a reference per entry → "Double free!" | Fork adds exactly **one reference per child and block**; freeing twice is an error that changes nothing. |
-# | (any copy-on-write block manager) | a wrong copy condition: copying full shared blocks wastes memory; not copying a shared, partly filled one lets one sample overwrite another's tokens | Copy only when writing into a block that is **shared and not full**. |
-# | nano-vllm #144 | a fully cached prompt left zero tokens to run → crash | A lookup **always leaves the last prompt token** to compute. |
-# | (small engines, no public issue) | a hit shared the blocks but attention never read them | Test the cache **through the model**: outputs equal with it on and off, and poisoned cached K/V must change them. |
-# | SGLang #35270 | shared pages counted once per holder → a false "leak" | Count **physical** blocks once, however many tables hold them. |
+# | naive design: whole-prompt hash | one key for the whole prompt: nothing shared | *The chain, drawn* |
+# | naive design: refcount set to 1 | `acquire` set the refcount instead of adding one | *`KVCacheManager`* (+1 / −1 only) |
+# | vLLM #12621 | `hash(None)` became a constant in Python 3.12 → forced collisions across users | *`KVCacheManager`* (stable sha256 root, stored key compared) |
+# | vLLM #1556, fixed by PR #3347 | sliding window + fork: a table named a block twice, fork added a reference per entry → "Double free!" | *Fork and copy-on-write* (one reference per child and block) |
+# | (any copy-on-write block manager) | copying full shared blocks, or not copying a shared partial one | *Fork and copy-on-write* |
+# | nano-vllm #144 | a fully cached prompt left zero tokens to run → crash | *Build it small* (never the last token) |
+# | (small engines, no public issue) | a hit shared the blocks but attention never read them | *Proof* (poisoned K/V) |
+# | SGLang #35270 | shared pages counted once per holder → a false "leak" | *The paper's results* (physical blocks counted once) |
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -493,7 +474,8 @@ check_cached_tokens(my_cached_tokens)
 # * A lookup walks the chain from the root, **stops at the first miss**, and **never covers the last prompt token**.
 # * **Refcounts** count the tables holding a block (+1 per hit or forked child, −1 per free); at 0 it is
 #   **cached-free**. **Fork** shares every block; the first write into a **shared, not-full** block copies it.
-# * In our units parallel sampling saves 5.1–10.9 % of KV memory (paper 6.1–9.8 %) and beam search 38.6–62.9 %
-#   (paper 37.6–55.2 %); a shared few-shot prefix cuts prefill ~3× (1-shot) to ~9× (5-shot), though not decode.
+# * In our units parallel sampling saves 5.1<!--out:above-->–10.9 %<!--out:above--> of KV memory (paper 6.1–9.8 %)
+#   and beam search 38.6<!--out:above-->–62.9 %<!--out:above--> (paper 37.6–55.2 %); a shared few-shot prefix cuts
+#   prefill 3.32×<!--out:above--> (1-shot) to 9.19×<!--out:above--> (5-shot), though not decode.
 # * The cache changes how much is computed, never what is generated — and poisoning cached K/V proves attention
 #   reads them. Next, notebook 06: which cached-free block goes first when the budget is full.

@@ -212,7 +212,7 @@ def sharing_trap_checks(block_size: int = 4) -> dict[str, bool]:
         checks["freeing twice refused, nothing changed"] = t.snapshot() == before
     t.append_slots("c1", [7] * (b - 1))  # fills the shared partial block -> exactly one copy
     t.append_slots("c1", [8])  # c1's copy is full and private; the new token goes to a new block
-    checks["#417 copy only a shared partial block"] = t.stats().cow_copies == 1
+    checks["copy only a shared partial block"] = t.stats().cow_copies == 1
     checks["#144 never the whole prompt"] = t.lookup(list(range(2 * b))).num_cached_tokens == b
     share = t.sharing()
     checks["#35270 physical blocks counted once"] = t.stats().num_in_use == share.physical_blocks < share.logical_blocks
