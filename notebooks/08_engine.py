@@ -51,8 +51,66 @@ print([len(tokenizer.encode(p)) for p in PROMPTS], "prompt tokens;", ENGINE)
 # ## The problem, with a number
 #
 # Five people send a prompt at the same moment. Served one after another, every generated token is one model call
-# for one request, and the fifth person waits for everybody else. The engine runs **one batched call per step** for
-# everyone scheduled in it:
+# for one request (five people × 16 tokens), and the fifth person waits for everybody else. An engine runs **one
+# batched call per step** for everyone scheduled in it.
+#
+# ## Build it small: the engine step, from the parts of 04–07
+#
+# One step is five moves, each a part you built: the **scheduler** (07) decides who runs and how many tokens each
+# computes, within the token budget and the KV blocks the **manager** (05–06) can give; the **inputs** are the
+# scheduled tokens with their positions, slots and block tables (04); the **model** runs once over all of them
+# through the paged K/V; each request whose prompt is done **samples** a token from its own row of logits; the
+# step is **committed** (computed tokens counted, full blocks indexed) and a request that hit its limit finishes,
+# its blocks going back to the pool. The parts:
+
+# %%
+from minienv.engine.inputs import build_step_inputs
+from minienv.kv.kv_cache_manager import KVCacheManager
+from minienv.kv.kv_pool import KVPool
+from minienv.kv.paged_attention import PagedAttentionBackend
+from minienv.request import Request, RequestMetrics
+from minienv.scheduler import make_scheduler
+
+B, NUM_BLOCKS = ENGINE["block_size"], ENGINE["kv_budget_tokens"] // ENGINE["block_size"]
+kv = KVCacheManager(NUM_BLOCKS, B)  # 05-06: block tables, refcounts, prefix cache, LRU of cached-free blocks
+pool = KVPool.for_model(model.config, NUM_BLOCKS * B, B)  # 04: the K/V tensors, one row per slot
+backend = PagedAttentionBackend(pool)  # 04: attention that reads K/V through the block tables
+sched = make_scheduler(kv, max_num_seqs=ENGINE["max_num_seqs"],  # 07: who runs, within the token budget
+                       max_num_batched_tokens=ENGINE["max_num_batched_tokens"])
+small = {str(i): Request(str(i), tokenizer.encode(p), GREEDY, RequestMetrics(0.0, 0)) for i, p in enumerate(PROMPTS)}
+for req in small.values():
+    sched.add_request(req)
+
+# %% [markdown]
+# And the loop — the whole engine, without streaming, metrics, stop strings or error handling:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+small_steps = 0
+while sched.has_unfinished_requests():
+    plan = sched.schedule()  # schedule: who runs, and how many tokens each computes
+    inputs = build_step_inputs(plan, kv, pool)  # inputs: token ids, positions, slots, padded block tables
+    backend.set_metadata(inputs.metadata)
+    logits = model.forward_step(inputs.token_ids, inputs.metadata.positions, backend,  # model: ONE call
+                                logits_indices=inputs.logits_indices)  # (one row per request that samples)
+    sched.update_from_output(plan)  # commit: the tokens are computed; newly full blocks are indexed
+    for i, row in zip(inputs.sampling, logits):  # sample: greedy, from each request's own row
+        req = small[plan.scheduled[i].request_id]
+        token = int(np.argmax(row[:tokenizer.vocab_size]))
+        if token != tokenizer.eos_token_id:
+            req.append_output_token(token)
+        if token == tokenizer.eos_token_id or req.num_output_tokens == GREEDY.max_tokens:
+            sched.finish_request(req.request_id, "eos" if token == tokenizer.eos_token_id else "length")  # outputs
+    small_steps += 1
+calls_one_by_one = sum(r.num_output_tokens + (r.finish_reason == "eos") for r in small.values())
+print(f"one request at a time: {calls_one_by_one} model calls; the small engine: {small_steps} steps "
+      f"({calls_one_by_one / small_steps:.1f}x fewer), with a KV budget of only {NUM_BLOCKS * B} tokens")
+print(small["0"].output_token_ids[:8], "->", repr(tokenizer.decode(small["0"].output_token_ids)))
+
+# %% [markdown]
+# 33<!--out--> batched steps instead of 80<!--out--> calls. `InferenceEngine` is this loop with everything a server
+# needs around it (validation, streaming, stop strings, seeded sampling, metrics, a step rolled back on an
+# exception). Its tokens must be the small loop's, step for step:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -62,31 +120,27 @@ engine = InferenceEngine(model, tokenizer, **ENGINE)
 t0 = time.perf_counter()
 outs = engine.generate(PROMPTS, GREEDY)
 wall = time.perf_counter() - t0
-calls_one_by_one = sum(len(o.token_ids) + (o.finish_reason == "eos") for o in outs)
-print(f"one request at a time: {calls_one_by_one} model calls; the engine: {engine.stats.num_steps} steps "
-      f"({calls_one_by_one / engine.stats.num_steps:.1f}x fewer), with a KV budget of only "
-      f"{engine.kv_budget_tokens} tokens")
+print(f"InferenceEngine: {engine.stats.num_steps} steps; tokens equal to the small loop's: "
+      f"{[list(o.token_ids) for o in outs] == [r.output_token_ids for r in small.values()]}")
+assert [list(o.token_ids) for o in outs] == [r.output_token_ids for r in small.values()]
+assert engine.stats.num_steps == small_steps < calls_one_by_one and all(o.finished for o in outs)
 
 # %%
-assert engine.stats.num_steps < calls_one_by_one and all(o.finished for o in outs)
 print(f"wall time {wall * 1e3:.0f} ms for {engine.stats.num_generated_tokens} tokens (not checked: machine-dependent)")
 
 # %% [markdown]
-# ## Build it small: the engine loop, by hand
+# ## minienv's version: the same loop behind `add_request` / `step` / `abort`
 #
-# `generate` is a loop around `step()`. Written out, with `add_request` / `step` / `abort` — the same loop vLLM's
-# `LLMEngine` runs (`add_request`, then `step()` until `has_unfinished_requests()` is false):
+# `generate` is a loop around `step()` — the same loop vLLM's `LLMEngine` runs (`add_request`, then `step()` until
+# `has_unfinished_requests()` is false). Each `step()` returns a `RequestOutput` per request that got a token:
 
 # %%
 by_hand = InferenceEngine(model, tokenizer, **ENGINE)
 ids = [by_hand.add_request(p, SamplingParams(max_tokens=6, temperature=0)) for p in PROMPTS[:3]]
 doomed = by_hand.add_request(PROMPTS[3], SamplingParams(max_tokens=6, temperature=0))
 by_hand.abort(doomed)  # a request can leave at any time; its blocks are freed, the others carry on
-deltas = {rid: "" for rid in ids}
 while by_hand.has_unfinished_requests():
     step_outputs = by_hand.step()
-    for o in step_outputs:
-        deltas[o.request_id] += o.delta_text  # schedule -> one batched forward -> sample -> stream -> finish
     plan = by_hand.history[-1].scheduler_output
     news = ", ".join(f"{o.request_id}+{o.delta_text!r}" + (" (done)" if o.finished else "") for o in step_outputs)
     print(f"step {plan.step + 1}: {plan.num_scheduled_tokens:>2} tokens ({plan.num_prefill_tokens} prefill, "
@@ -95,14 +149,12 @@ print("aborted:", by_hand.output(doomed).finish_reason)
 
 # %%
 assert by_hand.output(doomed).finish_reason == "abort" and not by_hand.output(doomed).token_ids
-for rid in ids:  # the streamed deltas add up to the final text
-    assert by_hand.output(rid).finished and deltas[rid] == by_hand.output(rid).text
+assert all(by_hand.output(rid).finished for rid in ids)
 by_hand.check_invariants()
 
 # %% [markdown]
-# Each line is one engine step: `schedule()` decided who runs and how many tokens each computes (prefill chunks and
-# decodes together, within 32 tokens); the model ran **once** over all of them through the paged KV cache; each
-# request sampled from its own logits; `delta_text` is what each request's text grew by.
+# Each line is one engine step: prefill chunks and decodes together, within 32 tokens, in one model call;
+# `delta_text` is what each request's text grew by in that step.
 #
 # ## minienv's version: `generate` with `SamplingParams`, `RequestOutput` with metrics
 #
@@ -339,7 +391,7 @@ check_run_to_completion(run_to_completion)
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# The "build it small" loop at the top of this notebook does almost all of it.
+# The `add_request` / `step` loop in "minienv's version" steps the engine; what is left is each request's text.
 # </details>
 #
 # <details><summary>Hint 2</summary>
