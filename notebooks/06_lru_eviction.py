@@ -16,20 +16,45 @@
 # ## The problem, with a number
 #
 # 150 seeded requests: half use one popular 96-token system prompt, the rest one of 60 others (prompt `k` with
-# probability ∝ 1/k), each with its own question; up to four run at a time. The hit rate depends on the budget:
+# probability ∝ 1/k), each with its own question; up to four run at a time. The hit rate depends on the budget.
+#
+# Serving the stream is a short loop (bookkeeping only, no model): each step every running request decodes one
+# token or finishes — its blocks become cached-free, and the policy decides which go first — then waiting requests
+# start, first come first served, while their whole life fits (`admits`, the only bookkeeping left to `lab`):
 
 # %%
 # NBVAL_CHECK_OUTPUT
+from collections import deque
+
 import numpy as np
 
-from minienv.lab.eviction_experiments import POLICIES, popular_prefix_workload, simulate_cache
+from minienv.lab.eviction_experiments import (POLICIES, CacheRunStats, admits, popular_prefix_workload,
+                                              simulate_cache)
+
+
+def serve(stream, budget, policy, max_running=4, B=16):
+    """Serve the stream under one eviction policy and KV budget (tokens); count the prefix-cache hits."""
+    pol, waiting, running, computed = POLICIES[policy](budget // B, B), deque(range(len(stream))), {}, 0
+    while waiting or running:
+        for rid, n in list(running.items()):  # one step: every running request decodes a token, or finishes
+            if n == stream[rid].output_len:
+                pol.free(rid)  # its blocks turn cached-free, findable until the policy evicts them
+                del running[rid]
+            else:
+                pol.append(rid, 1_000_000 + rid * 1000 + n)  # a token no other request has
+                running[rid] = n + 1
+        while waiting and len(running) < max_running and admits(pol, stream, waiting[0], running, B):
+            rid = waiting.popleft()  # first come, first served
+            computed += len(stream[rid].prompt) - pol.allocate(rid, stream[rid].prompt)  # a hit is not computed
+            running[rid] = 0
+    return CacheRunStats(policy, budget // B * B, pol.queries, pol.hits, pol.evicted_blocks, computed)
+
 
 stream = popular_prefix_workload(150, seed=0)
 BUDGETS = [256, 384, 512, 768, 1024, 2048, 4096, 8192]
-sweep = {}  # the curves are drawn further down
-for policy in POLICIES:  # minienv's LRU, nano-vllm's free deque, no prefix cache
-    sweep[policy] = [simulate_cache(stream, budget, policy) for budget in BUDGETS]  # serve it, count the hits
-unbounded = simulate_cache(stream, sum(len(r.prompt) + r.output_len + 16 for r in stream), "minienv LRU")
+sweep = {policy: [serve(stream, budget, policy) for budget in BUDGETS] for policy in POLICIES}  # drawn below
+unbounded = serve(stream, sum(len(r.prompt) + r.output_len + 16 for r in stream), "minienv LRU")
+assert all(sweep[p][i] == simulate_cache(stream, BUDGETS[i], p) for p in POLICIES for i in (0, 4))  # = the lab's
 for run in (sweep["minienv LRU"][0], sweep["minienv LRU"][4], unbounded):
     print(f"KV budget {run.kv_budget_tokens:>6} tokens: prefix-cache hit rate {run.hit_rate:.1%}, "
           f"{run.prefill_tokens_computed} prompt tokens computed, {run.evicted_blocks} blocks evicted")

@@ -27,7 +27,8 @@ from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
 from minienv.kv.kv_cache_manager import KVCacheManager
 
 __all__ = [
-    "NanoVLLMBlockManager", "POLICIES", "CacheRequest", "popular_prefix_workload", "CacheRunStats", "simulate_cache",
+    "NanoVLLMBlockManager", "POLICIES", "CacheRequest", "popular_prefix_workload", "CacheRunStats", "admits",
+    "simulate_cache",
     "CacheStream", "hit_rate_sweep", "format_hit_rate_table", "usable_prefix_after_evictions",
 ]
 
@@ -287,31 +288,34 @@ def simulate_cache(requests: Sequence[CacheRequest], kv_budget_tokens: int, poli
     waiting = deque(range(len(requests)))
     running: dict[int, int] = {}  # rid -> tokens generated
     computed = 0
+    # notebook 06 runs this loop in its first cell (its `serve`), asserted equal to this function
     while waiting or running:
-        for rid in list(running):
-            n = running[rid]
+        for rid, n in list(running.items()):
             if n == requests[rid].output_len:
                 pol.free(rid)
                 del running[rid]
             else:
                 pol.append(rid, 1_000_000 + rid * 1000 + n)  # unique decode tokens: never shared by accident
                 running[rid] = n + 1
-        reserved = sum(cdiv(len(requests[r].prompt) + requests[r].output_len, block_size)
-                       - cdiv(len(requests[r].prompt) + running[r], block_size) for r in running)
-        while waiting and len(running) < max_running:
-            req = requests[waiting[0]]
-            hit = pol.lookup_blocks(req.prompt)
-            life = cdiv(len(req.prompt) + req.output_len, block_size) - hit + pol.hit_free_blocks(req.prompt)
-            if life + reserved > pol.num_free_blocks:
-                break
+        while waiting and len(running) < max_running and admits(pol, requests, waiting[0], running, block_size):
             rid = waiting.popleft()
-            cached = pol.allocate(rid, req.prompt)
-            computed += len(req.prompt) - cached
-            reserved += cdiv(len(req.prompt) + req.output_len, block_size) - cdiv(len(req.prompt), block_size)
+            computed += len(requests[rid].prompt) - pol.allocate(rid, requests[rid].prompt)
             running[rid] = 0
         if not running and waiting:  # pragma: no cover - the budget check above rules it out
             raise RuntimeError("no request could be admitted")
     return CacheRunStats(policy, num_blocks * block_size, pol.queries, pol.hits, pol.evicted_blocks, computed)
+
+
+def admits(pol, requests: Sequence[CacheRequest], rid: int, running: dict[int, int], block_size: int = 16) -> bool:
+    """Whether request ``rid`` may start now: its whole life (prompt and output, less the blocks its prefix hit
+    brings, plus the cached-free hit blocks that leave the free queue) fits in the free blocks next to what the
+    ``running`` requests (``rid -> tokens generated``) still need — so no admitted request ever runs out."""
+    reserved = sum(cdiv(len(requests[r].prompt) + requests[r].output_len, block_size)
+                   - cdiv(len(requests[r].prompt) + n, block_size) for r, n in running.items())
+    req = requests[rid]
+    life = (cdiv(len(req.prompt) + req.output_len, block_size) - pol.lookup_blocks(req.prompt)
+            + pol.hit_free_blocks(req.prompt))
+    return life + reserved <= pol.num_free_blocks
 
 
 class CacheStream:
