@@ -24,8 +24,11 @@ Invariants:
   verified against, and :meth:`KVTierConnector.forget` (the engine calls it when a request finishes or is aborted)
   drops them, so an id reused for another prompt never loads the first prompt's K/V;
 * only committed, full blocks are stored (a partly filled block's tokens are not final);
-* the tier never fails a request: store errors are counted; a store that cannot recover (full, read-only) is
-  switched off with a warning; one that may (Redis down) is skipped for ``retry_interval_s`` and then retried;
+* the tier never fails a request: everything a store returns is untrusted input, and store errors are counted; a
+  store that cannot recover (full, read-only) is switched off with a warning; one that may (Redis down, a lock
+  held elsewhere) is skipped for ``retry_interval_s`` and then retried, with one warning per outage; one that
+  misbehaves (an exception it does not document, an answer of the wrong shape) ``MAX_MISBEHAVIOURS`` times in a
+  row is switched off with one warning;
 * with the tier on, every output equals the output with the tier off (loaded K/V are the bytes computed before).
 """
 
@@ -159,6 +162,7 @@ class KVTierConnector:
         self.disabled_reason: str | None = None
         self._down_until = 0.0
         self._misbehaviours = 0  # in a row; a well-formed answer resets it
+        self._in_outage = False  # a transient failure was warned about and no call has succeeded since
         self._staged: OrderedDict[str, _Staged] = OrderedDict()
         self._chains: dict[str, _Chain] = {}
         self._bad: set[BlockHash] = set()  # keys whose record was refused: the next save replaces it
@@ -190,7 +194,9 @@ class KVTierConnector:
         """A store call, treated as untrusted: a :class:`TierBackendError` is a counted failure (see :meth:`_failed`);
         any other exception is a misbehaviour (:meth:`_misbehaved`). Returns ``None`` on either."""
         try:
-            return fn(*args)
+            result = fn(*args)
+            self._in_outage = False  # the store answered: the next failure is a new outage
+            return result
         except TierBackendError as exc:
             self._failed(exc)
         except Exception as exc:  # noqa: BLE001 - whatever a store does wrong, the request is served without it
@@ -215,8 +221,9 @@ class KVTierConnector:
             self.disabled_reason = str(exc)
             warnings.warn(f"KV tier switched off: {exc}. Serving continues without it.", TierWarning, stacklevel=3)
         else:
-            if time.monotonic() >= self._down_until:
-                warnings.warn(f"KV tier unavailable ({exc}); recomputing, retrying in {self.retry_interval_s:g} s",
+            if not self._in_outage:  # one warning per outage: a retry that fails again says nothing new
+                self._in_outage = True
+                warnings.warn(f"KV tier unavailable ({exc}); recomputing, retrying every {self.retry_interval_s:g} s",
                               TierWarning, stacklevel=3)
             self._down_until = time.monotonic() + self.retry_interval_s
 

@@ -266,3 +266,30 @@ def test_d_a_draft_model_exception_is_counted_warned_once_and_changes_no_text():
     assert len([w for w in caught if "proposer failed" in str(w.message)]) == 1
     assert len(e.history) == e.stats.num_steps and e.stats.num_failed_steps == 0
     assert list(out.token_ids) == _alone(SPEC_PROMPTS[2], sp, speculative_config={**cfg, "draft_model": flaky.model})
+
+
+class _DownStore(_BrokenStore):
+    """A store that is down: every call is a documented, transient failure."""
+
+    def _down(self, *args, **kw):
+        from minienv.kv_tier import TierBackendError
+
+        raise TierBackendError("injected: the server does not answer")
+
+    contains_prefix = get_many = put = _down
+
+
+def test_b_a_store_that_stays_down_is_retried_with_one_warning_per_outage(tmp_path):
+    from minienv.kv_tier import SQLiteStore
+
+    model, tok = bundled()
+    prompts = [_ids(60, 20 + i) for i in range(5)]
+    InferenceEngine(model, tok, kv_tier=tmp_path).generate(prompts, GREEDY)
+    e = InferenceEngine(model, tok, kv_tier=_DownStore(SQLiteStore(tmp_path)))
+    e.kv_tier.retry_interval_s = 0.0  # retried at every admission
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [e.generate([p], GREEDY)[0] for p in prompts]
+    assert [list(o.token_ids) for o in outs] == [_alone(p, GREEDY) for p in prompts]
+    assert len([w for w in caught if issubclass(w.category, TierWarning)]) == 1
+    assert e.kv_tier.enabled and e.kv_tier.stats.backend_errors >= 5  # transient: still retried
