@@ -215,13 +215,16 @@ class _BrokenStore:
         return getattr(self.inner, name)
 
 
-def test_8_a_tier_failure_over_grpc_fails_neither_its_request_nor_an_unrelated_one(tmp_path):
+def test_8_a_tier_failure_over_grpc_and_http_fails_neither_its_request_nor_an_unrelated_one(tmp_path):
+    import urllib.request
+
     from minienv.kv_tier import SQLiteStore
     from minienv.serving import Client
     from serving_harness import kv_idle, make_engine, running_server
 
     prompt = " ".join(["To be, or not to be, that is the question"] * 6)
-    with running_server(lambda: make_engine(kv_tier=_BrokenStore(SQLiteStore(tmp_path))), max_waiting=64) as srv:
+    with running_server(lambda: make_engine(kv_tier=_BrokenStore(SQLiteStore(tmp_path))), max_waiting=64,
+                        http_port=0) as srv:
         with Client(srv.address) as client:
             long_stream = client.stream("Friends, Romans, countrymen", max_tokens=60)
             chunks = iter(long_stream)
@@ -229,8 +232,15 @@ def test_8_a_tier_failure_over_grpc_fails_neither_its_request_nor_an_unrelated_o
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", TierWarning)
                 short = client.generate(prompt, max_tokens=4)
+                body = json.dumps({"model": srv.model_name, "prompt": prompt + " again",
+                                   "max_tokens": 4}).encode()
+                req = urllib.request.Request(f"http://127.0.0.1:{srv.http_port}/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    http_out = json.loads(resp.read())
             rest = list(chunks)
         assert short.finish_reason == "length" and len(short.token_ids) == 4
+        assert http_out["choices"][0]["finish_reason"] == "length" and http_out["usage"]["completion_tokens"] == 4
         ids = list(first.token_ids) + [t for c in rest for t in c.token_ids]
         assert len(ids) == 60, "the unrelated in-flight request was ended by another request's tier failure"
         assert kv_idle(srv) == 0
