@@ -303,3 +303,34 @@ def test_b_a_store_that_stays_down_is_retried_with_one_warning_per_outage(tmp_pa
     assert [list(o.token_ids) for o in outs] == [_alone(p, GREEDY) for p in prompts]
     assert len([w for w in caught if issubclass(w.category, TierWarning)]) == 1
     assert e.kv_tier.enabled and e.kv_tier.stats.backend_errors >= 5  # transient: still retried
+
+
+def test_1_over_grpc_a_client_chosen_id_reused_after_an_abort_gets_its_own_prompts_text(tmp_path):
+    """Defect 1 as the adversary found it: over gRPC, with client-chosen ids (3 of 3 attempts loaded the aborted
+    prompt's K/V before the fix)."""
+    import time
+
+    from minienv.serving import Client
+    from serving_harness import kv_idle, make_engine, running_server
+
+    model, tok = bundled()
+    p1, p2, blocker = _ids(100, 1), _ids(100, 2), _ids(180, 3)
+    InferenceEngine(model, tok, kv_tier=tmp_path).generate([p1], GREEDY)
+    factory = lambda: make_engine(kv_tier=tmp_path, kv_budget_tokens=256, finished_retention=0)  # noqa: E731
+    with running_server(factory, max_waiting=64) as srv, Client(srv.address) as client:
+        for attempt in range(3):
+            rid = f"X{attempt}"
+            held = client.stream(blocker, max_tokens=40)
+            next(iter(held))  # the blocker runs and holds most of the memory
+            lookups = srv.call(lambda e: e.kv_tier.stats.lookups)
+            staged = client.stream(p1, max_tokens=GREEDY.max_tokens, request_id=rid)
+            deadline = time.monotonic() + 10
+            while srv.call(lambda e: e.kv_tier.stats.lookups) == lookups:  # p1 staged from the tier, waiting
+                assert time.monotonic() < deadline, "p1 was never looked up"
+                time.sleep(0.005)
+            client.abort(rid)
+            out = client.generate(p2, max_tokens=GREEDY.max_tokens, request_id=rid)
+            assert list(out.token_ids) == _alone(p2, GREEDY), f"attempt {attempt}: {rid} continued p1's KV"
+            held.cancel()
+            staged.cancel()
+            assert kv_idle(srv) == 0
