@@ -318,13 +318,14 @@ check_decode_prediction(predict_decode_ms)
 #
 # ## Where it lives in vLLM and in simulators
 #
-# - vLLM v0.6.0 `benchmarks/benchmark_serving.py`: the flags (`--request-rate`, `--dataset-name`,
-#   `--max-concurrency`) and result keys (`mean_ttft_ms`, `median_itl_ms`, …) that `python -m minienv simulate`
-#   mirrors.
-# - vLLM v0.6.0 `vllm/worker/worker.py`, `Worker.determine_num_available_blocks`: profile a forward pass, then
-#   `gpu_memory_utilization × total − peak memory` becomes KV blocks — `RooflineClock.kv_budget_tokens` here.
-# - Vidur v0.1 (github.com/microsoft/vidur) `vidur/execution_time_predictor/`: the same idea with *profiled*
-#   operator times instead of a roofline (< 9 % error in its paper).
+# - vLLM v0.11.0 [`vllm/benchmarks/serve.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/benchmarks/serve.py) (`vllm bench serve`, formerly `benchmarks/benchmark_serving.py`): the
+#   flags (`--request-rate`, `--dataset-name`, `--max-concurrency`) and result keys (`mean_ttft_ms`,
+#   `median_itl_ms`, …) that `python -m minienv simulate` mirrors.
+# - vLLM v0.11.0 [`vllm/v1/worker/gpu_worker.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/worker/gpu_worker.py), `Worker.determine_available_memory`: profile a forward pass, then
+#   `gpu_memory_utilization × total − peak use` is left for KV; [`vllm/v1/core/kv_cache_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/kv_cache_utils.py) turns those bytes
+#   into blocks — `RooflineClock.kv_budget_tokens` here.
+# - Vidur (github.com/microsoft/vidur, MLSys '24): the same idea with *profiled* operator times instead of a
+#   roofline (< 9 % error in its paper).
 #
 # ## Summary
 #
