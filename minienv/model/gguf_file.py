@@ -81,7 +81,7 @@ def _open(path: Path) -> Any:
     try:
         return gguf.GGUFReader(path)
     except Exception as exc:  # noqa: BLE001 - a truncated or corrupt file fails in many ways inside the reader
-        raise CheckpointError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); if it was "
+        raise CheckpointError(f"{path}: not a readable GGUF file, truncated or corrupt ({type(exc).__name__}: {exc}); if it was "
                               "downloaded, download it again") from exc
 
 
