@@ -217,7 +217,8 @@ def replay(model: LlamaModel, steps: list[SlotStep], num_slots: int, max_len: in
 CONTINUOUS = dict(kv_budget_tokens=8192, max_num_seqs=16, max_num_batched_tokens=512)
 
 
-def continuous_run(model: LlamaModel, tok, seed: int = 0, history_size: int | None = None):
+def continuous_run(model: LlamaModel, tok, seed: int = 0, history_size: int | None = None,
+                   attention_kernel: str = "auto"):
     """An engine loaded with the continuous run's 48 seeded requests (prompts of 16-64 random tokens, 16-128 greedy
     tokens each, end-of-text ignored), not yet run: ``engine.run()`` runs it. The engine's defaults otherwise
     (its step history on, as served); ``history_size`` large enough keeps every step (for :func:`trace_of`)."""
@@ -225,7 +226,7 @@ def continuous_run(model: LlamaModel, tok, seed: int = 0, history_size: int | No
     from minienv.sampling import SamplingParams
 
     kw = {} if history_size is None else {"history_size": history_size}
-    engine = InferenceEngine(model, tok, **kw, **CONTINUOUS)
+    engine = InferenceEngine(model, tok, **kw, **CONTINUOUS, attention_kernel=attention_kernel)
     engine.eos_token_id = None
     rng = np.random.default_rng(seed)
     for _ in range(48):

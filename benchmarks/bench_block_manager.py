@@ -26,8 +26,8 @@ grows with the pool. It hashes a block when its last token is appended (``may_ap
 it. Block hashes: xxhash's 64-bit chain, as nano-vllm computes them (``xxhash`` is one of its dependencies, and
 the test extra installs it); without ``xxhash`` the script stops and says so, because its stand-in — a sha256 chain
 truncated to 64 bits, ``--nano-hash sha256`` — is slower than nano-vllm's real hash and so makes a weaker baseline.
-minienv's side calls what its scheduler calls: ``append_slot`` (the decode fast path) per decode, ``find_prefix``
-+ ``allocate_slots`` per admission, one ``commit_step`` after the step's model call (only then are blocks hashed
+minienv's side calls what its scheduler calls: ``append_slots`` per decode, ``lookup`` + ``allocate`` per
+admission, ``commit`` per scheduled request after the step's model call (only then are blocks hashed
 and indexed), ``free``. Both sides produce the slot of every token
 computed, and for a prefill its input ids and positions too (nano-vllm's as its ``ModelRunner.prepare_prefill``
 computes them); the script checks that the two produce the same slots.
@@ -265,24 +265,25 @@ def make_trace(num_requests: int, *, hits: bool) -> list[tuple]:
 
 
 def run_minienv(mgr: KVCacheManager, trace: list[tuple]) -> tuple[float, list[int]]:
-    """What minienv's scheduler calls: ``append_slot`` per decode, ``find_prefix`` + ``allocate_slots`` per
-    admission, one ``commit_step`` when the step's K/V exist, ``free``."""
-    slots: list = []  # ints (decodes) and slot-mapping arrays (admissions), flattened after the clocks stop
+    """What minienv's scheduler calls: ``append_slots`` per decode, ``lookup`` + ``allocate`` per admission,
+    ``commit`` per request when the step's K/V exist, ``free``."""
+    slots: list = []  # slot-mapping arrays, flattened after the clocks stop
     step: list[int] = []
     w0, c0 = time.perf_counter(), time.thread_time()
     for ev in trace:
         kind = ev[0]
         if kind == "decode":
-            slot = mgr.append_slot(ev[1], ev[2])
-            assert slot is not None
-            slots.append(slot)
+            alloc = mgr.append_slots(ev[1], [ev[2]])
+            assert alloc is not None
+            slots.append(alloc.slot_mapping)
             step.append(ev[1])
         elif kind == "step":
-            mgr.commit_step(step)
+            for rid in step:
+                mgr.commit(rid)
             step = []
         elif kind == "admit":
-            hit = mgr.find_prefix(ev[2])
-            alloc = mgr.allocate_slots(ev[1], ev[2], hit, len(ev[2]) - hit.num_cached_tokens)
+            hit = mgr.lookup(ev[2])
+            alloc = mgr.allocate(ev[1], ev[2], num_new_tokens=len(ev[2]) - hit.num_cached_tokens)
             assert alloc is not None
             slots.append(alloc.slot_mapping)  # the array the engine uses; listed for the comparison untimed
             step.append(ev[1])

@@ -10,8 +10,8 @@ Keep the rate near 200 Hz: py-spy pauses the process for each native stack it re
 the 5-second bare loop ran for 160 s under it and its BLAS share read 26 % instead of 61 %.
 
 ``--run continuous``: 48 seeded requests (prompts of 16-64 tokens, 16-128 greedy output tokens), 16 running at
-once, the bundled model — a continuous-batching run (``_ceiling.continuous_run``), 5 times; ``--kernel gather`` or
-``--kernel inplace`` runs its paged attention with that kernel instead of auto's choice (it prints each run's CPU
+once, the bundled model — a continuous-batching run (``_ceiling.continuous_run``), 5 times; ``--kernel numpy`` or
+``--kernel numba`` runs its paged attention with that kernel instead of auto's choice (it prints each run's CPU
 time, so a kernel that raises the BLAS share by being slower shows as slower). ``--run
 continuous_ceiling``: the same run's steps replayed without an engine, 5 times — each step's tokens at their
 positions through the model with dense slot caches and an argmax, every index laid out before the clock starts
@@ -21,8 +21,8 @@ engine could show on that run. ``--run single``: one request, 32 prompt tokens, 
 ``--run ceiling``: the same batch through the bare loop of ``_ceiling.py`` (the model's forward pass with dense
 caches and no engine), 20 times — the largest BLAS share any engine running this numpy model could show.
 
-``--race-kernels N``: no sampling — the continuous run with each paged-attention kernel (auto's choice, gather,
-in place), N interleaved rounds of the harness (``benchmarks/_common.py``), this thread's CPU time: the speed side
+``--race-kernels N``: no sampling — the continuous run with each paged-attention kernel (auto's choice, numpy,
+numba when installed), N interleaved rounds of the harness (``benchmarks/_common.py``), this thread's CPU time: the speed side
 of what ``--kernel`` shows of the BLAS share.
 
 ``--split`` classifies each sample by its stack (a sample is one moment of the run): **BLAS** if an OpenBLAS frame
@@ -154,16 +154,10 @@ def run(kind: str, trace: Path | None = None, kernel: str = "auto") -> None:
 
 
 def continuous_engine(model, tok, kernel: str):
-    """``_ceiling.continuous_run``'s engine, not yet run, its paged attention on ``kernel`` ("auto": unchanged).
-    The backend is swapped on the same pool before any step (the engine reads it only inside a step)."""
+    """``_ceiling.continuous_run``'s engine, not yet run, its paged attention on ``kernel``."""
     from _ceiling import continuous_run
 
-    from minienv.kv.paged_attention import PagedAttentionBackend
-
-    engine = continuous_run(model, tok)
-    if kernel != "auto":
-        engine.backend = PagedAttentionBackend(engine.kv_pool, kernel=kernel)
-    return engine
+    return continuous_run(model, tok, attention_kernel=kernel)
 
 
 def race_kernels(rounds: int, seed: int = 0) -> None:
@@ -190,7 +184,9 @@ def race_kernels(rounds: int, seed: int = 0) -> None:
             return seconds, [list(engine.output(rid).token_ids) for rid in ids]
         return run_once
 
-    kernels = ("auto", "gather", "inplace")
+    from minienv.kv.paged_attention import NUMBA_MISSING
+
+    kernels = ("auto", "numpy") if NUMBA_MISSING else ("auto", "numpy", "numba")
     times, outs = race({k: side(k) for k in kernels}, rounds, seed)
     differ = [k for k in kernels if outs[k] != outs["auto"]]
     if differ:
@@ -215,7 +211,7 @@ def main() -> None:
     group.add_argument("--split", type=Path, help="a py-spy --native raw file of such a run")
     group.add_argument("--race-kernels", type=int, metavar="ROUNDS",
                        help="time the continuous run with each attention kernel, interleaved (no py-spy)")
-    ap.add_argument("--kernel", choices=["auto", "gather", "inplace"], default="auto",
+    ap.add_argument("--kernel", choices=["auto", "numpy", "numba"], default="auto",
                     help="--run continuous: the paged-attention kernel (default: auto's choice per step)")
     ap.add_argument("--trace", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -410,6 +410,7 @@ def serve_main(argv: Sequence[str]) -> int:
 
     def build_engine():
         from minienv.engine import InferenceEngine
+        from minienv.metrics import serve_metrics
         from minienv.model import load_model
         from minienv.tokenizer import load_tokenizer
 
@@ -424,7 +425,7 @@ def serve_main(argv: Sequence[str]) -> int:
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             scheduling=args.scheduling, kv_tier=args.kv_tier)
         if args.metrics_port is not None:
-            metrics_servers.append(engine.serve_metrics(args.metrics_port, args.host))
+            metrics_servers.append(serve_metrics(engine, args.metrics_port, args.host))
         return engine
 
     try:

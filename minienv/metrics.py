@@ -21,7 +21,10 @@ step can emit several of a request's tokens at once, and — as in vLLM — they
 counters say how many tokens each verification gave).
 
 So pulled counters are the engine's totals since it was built, while the pushed series count from the moment the
-metrics were attached (``engine.metrics`` attaches on first use): attach before the workload you want to see.
+metrics were attached (:func:`metrics_of` attaches on first use): attach before the workload you want to see.
+
+The engine knows nothing of this module: metrics subscribe to it from outside, through its public step and finish
+listeners (``metrics_of(engine)``), so the engine path never imports Prometheus or anything above it.
 
 Invariants:
 
@@ -334,8 +337,8 @@ def _check_port(port: object) -> int:
 class EngineMetrics:
     """Prometheus metrics of one engine, in a registry of their own.
 
-    ``EngineMetrics(engine)`` registers its listeners on the engine and is ready; ``engine.metrics`` makes one on
-    first use and ``engine.serve_metrics(port)`` serves it. Reading the metrics in-process needs no server:
+    ``EngineMetrics(engine)`` registers its listeners on the engine and is ready; :func:`metrics_of` makes one per
+    engine on first use and :func:`serve_metrics` serves it. Reading the metrics in-process needs no server:
     ``metrics.registry`` is a normal :class:`~prometheus_client.CollectorRegistry` (``get_sample_value``,
     ``generate_latest``), and :meth:`exposition` is the text a scrape gets.
 
@@ -477,7 +480,7 @@ class EngineMetrics:
             raise ValueError(f"metrics host must be a non-empty str such as '127.0.0.1', got {host!r}")
         if self.server is not None and self.server.running:
             raise RuntimeError(f"this engine already serves its metrics at {self.server.url}; "
-                               "call .close() on it (engine.metrics.server) before serving again")
+                               "call .close() on it (metrics_of(engine).server) before serving again")
         try:
             family, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][::4]
         except socket.gaierror as exc:
@@ -500,3 +503,23 @@ class EngineMetrics:
         thread.start()
         self.server = MetricsServer(host, httpd.server_address[1], httpd, thread)
         return self.server
+
+
+#: each engine's metrics made by :func:`metrics_of` (weak keys: an engine is freed when dropped; its metrics hold
+#: it weakly too)
+_ATTACHED: "weakref.WeakKeyDictionary[Any, EngineMetrics]" = weakref.WeakKeyDictionary()
+
+
+def metrics_of(engine: "InferenceEngine") -> EngineMetrics:
+    """The engine's Prometheus metrics: an :class:`EngineMetrics` made (and subscribed to the engine's listeners)
+    on the first call, the same one after. Needs the ``metrics`` extra (:class:`MetricsUnavailableError`)."""
+    metrics = _ATTACHED.get(engine)
+    if metrics is None:
+        metrics = _ATTACHED[engine] = EngineMetrics(engine)
+    return metrics
+
+
+def serve_metrics(engine: "InferenceEngine", port: int, host: str = "127.0.0.1") -> MetricsServer:
+    """Serve :func:`metrics_of` ``(engine)`` at ``http://host:port/metrics`` from a daemon thread (port 0: a free
+    one)."""
+    return metrics_of(engine).serve(port, host)

@@ -1,10 +1,10 @@
 """The scheduler: which requests run in the next step, how many tokens each computes, and who is preempted.
 
 It owns the waiting queue (FIFO; a preempted request re-enters at the front) and the running list (admission
-order), and is the only caller of the KV cache manager's ``allocate`` / ``append_slots`` / ``free`` for requests
-(through the manager's fast paths when it offers them: ``find_prefix`` + ``allocate_slots`` for an admission,
-``append_slot`` for a decode — the same state changes without re-validating the engine's own token ids).
-Each :meth:`Scheduler.schedule` returns one :class:`SchedulerOutput`, the plan of one batched model call.
+order), and is the only caller of the KV manager's ``lookup`` / ``allocate`` / ``append_slots`` / ``commit`` /
+``free`` for requests (the :class:`~minienv.kv.interface.KVManager` protocol: minienv's manager, the capstone's
+and the labs' all run here the same way). Each :meth:`Scheduler.schedule` returns one :class:`SchedulerOutput`,
+the plan of one batched model call.
 
 :class:`Scheduler` is continuous batching (vLLM v1's ``Scheduler.schedule``). One step:
 
@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass, field, fields
-from typing import Callable, Literal, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
-from minienv.kv.kv_cache_manager import KVCacheManager, SlotAllocation
+from minienv.kv.interface import KVManager, SlotAllocation
 from minienv.request import FinishReason, Request, RequestNotFoundError, RequestStatus
 
 SchedulingPolicy = Literal["continuous", "static"]
@@ -76,26 +76,6 @@ class ScheduledRequest:
     #: speculative decoding: the last ``num_spec_tokens`` of ``token_ids`` are drafts to verify (a decode only)
     num_spec_tokens: int = 0
 
-    @classmethod
-    def one_token(cls, request_id: str, kind: StepKind, start: int, token: int,
-                  slot_mapping: np.ndarray) -> "ScheduledRequest":
-        """The decode fast path's entry: one token at position ``start`` that samples, nothing else set. Equal to
-        ``ScheduledRequest(request_id, kind, 1, start, True, token_ids=(token,), slot_mapping=slot_mapping)``
-        (``test_one_token_equals_the_constructor``), built by filling the instance's ``__dict__`` from the
-        defaults: a frozen dataclass's ``__init__`` sets each of its 12 fields through ``object.__setattr__``,
-        which costs more than the rest of a decode's scheduling."""
-        s = object.__new__(cls)
-        d = s.__dict__
-        d.update(_ONE_TOKEN_DEFAULTS)
-        d["request_id"], d["kind"], d["num_computed_tokens"] = request_id, kind, start
-        d["token_ids"], d["slot_mapping"] = (token,), slot_mapping
-        return s
-
-
-#: every field of a one-token :class:`ScheduledRequest` that does not depend on the request (dataclass order)
-_ONE_TOKEN_DEFAULTS = {f.name: f.default for f in fields(ScheduledRequest)}
-_ONE_TOKEN_DEFAULTS.update(num_new_tokens=1, samples=True)
-
 
 @dataclass
 class SchedulerOutput:
@@ -110,10 +90,6 @@ class SchedulerOutput:
     running: list[str]
     max_num_batched_tokens: int
     scheduling: SchedulingPolicy = "continuous"
-    #: the slots of the leading run of one-token decodes (``scheduled[:len(decode_slots)]``), as one array whose
-    #: one-element slices are those requests' ``slot_mapping``: a decode step's slot mapping as it is (no
-    #: concatenation); None when the run is empty
-    decode_slots: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def _tokens(self, *kinds: StepKind) -> int:
         if not kinds:
@@ -146,7 +122,7 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """Continuous batching over one :class:`KVCacheManager`; the policy is the module docstring's.
+    """Continuous batching over one :class:`KVManager`; the policy is the module docstring's.
 
     The engine drives it: ``add_request`` (validated), then per step ``schedule()`` -> model ->
     ``update_from_output(plan)`` (or ``rollback(plan)`` if the step failed) -> ``finish_request`` for those that ended.
@@ -154,8 +130,8 @@ class Scheduler:
 
     scheduling: SchedulingPolicy = "continuous"
 
-    def __init__(self, kv_cache_manager: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 victim_policy: VictimPolicy = most_recently_admitted):
+    def __init__(self, kv_cache_manager: KVManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 victim_policy: VictimPolicy = most_recently_admitted, kv_tier: Any = None):
         for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -171,8 +147,9 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.num_steps = 0
         self.num_preemptions = 0
-        #: a persistent KV tier connector (:class:`minienv.kv_tier.KVTierConnector`), set by the engine, or None
-        self.kv_tier = None
+        #: a persistent KV tier connector (:class:`minienv.kv_tier.KVTierConnector`) or None: admissions read
+        #: blocks beyond the local prefix hit from it
+        self.kv_tier = kv_tier
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -208,10 +185,7 @@ class Scheduler:
         for s in reversed(plan.scheduled):
             req = self.requests.get(s.request_id)
             if s.is_new and req is not None:
-                stats = self.kv.prefix_stats
-                stats.requests, stats.queries = stats.requests - 1, stats.queries - req.num_tokens
-                stats.hits -= s.num_cached_tokens
-                released = self.kv.free(s.request_id)
+                released = self.kv.undo_allocate(s.request_id)
                 self.running.remove(req)
                 req.status = RequestStatus.PREEMPTED if s.is_resume else RequestStatus.WAITING
                 req.num_computed_tokens = 0
@@ -230,13 +204,9 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput) -> int:
         """Step 1 and 2 of the module docstring; returns the token budget left."""
-        fast = getattr(self.kv, "fast_paths", False)  # read per step: a lab may swap the manager between steps
-        # the leading run of plain decodes (all of them in a steady decode step) in one tight loop
-        i = self._schedule_decodes(out) if fast else 0
-        budget = self.max_num_batched_tokens - i
-        if i == len(self.running):
-            return budget
-        decodes_after = sum(1 for r in self.running[i:] if not r.is_prefilling)  # budget kept for later decodes
+        budget = self.max_num_batched_tokens
+        i = 0
+        decodes_after = sum(1 for r in self.running if not r.is_prefilling)  # budget kept for later decodes
         while i < len(self.running):
             req = self.running[i]
             spec: list[int] = []
@@ -245,11 +215,6 @@ class Scheduler:
                 n = 1
                 # drafts ride along when the budget has room beyond the decodes still to come
                 spec = req.spec_token_ids[:max(0, budget - decodes_after - 1)]
-                if fast and not spec and (scheduled := self._decode_fast(req)) is not None:
-                    budget -= 1
-                    out.scheduled.append(scheduled)
-                    i += 1
-                    continue
             else:
                 n = min(req.num_tokens_to_compute, budget - decodes_after)
                 if n <= 0:  # no budget for this prefill chunk this step; it keeps its blocks
@@ -278,59 +243,6 @@ class Scheduler:
             i += 1
         return budget
 
-    def _schedule_decodes(self, out: SchedulerOutput) -> int:
-        """Schedule the running requests from the first on that each compute one token and carry no drafts, up to
-        the first that is not such a decode or whose slot the manager's fast path (``append_slot``) declines;
-        return how many were scheduled (each takes one token of the budget).
-
-        The general loop of :meth:`_schedule_running` would schedule them identically (each is a decode it would
-        send to :meth:`_decode_fast`, and the budget always covers one token per running request); this loop only
-        skips its per-request budget arithmetic and draft slicing, and makes ONE slot array for the whole run
-        (``out.decode_slots``, which the step's inputs use as their slot mapping; each request's ``slot_mapping``
-        is its one-element slice, the array itself for a lone request): an array per request and their
-        concatenation cost more than the rest of a decode's scheduling. Each request joins the plan as soon as
-        its slot is reserved (so a rollback finds it) and gets its slice once the array exists, before the plan
-        leaves the scheduler. It then continues at the first request left. ``out.scheduled`` is empty when it
-        runs (the run leads the step). The loop body is :meth:`_decode_fast`'s, written out rather than called: a
-        shared helper returning the request and its slot measured 4-9 us per step slower at 16 requests (a call
-        and a tuple per request); ``test_lean_decode_steps_equal_the_general_path`` holds the two equal."""
-        append_slot, one_token = self.kv.append_slot, ScheduledRequest.one_token
-        scheduled = out.scheduled
-        slots: list[int] = []
-        for req in self.running:
-            tokens = req.all_token_ids
-            start = req.num_computed_tokens
-            if len(tokens) - start != 1 or req.spec_token_ids:
-                break
-            token = tokens[start]
-            slot = append_slot(req.request_id, token)
-            if slot is None:
-                break
-            scheduled.append(one_token(req.request_id, "decode" if start >= len(req.prompt_token_ids) else "prefill",
-                                       start, token, None))  # its slot_mapping is set below, before anyone reads it
-            slots.append(slot)
-        n = len(slots)
-        if n:
-            out.decode_slots = batch = np.array(slots, dtype=np.int64)
-            if n == 1:
-                scheduled[0].__dict__["slot_mapping"] = batch
-            else:
-                for k, s in enumerate(scheduled):
-                    s.__dict__["slot_mapping"] = batch[k:k + 1]
-        return n
-
-    def _decode_fast(self, req: Request, tokens: list[int] | None = None) -> ScheduledRequest | None:
-        """One token through the manager's decode fast path (an int slot, no result object); None if it declined
-        (no free block, or a copy-on-write), having changed nothing — the plain loop then takes the token.
-        ``tokens``: ``req.all_token_ids`` when the caller has it at hand."""
-        start = req.num_computed_tokens
-        token = (req.all_token_ids if tokens is None else tokens)[start]
-        slot = self.kv.append_slot(req.request_id, token)
-        if slot is None:
-            return None
-        kind: StepKind = "decode" if start >= len(req.prompt_token_ids) else "prefill"
-        return ScheduledRequest.one_token(req.request_id, kind, start, token, np.array((slot,), dtype=np.int64))
-
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         """Step 3: admit from the head of the waiting queue while the budget, ``max_num_seqs`` and memory allow."""
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
@@ -338,14 +250,11 @@ class Scheduler:
             if not self._may_admit(req):
                 break
             tokens = req.all_token_ids
-            fast = getattr(self.kv, "fast_paths", False)  # tokens were validated when the request came in
-            prefix = self.kv.find_prefix(tokens) if fast else self.kv.lookup(tokens)
-            hit = prefix.num_cached_tokens
+            hit = self.kv.lookup(tokens).num_cached_tokens
             # persistent KV tier: blocks beyond the local hit, read and verified (0 without a tier)
             ext = self.kv_tier.prepare(req.request_id, tokens, hit) if self.kv_tier is not None else 0
             n = min(len(tokens) - hit - ext, budget)
-            alloc = (self.kv.allocate_slots(req.request_id, tokens, prefix, ext + n) if fast
-                     else self.kv.allocate(req.request_id, tokens, num_new_tokens=ext + n))
+            alloc = self.kv.allocate(req.request_id, tokens, num_new_tokens=ext + n)
             if alloc is None:
                 if self._reclaim():
                     continue
@@ -398,21 +307,16 @@ class Scheduler:
         ``num_rejected[id]`` drafts at the end of a speculative decode were rejected: their slots are truncated
         *before* the commit, so only verified tokens are ever hashed into the prefix cache.
         """
-        scheduled = output.scheduled
-        if num_rejected or not getattr(self.kv, "fast_paths", False):
-            for s in scheduled:
-                rejected = num_rejected.get(s.request_id, 0) if num_rejected else 0
-                if rejected:
-                    self.kv.truncate(s.request_id, s.num_computed_tokens + s.num_new_tokens - rejected)
-                self.kv.commit(s.request_id)
-        else:
-            self.kv.commit_step([s.request_id for s in scheduled])  # the same commits, in the same order
-        self._commit(scheduled, num_rejected)
+        for s in output.scheduled:
+            rejected = num_rejected.get(s.request_id, 0) if num_rejected else 0
+            if rejected:
+                self.kv.truncate(s.request_id, s.num_computed_tokens + s.num_new_tokens - rejected)
+            self.kv.commit(s.request_id)
+        self._commit(output.scheduled, num_rejected)
 
     def _commit(self, scheduled: list[ScheduledRequest], num_rejected: dict[str, int] | None = None) -> None:
         """The scheduler's side of a step's commits (the manager's are done): each request's computed tokens, its
-        rejected drafts not counted. One loop for the step (a method call per request costs more than its body);
-        it touches only the requests, so it may follow the manager's commits rather than interleave with them."""
+        rejected drafts not counted."""
         requests = self.requests
         for s in scheduled:
             req = requests[s.request_id]
@@ -474,7 +378,7 @@ class StaticBatchScheduler(Scheduler):
 
     scheduling: SchedulingPolicy = "static"
 
-    def __init__(self, kv_cache_manager: KVCacheManager, *, padding: bool = True, max_position: int | None = None,
+    def __init__(self, kv_cache_manager: KVManager, *, padding: bool = True, max_position: int | None = None,
                  **kwargs):
         super().__init__(kv_cache_manager, **kwargs)
         self.static_padding = bool(padding)
@@ -580,7 +484,7 @@ class StaticBatchScheduler(Scheduler):
         super().check_invariants()
 
 
-def make_scheduler(kv_cache_manager: KVCacheManager, *, scheduling: SchedulingPolicy = "continuous",
+def make_scheduler(kv_cache_manager: KVManager, *, scheduling: SchedulingPolicy = "continuous",
                    victim_policy: VictimPolicy | None = None, static_padding: bool = True,
                    max_position: int | None = None, **kwargs) -> Scheduler:
     """The scheduler for a policy name: ``"continuous"`` or ``"static"`` (whose padding options it passes on)."""

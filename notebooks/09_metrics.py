@@ -75,8 +75,10 @@ print([len(tokenizer.encode(p)) for p in prompts(3)], "prompt tokens;", ENGINE, 
 
 # %%
 # NBVAL_CHECK_OUTPUT
+from minienv.metrics import metrics_of, serve_metrics
+
 eng = InferenceEngine(model, tokenizer, kv_budget_tokens=160, **ENGINE)
-m = eng.metrics  # the engine's Prometheus metrics (explained below), attached before the traffic
+m = metrics_of(eng)  # the engine's Prometheus metrics (explained below), attached before the traffic
 serve_traffic(eng, prompts(24))
 ttft_steps = sorted(eng.output(str(i)).metrics.ttft_steps for i in range(24))
 p90_steps = ttft_steps[math.ceil(0.9 * 24) - 1]
@@ -143,9 +145,9 @@ assert math.isclose(registry.get_sample_value("ttft_seconds_sum"), tiny.sum)  # 
 print(f"{len(ours)} lines identical to prometheus-client's")
 
 # %% [markdown]
-# ## minienv's version: `engine.metrics`
+# ## minienv's version: `metrics_of(engine)`
 #
-# `engine.metrics` (`minienv/metrics.py`) is a registry per engine with vLLM's series. Gauges and counters are read
+# `metrics_of(engine)` (`minienv/metrics.py`) is a registry per engine with vLLM's series. Gauges and counters are read
 # from the engine's own stats after each step — nothing extra is counted, so they *equal* `engine.stats`.
 # Histograms are fed once per token (inter-token latency), once per first token (TTFT), and once per finished
 # request (the rest). Where minienv teaches something vLLM does not export, the name says `minienv:`.
@@ -193,7 +195,7 @@ print("\n".join(line for line in m.exposition().splitlines()
 from minienv.viz.metrics_panel import MetricsPanel
 
 live_engine = InferenceEngine(model, tokenizer, kv_budget_tokens=160, **ENGINE)
-panel = MetricsPanel(live_engine.metrics, redraw_every=4, title="minienv, 160-token KV budget, 2 arrivals per step")
+panel = MetricsPanel(metrics_of(live_engine), redraw_every=4, title="minienv, 160-token KV budget, 2 arrivals per step")
 display(panel)  # noqa: F821 - IPython's display
 serve_traffic(live_engine, prompts(24), panel=panel)
 panel.redraw()  # the last samples too
@@ -232,11 +234,11 @@ for budget, label in ((1024, "healthy"), (160, "thrashing")):
             e, p = live_engine, panel  # the live run above was this one
         else:
             e = InferenceEngine(model, tokenizer, kv_budget_tokens=budget, **ENGINE)
-            p = MetricsPanel(e.metrics, live=False, title=f"{label}: {budget}-token KV budget, "  # attached now
+            p = MetricsPanel(metrics_of(e), live=False, title=f"{label}: {budget}-token KV budget, "  # attached now
                              f"{'shared' if shared else 'distinct'} prompts")
             serve_traffic(e, prompts(24, shared_prefix=shared), panel=p)
         runs[label, shared] = (e, p)
-        v = e.metrics.value
+        v = metrics_of(e).value
         hit = v("vllm:prefix_cache_hits_total") / v("vllm:prefix_cache_queries_total")
         print(f"{label:>9}, {'shared' if shared else 'distinct'} prompts: {e.stats.num_steps:3d} steps, "
               f"peak running {max(s.running for s in p.samples):.0f}, peak waiting "
@@ -245,11 +247,11 @@ for budget, label in ((1024, "healthy"), (160, "thrashing")):
 
 # %%
 (healthy, hp), (thrash, tp) = runs["healthy", True], runs["thrashing", True]
-hv, tv = healthy.metrics.value, thrash.metrics.value
+hv, tv = metrics_of(healthy).value, metrics_of(thrash).value
 assert hv("vllm:num_preemptions_total") == 0 < tv("vllm:num_preemptions_total")  # too little KV: preemption
 assert max(s.waiting for s in tp.samples) > max(s.waiting for s in hp.samples)  # ...and a queue
 assert thrash.stats.num_steps > healthy.stats.num_steps  # recomputation costs steps
-distinct = runs["healthy", False][0].metrics.value
+distinct = metrics_of(runs["healthy", False][0]).value
 hit_rate = lambda v: v("vllm:prefix_cache_hits_total") / v("vllm:prefix_cache_queries_total")  # noqa: E731
 assert hit_rate(hv) > 5 * hit_rate(distinct)  # the shared scene heading is computed once, then hit
 assert tv("minienv:kv_cache_evicted_blocks_total") > 0  # the tight pool reuses cached-free blocks
@@ -292,7 +294,7 @@ for text in prompts(8):
     rate_engine.add_request(text, SamplingParams(max_tokens=40, temperature=0))
 while any(rate_engine.output(str(i)).metrics.first_token_time is None for i in range(8)):
     rate_engine.step()  # until all 8 prompts are prefilled and decoding
-read = rate_engine.metrics.value
+read = metrics_of(rate_engine).value
 t1, v1 = time.perf_counter(), read("vllm:generation_tokens_total")
 for _ in range(20):
     rate_engine.step()
@@ -325,7 +327,7 @@ print(f"{itl[0][1]:.0f} of {total:.0f} inter-token latencies are in the first bu
 # %% [markdown]
 # ## Serving `/metrics`, and the trap that renames every series
 #
-# `engine.serve_metrics(port)` serves the registry over HTTP (prometheus-client's own threaded server, on
+# `serve_metrics(engine, port)` serves the registry over HTTP (prometheus-client's own threaded server, on
 # 127.0.0.1; port 0 picks a free one). A Prometheus 2.42 asks for the OpenMetrics format first. prometheus-client
 # 0.26 answers it with sample names escaped as if they were *label* names, and `:` is not allowed in a label
 # name — so Prometheus stores `vllm_generation_tokens_total`, and every `vllm:` query of a vLLM dashboard finds
@@ -338,11 +340,11 @@ from prometheus_client.exposition import choose_encoder
 
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
                      "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")  # what Prometheus 2.42 sends
-with eng.serve_metrics(0) as server:
+with serve_metrics(eng, 0) as server:
     request = urllib.request.Request(server.url, headers={"Accept": PROMETHEUS_ACCEPT})
     with urllib.request.urlopen(request, timeout=5) as response:
         served, content_type = response.read().decode(), response.headers["Content-Type"]
-stock = choose_encoder(PROMETHEUS_ACCEPT)[0](eng.metrics.registry).decode()  # what the library would answer
+stock = choose_encoder(PROMETHEUS_ACCEPT)[0](metrics_of(eng).registry).decode()  # what the library would answer
 pick = lambda body: [ln.split("{")[0] for ln in body.splitlines() if "generation_tokens_total{" in ln]  # noqa: E731
 print("minienv serves:          ", content_type, pick(served))
 print("prometheus-client stock: ", pick(stock))
@@ -381,8 +383,8 @@ def quantile_from_buckets(q, buckets):
 
 # %%
 thrash_ttft = [thrash.output(str(i)).metrics.ttft for i in range(24)]
-check_quantile_from_buckets(quantile_from_buckets, thrash.metrics.histogram_buckets("vllm:time_to_first_token_seconds"),
-                            thrash_ttft)
+check_quantile_from_buckets(quantile_from_buckets, metrics_of(thrash).histogram_buckets(
+    "vllm:time_to_first_token_seconds"), thrash_ttft)
 
 # %% [markdown]
 # <details><summary>Hint 1</summary>
@@ -445,7 +447,7 @@ for restart in range(2):  # an engine, then a new one in its place: its counters
         server_engine.add_request(text, PARAMS)
     while server_engine.has_unfinished_requests():
         server_engine.step()
-        counter_samples.append((time.perf_counter(), server_engine.metrics.value("vllm:generation_tokens_total")))
+        counter_samples.append((time.perf_counter(), metrics_of(server_engine).value("vllm:generation_tokens_total")))
 true_increase = (servers[0].stats.num_generated_tokens - counter_samples[0][1]) + servers[1].stats.num_generated_tokens
 check_increase(increase, counter_samples, true_increase)
 
@@ -501,13 +503,13 @@ assert counter_samples[-1][1] - counter_samples[0][1] < true_increase  # last �
 # NBVAL_CHECK_OUTPUT
 again = InferenceEngine(model, tokenizer, kv_budget_tokens=160, **ENGINE)
 again.generate(prompts(2), PARAMS)
-successes = sum(again.metrics.value("vllm:request_success_total", finished_reason=r) for r in ("length", "stop"))
-print(f"a second engine, its own registry: {again.metrics.registry is not eng.metrics.registry}; metrics attached "
-      f"after generate(): generation tokens {again.metrics.value('vllm:generation_tokens_total'):.0f} (totals, from "
+successes = sum(metrics_of(again).value("vllm:request_success_total", finished_reason=r) for r in ("length", "stop"))
+print(f"a second engine, its own registry: {metrics_of(again).registry is not metrics_of(eng).registry}; metrics attached "
+      f"after generate(): generation tokens {metrics_of(again).value('vllm:generation_tokens_total'):.0f} (totals, from "
       f"its stats), request_success {successes:.0f} (events, counted from the attach on)")
 
 # %%
-assert again.metrics.value("vllm:generation_tokens_total") == again.stats.num_generated_tokens
+assert metrics_of(again).value("vllm:generation_tokens_total") == again.stats.num_generated_tokens
 
 # %% [markdown]
 # ## Summary

@@ -21,9 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
-import _signal
 import itertools
-import math
 import os
 import signal
 import threading
@@ -36,14 +34,15 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from minienv.engine.inputs import BlockTableCache, build_step_inputs
+from minienv.engine.inputs import build_step_inputs
 from minienv.engine.observe import (EngineSnapshot, EngineStats, StepRecord, TimelineEntry, engine_snapshot,
-                                    engine_stats, stats_values, timeline)
+                                    engine_stats, timeline)
 from minienv.engine.outputs import (Consumer, IncrementalDetokenizer, OutputRouter, RequestOutput, append_token,
                                     make_output)
 from minienv.engine.validation import validate_batch, validate_request
 from minienv.kv.block_table import cdiv
-from minienv.kv.kv_cache_manager import KVCacheManager, KVEvent
+from minienv.kv.interface import KVEvent, KVManager
+from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.kv.kv_pool import KVPool, num_blocks_for_budget
 from minienv.kv.paged_attention import PagedAttentionBackend
 from minienv.kv_tier import KVTierConnector
@@ -73,60 +72,9 @@ def _interrupt_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-_MAIN_THREAD_ID = threading.main_thread().ident
 #: default KV budget of a real model given by name or path: SmolLM2-135M keeps 45 KiB of float32 K/V per token, so
 #: the toy's 8192-token default would preallocate 377 MB; 2048 tokens (94 MB) holds a few conversations
 PRETRAINED_KV_BUDGET_TOKENS = 2048
-
-
-class _InterruptGuard:
-    """Ctrl-C (SIGINT) handling for one engine step: ONE handler for the whole step (installing a handler costs
-    two system calls, so not one per phase) that raises at once, as Python's default does, except inside a
-    ``with guard:`` block, which holds the interrupt until the block ends and then raises it (if the block itself
-    raises, that exception wins). Installed only in the main thread over Python's default handler (what
-    JupyterLab's stop button and a terminal deliver); elsewhere ``install`` does nothing and blocks defer nothing.
-    """
-
-    __slots__ = ("_deferring", "_caught", "_previous", "_depth")
-
-    def __init__(self) -> None:
-        self._deferring = self._caught = False
-        self._previous: Any = None
-        self._depth = 0
-
-    # NOTE: installs nest: generate() and run() install once around their loop of steps, and each step's own
-    # install is then a counter. _signal's functions are signal's without the int <-> Signals enum conversion.
-    def install(self) -> None:
-        self._depth += 1
-        if (self._depth == 1 and threading.get_ident() == _MAIN_THREAD_ID
-                and _signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            self._previous = _signal.signal(signal.SIGINT, self._handle)
-
-    def uninstall(self) -> None:
-        self._depth -= 1
-        if self._depth:
-            return
-        if self._previous is not None:
-            _signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
-        self._deferring = self._caught = False
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self._deferring:
-            self._caught = True
-        else:
-            signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt
-
-    def __enter__(self) -> "_InterruptGuard":
-        self._deferring = True
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self._deferring = False
-        if self._caught:
-            self._caught = False
-            if exc_type is None:
-                raise KeyboardInterrupt
 
 
 @dataclass
@@ -187,9 +135,11 @@ class InferenceEngine:
     kv_cache_manager_factory:
         ``factory(num_blocks, block_size, enable_prefix_caching) -> manager``, called once instead of
         ``KVCacheManager(...)``: the seam through which a different manager (the capstone's, a lab's) runs in the
-        real engine. The manager must answer what the scheduler and the step ask of a :class:`KVCacheManager`
-        (``allocate``, ``append_slots``, ``lookup``, ``commit``, ``free``, ``request``, ...). ``None`` (default):
-        minienv's own.
+        real engine: it implements the :class:`~minienv.kv.interface.KVManager` protocol. ``None`` (default):
+        minienv's own :class:`KVCacheManager`.
+    attention_kernel:
+        ``"auto"`` (the numba block walk when numba is installed, else numpy), ``"numpy"`` or ``"numba"``
+        (:mod:`minienv.kv.paged_attention`).
     """
 
     def __init__(self, model: Any = None, tokenizer: Any = None, *, kv_budget_tokens: int | None = None,
@@ -197,7 +147,8 @@ class InferenceEngine:
                  max_num_batched_tokens: int = 512, scheduling: SchedulingPolicy = "continuous",
                  victim_policy: VictimPolicy | None = None, static_padding: bool = True, history_size: int = 256,
                  finished_retention: int = 256, kv_tier: Any = None, speculative_config: Any = None,
-                 kv_cache_manager_factory: Callable[[int, int, bool], Any] | None = None):
+                 kv_cache_manager_factory: Callable[[int, int, bool], KVManager] | None = None,
+                 attention_kernel: str = "auto"):
         if kv_cache_manager_factory is not None and not callable(kv_cache_manager_factory):
             raise ValueError("kv_cache_manager_factory must be a callable (num_blocks, block_size, "
                              f"enable_prefix_caching) -> manager, got {type(kv_cache_manager_factory).__name__}")
@@ -243,13 +194,12 @@ class InferenceEngine:
                                                    enable_prefix_caching=bool(enable_prefix_caching))
         else:
             self.kv_cache_manager = kv_cache_manager_factory(num_blocks, self.block_size, bool(enable_prefix_caching))
+        self.kv_tier = None if kv_tier is None else KVTierConnector(kv_tier, model=model, kv_pool=self.kv_pool)
         self.scheduler = make_scheduler(
             self.kv_cache_manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             scheduling=scheduling, victim_policy=victim_policy, static_padding=bool(static_padding),
-            max_position=model.config.max_position_embeddings)
-        self.backend = PagedAttentionBackend(self.kv_pool)
-        self.kv_tier = None if kv_tier is None else KVTierConnector(kv_tier, model=model, kv_pool=self.kv_pool)
-        self.scheduler.kv_tier = self.kv_tier
+            max_position=model.config.max_position_embeddings, kv_tier=self.kv_tier)
+        self.backend = PagedAttentionBackend(self.kv_pool, kernel=attention_kernel)
         spec = SpeculativeConfig.coerce(speculative_config)
         if spec is not None and scheduling != "continuous":
             raise ValueError("speculative decoding needs scheduling='continuous' (the static baseline does not "
@@ -268,11 +218,7 @@ class InferenceEngine:
         self._ids = itertools.count()
         self._step_listeners: list[Callable[[StepRecord], None]] = []
         self._finish_listeners: list[Callable[[Request], None]] = []
-        self._metrics: Any = None  # minienv.metrics.EngineMetrics, made by the `metrics` property on first use
         self._kv_events: list[KVEvent] = []
-        self._interrupt_guard = _InterruptGuard()
-        self._ones = np.ones(model.config.vocab_size, dtype=np.float32)  # _sample's row sums
-        self._table_cache = BlockTableCache()  # the padded block tables, carried while they only grow
         if history_size:
             self.kv_cache_manager.add_listener(self._kv_events.append)
 
@@ -370,7 +316,6 @@ class InferenceEngine:
         consumer = Consumer("generate")
         ids = [self._add(tok, text, sp, None, consumer) for tok, text, sp in validate_batch(
             self, prompts, sampling_params)]
-        self._interrupt_guard.install()  # once for the whole loop (each step's install is then a counter)
         unfinished = [self.requests[i] for i in ids]
         seen = -1  # the engine's finished count when ``unfinished`` was last filtered
         try:
@@ -384,8 +329,6 @@ class InferenceEngine:
         except BaseException:
             self.router.adopt(consumer, self._step_consumer)
             raise
-        finally:
-            self._interrupt_guard.uninstall()
         consumer.pending.clear()
         outs = [make_output(self.requests[i], advance=True) for i in ids]
         for i in ids:
@@ -453,13 +396,9 @@ class InferenceEngine:
         """Step until every request has finished (or ``max_steps``); return the steps run. Final outputs of
         :meth:`add_request` requests are read with :meth:`output`."""
         n = 0
-        self._interrupt_guard.install()  # once for the whole loop (each step's install is then a counter)
-        try:
-            while self.scheduler.has_unfinished_requests() and (max_steps is None or n < max_steps):
-                self._engine_step()
-                n += 1
-        finally:
-            self._interrupt_guard.uninstall()
+        while self.scheduler.has_unfinished_requests() and (max_steps is None or n < max_steps):
+            self._engine_step()
+            n += 1
         self._deliver(self._step_consumer)
         return n
 
@@ -493,37 +432,26 @@ class InferenceEngine:
             return
         t0 = time.perf_counter()
         self._kv_events.clear()
-        guard = self._interrupt_guard
-        guard.install()
+        plan = None
         try:
-            plan = None
-            try:
-                with guard:  # bookkeeping: a Ctrl-C waits for its end (then the plan is rolled back below)
-                    plan = sch.schedule()  # rolls itself back if it raises
-                # the model call: a Ctrl-C lands at once, and the step is rolled back
-                if plan.is_empty:  # validation guarantees a lone request always fits
-                    raise RuntimeError(f"engine step {plan.step} scheduled nothing with requests pending: {plan}")
-                inputs = build_step_inputs(plan, self.kv_cache_manager, self.kv_pool, self._table_cache)
-                self.backend.set_metadata(inputs.metadata)
-                # a decode step's rows are every token in order (the metadata's shared 0..n-1): the model's own
-                # rows then, without a gather of x that changes nothing
-                rows = inputs.logits_indices
-                logits = self.model.forward_step(inputs.token_ids, inputs.metadata.positions, self.backend,
-                                                 logits_indices=None if rows is inputs.metadata.token_seq_idx
-                                                 else rows)
-            except BaseException:
-                if plan is not None:
-                    with guard:
-                        sch.rollback(plan)
-                        self.counters.failed_steps += 1
-                raise
-            sampling = inputs.sampling  # indices into plan.scheduled, in order: all of them in a decode step
-            with guard:
-                self._commit(plan, plan.scheduled if len(sampling) == len(plan.scheduled) else
-                             [plan.scheduled[i] for i in sampling], inputs.num_logits, logits, t0,
-                             len(inputs.token_ids))
-        finally:
-            guard.uninstall()
+            with _interrupt_deferred():  # bookkeeping: a Ctrl-C waits for its end (then the plan is rolled back)
+                plan = sch.schedule()  # rolls itself back if it raises
+            # the model call: a Ctrl-C lands at once, and the step is rolled back
+            if plan.is_empty:  # validation guarantees a lone request always fits
+                raise RuntimeError(f"engine step {plan.step} scheduled nothing with requests pending: {plan}")
+            inputs = build_step_inputs(plan, self.kv_cache_manager, self.kv_pool)
+            self.backend.set_metadata(inputs.metadata)
+            logits = self.model.forward_step(inputs.token_ids, inputs.metadata.positions, self.backend,
+                                             logits_indices=inputs.logits_indices)
+        except BaseException:
+            if plan is not None:
+                with _interrupt_deferred():
+                    sch.rollback(plan)
+                    self.counters.failed_steps += 1
+            raise
+        with _interrupt_deferred():
+            self._commit(plan, [plan.scheduled[i] for i in inputs.sampling], inputs.num_logits, logits, t0,
+                         len(inputs.token_ids))
 
     def _commit(self, plan, sampling, num_logits: list[int], logits: np.ndarray, t0: float,
                 num_tokens: int) -> None:
@@ -536,7 +464,7 @@ class InferenceEngine:
         if plain and self.speculator is not None:  # a speculating engine samples with its coupled draws (_verify)
             plain = not any([req.sampling_params.temperature for req in reqs])
         if plain:
-            tokens, errors = self._sample(reqs, logits if len(logits) == len(reqs) else logits[:len(reqs)])
+            tokens, errors = self._sample(reqs, logits[:len(reqs)])
             emitted = [[t] for t in tokens]
             rejected: dict[str, int] = {}
         else:
@@ -578,7 +506,8 @@ class InferenceEngine:
                 finished[req.request_id] = reason
             else:
                 notify(req)
-        c.peak_blocks_in_use = max(c.peak_blocks_in_use, self.kv_cache_manager.pool.num_used_blocks)
+        kv_stats = self.kv_cache_manager.stats()
+        c.peak_blocks_in_use = max(c.peak_blocks_in_use, kv_stats.num_in_use)
         interrupted: BaseException | None = None
         if self.speculator is not None:
             # NOTE: the drafts are for the NEXT step, and this step is already committed: a failing proposer is
@@ -597,8 +526,8 @@ class InferenceEngine:
                 interrupted = exc
         c.busy_s += time.perf_counter() - t0
         if self.history.maxlen or self._step_listeners:
-            record = StepRecord.of(plan.step, plan, sampled, finished, tuple(self._kv_events), stats_values(self),
-                                time.perf_counter() - t0, now)
+            record = StepRecord(plan.step, plan, sampled, finished, tuple(self._kv_events),
+                                engine_stats(self, kv_stats), time.perf_counter() - t0, now)
             self.history.append(record)
             for listener in self._step_listeners:
                 listener(record)
@@ -655,36 +584,14 @@ class InferenceEngine:
 
     _NON_FINITE = "the model produced non-finite logits (NaN or inf) for this request"
 
-    def _sample(self, reqs: list[Request], logits: np.ndarray, fast: bool = True,
-                ) -> tuple[list[int], list[str | None]]:
-        """One token per request (greedy rows in one argmax), or an error message for a row that fails.
-
-        ``fast``: when every request is greedy, the per-request loop is skipped (the tokens are the argmax list,
-        a non-finite row gives 0 and the error); ``fast=False`` always runs the loop
-        (``test_all_greedy_sampling_equals_the_per_request_loop``)."""
-        # A row whose float32 sum is finite holds no NaN or inf (both propagate through a sum, in any order): one
-        # matrix-vector product with a ones vector (BLAS, which the model just ran, instead of numpy's reduction
-        # machinery: 2-3x faster) rather than a boolean matrix. A non-finite sum may also be a float32 overflow of
-        # finite values, so only those rows are checked element by element — so the summation order never matters.
-        ones = self._ones
-        if len(ones) != logits.shape[-1]:
-            ones = self._ones = np.ones(logits.shape[-1], dtype=np.float32)
-        sums = np.dot(logits, ones).tolist()
-        # The sums' own sum, in Python floats, is finite iff every row's is (a float64 sum of float32-finite values
-        # cannot overflow): one test for the common case instead of one per row.
-        all_finite = math.isfinite(sum(sums))
-        finite = [True] * len(sums) if all_finite else [math.isfinite(x) for x in sums]
-        if not all_finite and not all(finite):
-            finite = [f or bool(np.isfinite(row).all()) for f, row in zip(finite, logits, strict=True)]
+    def _sample(self, reqs: list[Request], logits: np.ndarray) -> tuple[list[int], list[str | None]]:
+        """One token per request (greedy rows in one argmax), or an error message for a row that is not finite or
+        whose sampler fails: that request alone finishes with the error."""
+        finite = np.isfinite(logits).all(axis=-1).tolist()
         if logits.shape[-1] > self.num_sampled_ids:  # a padded vocabulary: never pick an id without a token
             logits = logits.copy()
             logits[:, self.num_sampled_ids:] = -np.inf
         argmax = logits.argmax(axis=-1).tolist() if len(reqs) else []
-        if fast and not any([req.sampling_params.temperature for req in reqs]):  # all greedy
-            if all_finite or all(finite):
-                return argmax, [None] * len(reqs)
-            return ([t if f else 0 for t, f in zip(argmax, finite, strict=True)],
-                    [None if f else self._NON_FINITE for f in finite])
         tokens: list[int] = [0] * len(reqs)
         errors: list[str | None] = [None] * len(reqs)
         for k, req in enumerate(reqs):
@@ -726,22 +633,8 @@ class InferenceEngine:
         self._finish_listeners.append(listener)
 
     @property
-    def metrics(self) -> Any:
-        """This engine's Prometheus metrics (:class:`minienv.metrics.EngineMetrics`, its own registry), made on
-        first use; needs the ``metrics`` extra."""
-        if self._metrics is None:
-            from minienv.metrics import EngineMetrics
-
-            self._metrics = EngineMetrics(self)
-        return self._metrics
-
-    def serve_metrics(self, port: int, host: str = "127.0.0.1") -> Any:
-        """Serve :attr:`metrics` at ``http://host:port/metrics`` from a daemon thread (port 0: a free one)."""
-        return self.metrics.serve(port, host)
-
-    @property
     def stats(self) -> EngineStats:
-        return engine_stats(self)
+        return engine_stats(self, self.kv_cache_manager.stats())
 
     def snapshot(self) -> EngineSnapshot:
         """The whole engine state for a dashboard (O(blocks + requests); call between steps)."""

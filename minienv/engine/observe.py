@@ -7,14 +7,15 @@ Nothing here changes the engine, and everything is pulled when a view asks (``en
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import Any, Iterable
 
-from minienv.kv.kv_cache_manager import KVCacheManager, KVCacheStats, KVEvent
+from minienv.kv.interface import KVCacheStats, KVEvent
 from minienv.request import FinishReason, Request
 from minienv.scheduler import SchedulerOutput
 
-if TYPE_CHECKING:
-    from minienv.engine.core import InferenceEngine
+#: the engine (``minienv.engine.core.InferenceEngine``), which calls into this module: annotated loosely so that
+#: nothing here imports the engine back
+Engine = Any
 
 
 @dataclass(frozen=True)
@@ -66,42 +67,16 @@ class EngineStats:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """What one engine step did: its plan, its tokens, who finished, the KV events, the stats after it.
-
-    ``stats`` may be given as the raw values of :func:`stats_values` (read when the step ended): the engine
-    records every step, but a record's stats are read only by a listener or a look back at ``history``, so the
-    :class:`EngineStats` is built on first read — from values taken at the step's end, so it equals what
-    ``engine.stats`` said then (``test_step_record_stats_equal_engine_stats_after_each_step``).
-    """
+    """What one engine step did: its plan, its tokens, who finished, the KV events, the stats after it."""
 
     step: int
     scheduler_output: SchedulerOutput
     sampled: dict[str, int]  # request id -> token sampled in this step (EOS included)
     finished: dict[str, FinishReason]
     kv_events: tuple[KVEvent, ...]
-    stats: EngineStats  # an EngineStats after __post_init__ is read through __getattribute__ below
+    stats: EngineStats
     duration_s: float
     token_time: float = 0.0  # time.perf_counter() when this step's tokens came out (their first_token/finished time)
-
-    @classmethod
-    def of(cls, step: int, scheduler_output: SchedulerOutput, sampled: dict[str, int],
-           finished: dict[str, FinishReason], kv_events: tuple[KVEvent, ...], stats: "EngineStats | tuple",
-           duration_s: float, token_time: float) -> "StepRecord":
-        """``StepRecord(...)`` of all eight fields, built by filling the instance's ``__dict__``: the engine makes
-        one per step, and a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``
-        (``test_step_record_of_equals_the_constructor``)."""
-        record = object.__new__(cls)
-        object.__getattribute__(record, "__dict__").update(
-            step=step, scheduler_output=scheduler_output, sampled=sampled, finished=finished, kv_events=kv_events,
-            stats=stats, duration_s=duration_s, token_time=token_time)
-        return record
-
-    def __getattribute__(self, name: str):  # noqa: ANN204 - only ``stats`` is special
-        value = object.__getattribute__(self, name)
-        if name == "stats" and type(value) is tuple:  # the raw values: build once, keep
-            value = stats_from_values(value)
-            object.__setattr__(self, "stats", value)
-        return value
 
 
 @dataclass(frozen=True)
@@ -154,45 +129,24 @@ class TimelineEntry:
     num_tokens: int = 0
 
 
-def engine_stats(engine: "InferenceEngine") -> EngineStats:
-    return stats_from_values(stats_values(engine))
-
-
-def stats_values(engine: "InferenceEngine") -> tuple:
-    """What :class:`EngineStats` is made of, read now: the KV manager's stats object and the scheduler's and the
-    engine's counters, as one tuple (cheap: no derived field is computed until :func:`stats_from_values`)."""
-    sch = engine.scheduler
-    c = engine.counters
-    kv = engine.kv_cache_manager
-    # minienv's own manager gives its stats as a plain tuple, built into a KVCacheStats only when read; any other
-    # (a subclass that overrides stats(), the capstone's) is asked for its KVCacheStats
-    kv_stats = kv.stats_values() if type(kv).stats is KVCacheManager.stats else kv.stats()
-    return (kv_stats, sch.num_steps, len(sch.waiting), len(sch.running),
-            sch.num_preemptions, getattr(sch, "num_padding_tokens", 0),  # the static policy's count
-            c.finished, c.prompt_tokens, c.computed_tokens, c.generated_tokens, c.busy_s, c.errors, c.failed_steps,
-            c.peak_blocks_in_use)
-
-
-def stats_from_values(values: tuple) -> EngineStats:
-    """The :class:`EngineStats` of values read by :func:`stats_values`."""
-    (kv, num_steps, num_waiting, num_running, num_preemptions, num_padding, finished, prompt_tokens, computed_tokens,
-     generated_tokens, busy_s, errors, failed_steps, peak_blocks) = values
-    if type(kv) is tuple:
-        kv = KVCacheStats(*kv)
+def engine_stats(engine: Engine, kv: KVCacheStats) -> EngineStats:
+    """The engine's counters, its scheduler's and the KV manager's stats ``kv`` (read now) as one record."""
+    sch, c = engine.scheduler, engine.counters
     return EngineStats(
-        num_steps=num_steps, num_waiting=num_waiting, num_running=num_running,
-        num_finished=finished, kv_budget_tokens=kv.kv_budget_tokens, block_size=kv.block_size,
+        num_steps=sch.num_steps, num_waiting=len(sch.waiting), num_running=len(sch.running),
+        num_finished=c.finished, kv_budget_tokens=kv.kv_budget_tokens, block_size=kv.block_size,
         num_blocks=kv.num_blocks, num_blocks_in_use=kv.num_in_use, num_cached_free_blocks=kv.num_cached_free,
         num_free_empty_blocks=kv.num_free_empty, kv_usage=kv.usage,
         prefix_cache_queries_tokens=kv.prefix_queries_tokens, prefix_cache_hits_tokens=kv.prefix_hits_tokens,
-        evicted_blocks=kv.evicted_blocks, evicted_tokens=kv.evicted_tokens, num_preemptions=num_preemptions,
-        num_prompt_tokens=prompt_tokens, num_computed_tokens=computed_tokens,
-        num_generated_tokens=generated_tokens, busy_time_s=busy_s, num_errors=errors,
-        num_padding_tokens=num_padding, num_failed_steps=failed_steps, peak_kv_usage=peak_blocks / kv.num_blocks,
+        evicted_blocks=kv.evicted_blocks, evicted_tokens=kv.evicted_tokens, num_preemptions=sch.num_preemptions,
+        num_prompt_tokens=c.prompt_tokens, num_computed_tokens=c.computed_tokens,
+        num_generated_tokens=c.generated_tokens, busy_time_s=c.busy_s, num_errors=c.errors,
+        num_padding_tokens=getattr(sch, "num_padding_tokens", 0),  # the static policy's count
+        num_failed_steps=c.failed_steps, peak_kv_usage=c.peak_blocks_in_use / kv.num_blocks,
     )
 
 
-def request_view(engine: "InferenceEngine", req: Request) -> RequestView:
+def request_view(engine: Engine, req: Request) -> RequestView:
     mgr = engine.kv_cache_manager
     blocks: tuple[int, ...] = ()
     if mgr.has_request(req.request_id):
@@ -207,7 +161,7 @@ def request_view(engine: "InferenceEngine", req: Request) -> RequestView:
     )
 
 
-def engine_snapshot(engine: "InferenceEngine") -> EngineSnapshot:
+def engine_snapshot(engine: Engine) -> EngineSnapshot:
     mgr = engine.kv_cache_manager
     sch = engine.scheduler
     finished = [r for r in engine.requests.values() if r.is_finished] + list(engine.retained.values())

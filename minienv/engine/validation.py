@@ -8,20 +8,21 @@ an id the model has no embedding for would otherwise fail inside a step, for eve
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from minienv.request import InvalidRequestError, check_token_ids
 from minienv.sampling import SamplingParams
 
-if TYPE_CHECKING:
-    from minienv.engine.core import InferenceEngine
+#: the engine (``minienv.engine.core.InferenceEngine``), which calls into this module: annotated loosely so that
+#: nothing here imports the engine back
+InferenceEngine = Any
 
 Checked = tuple[list[int], "str | None", SamplingParams]
 
 
-def _encode(engine: "InferenceEngine", prompt: str) -> list[int]:
+def _encode(engine: InferenceEngine, prompt: str) -> list[int]:
     if not prompt:
         raise InvalidRequestError("the prompt is empty; give at least one character")
     try:
@@ -46,7 +47,7 @@ def _check_1d(prompt: np.ndarray) -> None:
                                   + (" (pass a list of 1-D prompts for a batch)" if prompt.ndim > 1 else ""))
 
 
-def _token_prompt(engine: "InferenceEngine", prompt: Any) -> list[int]:
+def _token_prompt(engine: InferenceEngine, prompt: Any) -> list[int]:
     if isinstance(prompt, np.ndarray):
         _check_1d(prompt)
     try:
@@ -55,7 +56,7 @@ def _token_prompt(engine: "InferenceEngine", prompt: Any) -> list[int]:
         raise InvalidRequestError(str(exc)) from exc
 
 
-def validate_request(engine: "InferenceEngine", prompt: Any, params: Any) -> Checked:
+def validate_request(engine: InferenceEngine, prompt: Any, params: Any) -> Checked:
     """``(token ids, prompt text or None, a private copy of the params)``, or :class:`InvalidRequestError`."""
     if params is None:
         params = SamplingParams()
@@ -88,7 +89,7 @@ def validate_request(engine: "InferenceEngine", prompt: Any, params: Any) -> Che
     return ids, text, params
 
 
-def validate_batch(engine: "InferenceEngine", prompts: Any, sampling_params: Any) -> list[Checked]:
+def validate_batch(engine: InferenceEngine, prompts: Any, sampling_params: Any) -> list[Checked]:
     """Every prompt of a ``generate`` / ``stream`` call checked; the first bad one raises with its index."""
     if isinstance(prompts, np.ndarray):
         _check_1d(prompts)

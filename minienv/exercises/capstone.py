@@ -186,7 +186,8 @@ class PluggedManager:
         if n_cached is None:
             return None
         total = n_cached + num_new_tokens
-        self._reqs[request_id] = RequestKV(self.block_size, self._table(request_id, total), total, request_id, prompt[:total], n_cached, n_cached)
+        self._reqs[request_id] = RequestKV(self.block_size, self._table(request_id, total), total, request_id, prompt[:total], n_cached, n_cached,
+                                         num_queried_tokens=len(prompt))
         s = self.prefix_stats
         s.requests, s.queries, s.hits = s.requests + 1, s.queries + len(prompt), s.hits + n_cached
         return self._slots(self._reqs[request_id], n_cached, n_cached)
@@ -212,6 +213,13 @@ class PluggedManager:
         self.core.free(request_id)
         del self._reqs[request_id]
         return released
+
+    def undo_allocate(self, request_id: Any) -> list[int]:
+        """A failed step's admission: freed, and its lookup uncounted."""
+        req = self._reqs[request_id]
+        s = self.prefix_stats
+        s.requests, s.queries, s.hits = s.requests - 1, s.queries - req.num_queried_tokens, s.hits - req.num_cached_tokens
+        return self.free(request_id)
 
     def return_to_head(self, block_ids: Sequence[int]) -> None:
         """After a failed step minienv puts reserved blocks back where they were taken; the contract has no such

@@ -20,10 +20,9 @@ Invariants (``check_invariants``):
 5. every table holds ``cdiv(num_tokens, block_size)`` blocks.
 
 A request's life: ``allocate`` (prefix hit + slots) -> the step writes K/V -> ``commit`` (full blocks indexed)
--> ``append_slots`` ... -> ``free``. A decode token takes the fast path ``append_slot`` (an int slot, no result
-object, no token check: the engine's own call), which serves it unless it needs a new block none is free for or a
-copy-on-write — then it changes nothing and returns None, and ``append_slots`` takes over. ``allocate`` / ``append_slots`` return ``None`` when the free blocks do not
-suffice (the scheduler preempts or waits); misuse raises before anything changes.
+-> ``append_slots`` ... -> ``free``. ``allocate`` / ``append_slots`` return ``None`` when the free blocks do not
+suffice (the scheduler preempts or waits); misuse raises before anything changes. This class implements the
+:class:`~minienv.kv.interface.KVManager` protocol, the seam the engine calls.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from minienv.kv.block_table import BlockTable, cdiv, slot_range
 from minienv.kv.errors import KVBudgetError, KVCacheError
 from minienv.kv.hashing import ROOT_HASH, BlockHash, block_key_encoder, hash_block_key
 from minienv.kv.kv_pool import num_blocks_for_budget
+from minienv.kv.interface import KVCacheStats, KVEvent, PrefixHit, SlotAllocation
 from minienv.kv.prefix_cache import CachedBlock, PrefixCacheStats, PrefixIndex
 
 RequestId = Hashable
@@ -85,36 +85,8 @@ class RequestKV(BlockTable):
     #: the admission lookup's hash of block ``len(block_hashes)`` (a ``PrefixHit.miss``), used by the commit that
     #: indexes that block if its key still matches; dropped by a truncation
     pending_hash: CachedBlock | None = field(default=None, compare=False, repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixHit:
-    """The cached run of full blocks of a prompt, and how many tokens it covers."""
-
-    block_ids: tuple[int, ...]
-    block_hashes: tuple[BlockHash, ...]
-    num_cached_tokens: int
-    #: the first missed full block's hash and key, when the lookup computed them (its admission's commit reuses
-    #: them instead of hashing that block again); None after a hit on every block looked up
-    miss: CachedBlock | None = field(default=None, compare=False, repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class SlotAllocation:
-    """What a step needs to compute ``token_ids`` of one request: their ``positions``, their pool slots
-    (``slot_mapping``), the copy-on-write ``blocks_to_copy`` to apply first, and an admission's prefix hit."""
-
-    request_id: RequestId
-    token_ids: tuple[int, ...]
-    positions: np.ndarray
-    slot_mapping: np.ndarray
-    new_block_ids: tuple[int, ...]
-    blocks_to_copy: tuple[tuple[int, int], ...] = ()
-    num_cached_tokens: int = 0
-
-    @property
-    def num_new_tokens(self) -> int:
-        return len(self.token_ids)
+    #: tokens the admission looked up (counted as prefix-cache queries; :meth:`KVCacheManager.undo_allocate`)
+    num_queried_tokens: int = field(default=0, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -132,55 +104,6 @@ class SharingStats:
     @property
     def saved_fraction(self) -> float:
         return self.saved_blocks / self.logical_blocks if self.logical_blocks else 0.0
-
-
-@dataclass(frozen=True)
-class KVCacheStats:
-    """A point-in-time summary; block counts are physical blocks, each counted once however many requests share it."""
-
-    num_blocks: int
-    block_size: int
-    num_free_empty: int
-    num_cached_free: int
-    num_in_use: int
-    num_requests: int
-    prefix_requests: int
-    prefix_queries_tokens: int
-    prefix_hits_tokens: int
-    evicted_blocks: int
-    evicted_tokens: int
-    cow_copies: int
-
-    @property
-    def kv_budget_tokens(self) -> int:
-        return self.num_blocks * self.block_size
-
-    @property
-    def resident_tokens(self) -> int:
-        """Token slots of in-use plus cached-free blocks: everything the budget holds."""
-        return (self.num_in_use + self.num_cached_free) * self.block_size
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        return self.prefix_hits_tokens / self.prefix_queries_tokens if self.prefix_queries_tokens else 0.0
-
-    @property
-    def usage(self) -> float:
-        """Fraction of blocks in use (vLLM's ``kv_cache_usage``; cached-free blocks are reclaimable)."""
-        return self.num_in_use / self.num_blocks
-
-
-@dataclass(frozen=True, slots=True)
-class KVEvent:
-    """``kind``: ``"evict"`` (a cached block's hash dropped as it is reused), ``"cache"`` (a full block indexed),
-    ``"hit"`` (a request took a cached block), ``"cow"`` (``src_block_id`` copied to ``block_id`` before a write)
-    or ``"free"`` (a refcount reached 0)."""
-
-    kind: str
-    block_id: int
-    request_id: RequestId | None = None
-    block_hash: BlockHash | None = None
-    src_block_id: int | None = None
 
 
 def _check_token_ids(token_ids: object, what: str) -> list[int]:
@@ -222,17 +145,11 @@ class KVCacheManager:
         self.index = PrefixIndex()
         self.prefix_stats = PrefixCacheStats()
         self.cow_copies = 0
-        #: bumped by every change to a live block table other than appending blocks to it (a copy-on-write
-        #: replacement, a deduplicated block, a truncation): while it stands, a table's list seen before still
-        #: starts with the ids it had then (what lets the engine carry its padded tables from step to step). A new
-        #: request's table is a new list, so admissions, forks and frees need no bump.
-        self.table_epoch = 0
         #: cached-free blocks, counted as blocks change state (``stats()`` runs after every engine step, so it
         #: must not scan the index); ``check_invariants`` compares it with a scan
         self._num_cached_free = 0
         self._requests: dict[RequestId, RequestKV] = {}
         self._listeners: list[Callable[[KVEvent], None]] = []
-        self._fast_paths = self._mirrors_plain_calls()  # a class fact, read by the scheduler every step
 
     @classmethod
     def from_budget(cls, kv_budget_tokens: int, block_size: int, **kwargs) -> "KVCacheManager":
@@ -301,18 +218,13 @@ class KVCacheManager:
 
     def stats(self) -> KVCacheStats:
         """Counts by state (O(1): the cached-free count is kept as blocks change state)."""
-        return KVCacheStats(*self.stats_values())
-
-    def stats_values(self) -> tuple[int, ...]:
-        """:meth:`stats`' fields, in order, as a plain tuple: what the engine records after every step (building
-        the frozen dataclass costs several times more, and a step record's stats are rarely read)."""
         cached_free = self._num_cached_free
         s = self.prefix_stats
         pool = self.pool
         free = pool.num_free_blocks
-        return (pool.num_blocks, self.block_size, free - cached_free, cached_free, pool.num_blocks - free,
-                len(self._requests), s.requests, s.queries, s.hits, s.evicted_blocks, s.evicted_tokens,
-                self.cow_copies)
+        return KVCacheStats(pool.num_blocks, self.block_size, free - cached_free, cached_free, pool.num_blocks - free,
+                            len(self._requests), s.requests, s.queries, s.hits, s.evicted_blocks, s.evicted_tokens,
+                            self.cow_copies)
 
     def sharing(self) -> SharingStats:
         """Logical blocks named by all tables vs physical blocks in use: the memory saved by sharing."""
@@ -394,34 +306,6 @@ class KVCacheManager:
         if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) or not 1 <= num_new_tokens <= remaining:
             raise ValueError(f"num_new_tokens must be an int in [1, {remaining}] (prompt of {len(prompt)} tokens, "
                              f"{hit.num_cached_tokens} cached), got {num_new_tokens!r}")
-        return self.allocate_slots(request_id, prompt, hit, num_new_tokens)
-
-    # ------------------------------------------------------------------ the engine's calls (already validated)
-    @property
-    def fast_paths(self) -> bool:
-        """Whether the scheduler may call :meth:`find_prefix` / :meth:`allocate_slots` / :meth:`append_slot` /
-        :meth:`commit_step` instead of :meth:`lookup` / :meth:`allocate` / :meth:`append_slots` / :meth:`commit`.
-        They are the same operations minus the argument checks and (for a decode) the result object; a subclass
-        that overrides ``allocate``, ``append_slots`` or ``commit`` (a lab's bug switch, reserved runs) changes
-        what they do, so it is driven the plain way."""
-        return self._fast_paths
-
-    def _mirrors_plain_calls(self) -> bool:
-        cls = type(self)
-        return all(getattr(cls, name) is getattr(KVCacheManager, name) for name in ("allocate", "append_slots", "commit"))
-
-    def find_prefix(self, token_ids: list[int]) -> PrefixHit:
-        """:meth:`lookup` for the engine: ``token_ids`` is a request's list of non-negative ints, validated when the
-        request entered the engine, so it is not checked again."""
-        return self._lookup(token_ids)
-
-    def allocate_slots(self, request_id: RequestId, prompt: list[int], hit: PrefixHit,
-                       num_new_tokens: int) -> SlotAllocation | None:
-        """:meth:`allocate` for the engine, whose scheduler has just looked the prompt up: ``hit`` is
-        ``find_prefix(prompt)`` (not recomputed), ``1 <= num_new_tokens <= len(prompt) - hit.num_cached_tokens``,
-        and the prompt's token ids were validated when the request entered the engine."""
-        if request_id in self._requests:
-            raise DuplicateRequestError(request_id)
         n_cached = hit.num_cached_tokens
         total = n_cached + num_new_tokens
         num_new_blocks = cdiv(total, self.block_size) - len(hit.block_ids)
@@ -433,11 +317,21 @@ class KVCacheManager:
             self._touch(hit.block_ids, request_id)  # first: the allocation below must not evict a block just hit
         new_ids = self._take_free_blocks(num_new_blocks, request_id)
         req = RequestKV(self.block_size, list(hit.block_ids) + new_ids, total, request_id, prompt[:total],
-                        n_cached, n_cached, list(hit.block_hashes), hit.miss)
+                        n_cached, n_cached, list(hit.block_hashes), hit.miss, len(prompt))
         self._requests[request_id] = req
         s = self.prefix_stats
         s.requests, s.queries, s.hits = s.requests + 1, s.queries + len(prompt), s.hits + n_cached
         return self._slots(req, n_cached, new_ids, (), n_cached)
+
+    def undo_allocate(self, request_id: RequestId) -> list[int]:
+        """Undo an admission whose step failed before it committed: :meth:`free` the request's blocks and take
+        its lookup back out of the prefix-cache counters (it never happened). Returns the released blocks."""
+        req = self._requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(request_id, "undo the allocation of")
+        s = self.prefix_stats
+        s.requests, s.queries, s.hits = s.requests - 1, s.queries - req.num_queried_tokens, s.hits - req.num_cached_tokens
+        return self.free(request_id)
 
     def append_slots(self, request_id: RequestId, token_ids: Sequence[int]) -> SlotAllocation | None:
         """Reserve slots for ``token_ids`` appended to a request (a decode token, or the next prefill chunk).
@@ -469,44 +363,12 @@ class KVCacheManager:
             req.block_ids[-1] = private
             copies = ((last.block_id, private),)
             self.cow_copies += 1
-            self.table_epoch += 1
             self._emit("cow", private, request_id, None, last.block_id)
         new_ids = self._take_free_blocks(num_new_blocks, request_id)
         req.block_ids.extend(new_ids)
         req.token_ids.extend(new_tokens)
         req.num_tokens = len(req.token_ids)  # invariant 5 again
         return self._slots(req, start, new_ids, copies, 0)
-
-    def append_slot(self, request_id: RequestId, token_id: int) -> int | None:
-        """The decode fast path: reserve the slot of ONE new token and return it as an int, or return None —
-        changing nothing — when this token needs the plain path: no block is free (the scheduler preempts), or
-        the write lands in a shared or indexed block (copy-on-write). Then :meth:`append_slots` does the rest.
-
-        Same state afterwards as ``append_slots(request_id, [token_id])`` (the differential tests compare
-        snapshots), minus its result object. ``token_id`` is not checked: this is the engine's internal call with
-        a token the engine itself sampled (users go through :meth:`append_slots`, which validates).
-        """
-        req = self._requests.get(request_id)
-        if req is None:
-            raise UnknownRequestError(request_id, "append a slot to")
-        n, B = req.num_tokens, self.block_size
-        offset = n % B
-        if offset:  # room in the last block: no allocation, unless it must be copied first
-            bid = req.block_ids[-1]
-            last = self.pool.blocks[bid]
-            if last.ref_cnt > 1 or last.block_hash is not None:
-                return None
-        else:  # a block boundary: one block from the free queue's head (evicting its cached content)
-            block = self.pool.allocate_block()
-            if block is None:
-                return None
-            if block.block_hash is not None:
-                self._drop_hash(block, request_id)
-            bid = block.block_id
-            req.block_ids.append(bid)
-        req.token_ids.append(token_id)
-        req.num_tokens = n + 1  # invariant 5
-        return bid * B + offset
 
     @staticmethod
     def _slots(req: RequestKV, start: int, new_ids: list[int], copies: tuple, n_cached: int) -> SlotAllocation:
@@ -534,20 +396,6 @@ class KVCacheManager:
         if not self.enable_prefix_caching or req.num_tokens // self.block_size <= len(req.block_hashes):
             return []
         return self._index_full_blocks(req)
-
-    def commit_step(self, request_ids: Sequence[RequestId]) -> None:
-        """:meth:`commit` for every request a step computed, in order, in one call (the engine's; nothing is
-        returned). Per request it is one store unless a block filled. Unknown ids raise before anything changes."""
-        requests = self._requests
-        try:
-            reqs = [requests[rid] for rid in request_ids]
-        except KeyError as exc:
-            raise UnknownRequestError(exc.args[0], "commit") from None
-        B, caching = self.block_size, self.enable_prefix_caching
-        for req in reqs:
-            req.num_computed_tokens = n = req.num_tokens
-            if caching and n // B > len(req.block_hashes):
-                self._index_full_blocks(req)
 
     def _index_full_blocks(self, req: RequestKV) -> list[int]:
         """Index the request's computed full blocks not yet hashed (the body of :meth:`commit`)."""
@@ -581,7 +429,6 @@ class KVCacheManager:
                     break  # a genuine collision: this block (and so its children) stays out of the index
                 self._touch([indexed_bid], request_id)  # deduplicate: hold the indexed copy, release ours
                 block_ids[j] = indexed_bid
-                self.table_epoch += 1
                 self._release([bid], request_id)
             hashes.append(block_hash)
         return indexed
@@ -645,7 +492,6 @@ class KVCacheManager:
         _check_int("num_tokens", num_tokens, 1, req.num_tokens)
         keep = cdiv(num_tokens, self.block_size)
         dropped = req.block_ids[keep:][::-1]
-        self.table_epoch += 1
         self._release(dropped, request_id)
         del req.block_ids[keep:], req.token_ids[num_tokens:], req.block_hashes[num_tokens // self.block_size:]
         req.pending_hash = None

@@ -11,10 +11,9 @@ Two views of one array. What callers index is ``kv_cache [num_layers, 2, num_blo
 heads are outermost: ``storage [num_layers, 2, H, num_blocks, block_size, D]``, and ``kv_cache`` is a transposed
 view of it (no copy). Why memory is laid out this way round:
 
-* a run of consecutive blocks is, per head, one contiguous ``[tokens, D]`` slab — exactly what a dense kernel
-  reads. A lone decoding request whose blocks are one physical run (the common batch-1 case) is attended on
-  views of the pool with the dense kernel's own memory access; with heads innermost (vLLM's order) each head's
-  keys would be ``H * D`` floats apart and every matrix product would read them strided;
+* per layer and head, block ``b`` is one contiguous ``[block_size, D]`` slab, and a run of consecutive blocks one
+  contiguous ``[tokens, D]`` slab — what the block walk reads in place, front to back (with heads innermost,
+  vLLM's order, each head's keys would be ``H * D`` floats apart);
 * gathering a sequence's blocks copies ``block_size * D`` contiguous floats per block and head, and the gathered
   tile is again one contiguous slab per head and sequence;
 * a flat view ``[H, num_blocks * block_size, D]`` per layer addresses single token slots, so writing N new
@@ -71,7 +70,6 @@ class KVPool:
     storage: np.ndarray = field(init=False, repr=False)
     _checked_slots: object = field(init=False, repr=False, compare=False, default=None)
     _slot_views: list = field(init=False, repr=False, compare=False, default_factory=list)
-    _head_views: list = field(init=False, repr=False, compare=False, default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
@@ -90,20 +88,10 @@ class KVPool:
         on the slot axis each."""
         slots = self.storage.reshape(self.num_layers, 2, self.num_kv_heads, self.num_slots, self.head_dim)
         self._slot_views = [(slots[layer, 0], slots[layer, 1]) for layer in range(self.num_layers)]
-        # per head: K as [H, D, num_slots] (Kᵀ per head), V as [H, num_slots, D] (see head_views)
-        self._head_views = [(k.transpose(0, 2, 1), v) for k, v in self._slot_views]
 
     def _views_of_this_pool(self) -> None:
         if self._slot_views[0][1].base is not self.storage:  # a copied pool (its views were copied apart from it)
             self._make_slot_views()
-
-    def head_views(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Layer ``layer``'s K as ``[H, D, num_slots]`` and V as ``[H, num_slots, D]``: views of ``storage``, made
-        once, from which the paged attention backend slices a sequence whose blocks are one physical run
-        (``paged_attention.pool_run_views`` makes the same slices from a layer of ``kv_cache``). Each head's slots
-        are contiguous ``D``-float rows."""
-        self._views_of_this_pool()
-        return self._head_views[layer]
 
     @property
     def kv_cache(self) -> np.ndarray:

@@ -402,8 +402,10 @@ class OpenAIApi:
             raise ApiError(404, "/metrics needs the metrics extra (pip install 'minienv[metrics]')") from None
         if self.server.engine_thread.engine is None:
             raise ApiError.from_refusal(self.server.refusal())
-        # engine.metrics attaches listeners on first use: that, and the scrape, happen on the engine thread
-        text = await asyncio.to_thread(self.server.call, lambda engine: engine.metrics.exposition())
+        from minienv.metrics import metrics_of
+
+        # metrics_of(engine) attaches listeners on first use: that, and the scrape, happen on the engine thread
+        text = await asyncio.to_thread(self.server.call, lambda engine: metrics_of(engine).exposition())
         return Response(text, media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
 

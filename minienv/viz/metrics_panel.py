@@ -1,6 +1,6 @@
 """``MetricsPanel``: an engine's Prometheus metrics over time, read from its registry — a Grafana in one cell.
 
-    panel = MetricsPanel(engine.metrics)
+    panel = MetricsPanel(metrics_of(engine))
     panel                      # live: a plotly FigureWidget with five charts, updated in place
     while engine.has_unfinished_requests():
         engine.step()

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.prometheus
 prometheus_client = pytest.importorskip("prometheus_client")
 
 from minienv.engine import InferenceEngine  # noqa: E402
-from minienv.metrics import stored_series_names  # noqa: E402
+from minienv.metrics import metrics_of, serve_metrics, stored_series_names  # noqa: E402
 from minienv.model import LlamaConfig, LlamaModel, random_weights  # noqa: E402
 from minienv.sampling import SamplingParams  # noqa: E402
 from minienv.tokenizer import BPETokenizer  # noqa: E402
@@ -139,10 +139,10 @@ def scraped(model, tmp_path_factory):
     engine = InferenceEngine(model, BPETokenizer([]), kv_budget_tokens=64, block_size=4, max_num_seqs=4,
                              max_num_batched_tokens=32, kv_tier=tmp_path_factory.mktemp("kv_tier"),
                              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
-    server = engine.serve_metrics(0)
+    server = serve_metrics(engine, 0)
     stock_port = _free_port()
     stock_httpd, stock_thread = prometheus_client.start_http_server(stock_port, "127.0.0.1",
-                                                                    registry=engine.metrics.registry)
+                                                                    registry=metrics_of(engine).registry)
     prom = Prometheus(binary, tmp_path_factory.mktemp("prometheus"),
                       {"minienv": f"127.0.0.1:{server.port}", "stock": f"127.0.0.1:{stock_port}"})
     try:
@@ -237,7 +237,7 @@ def test_every_dashboard_query_returns_data_from_the_real_server(scraped):
     engine.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0))
     engine.abort(engine.add_request("aborted", SamplingParams(max_tokens=8)))
     prom.wait_for('vllm:generation_tokens_total{job="minienv"}', engine.stats.num_generated_tokens)
-    prom.wait_for('vllm:e2e_request_latency_seconds_count{job="minienv"}', engine.metrics.value(
+    prom.wait_for('vllm:e2e_request_latency_seconds_count{job="minienv"}', metrics_of(engine).value(
         "vllm:e2e_request_latency_seconds_count"))
     for panel in dash["panels"]:
         for target in panel["targets"]:

@@ -76,73 +76,78 @@ def test_profile_split_counts_the_bare_loops_and_files_their_attention_under_att
     assert classify(frames + f"{attend};memcpy") == "attention: other (gather, softmax, masks)"
 
 
-def _small_continuous_run(model_, tok_):
-    """A stand-in for ``_ceiling.continuous_run`` that runs in a moment: 4 requests, decodes over 3-9 blocks (the
-    in-place kernel is eligible once the prefills are done)."""
-    engine = InferenceEngine(model_, tok_, kv_budget_tokens=2048, block_size=16, max_num_seqs=4)
+def _small_continuous_run(model_, tok_, attention_kernel="auto"):
+    """A stand-in for ``_ceiling.continuous_run`` that runs in a moment: 4 requests, decodes over 3-9 blocks."""
+    engine = InferenceEngine(model_, tok_, kv_budget_tokens=2048, block_size=16, max_num_seqs=4,
+                             attention_kernel=attention_kernel)
     engine.eos_token_id = None
     for n in (40, 70, 90, 130):
         engine.add_request(list(range(1, n)), SamplingParams(max_tokens=6, temperature=0))
     return engine
 
 
-@pytest.mark.parametrize("kernel", ["auto", "gather", "inplace"])
-def test_profile_continuous_run_runs_the_kernel_asked_for(monkeypatch, capsys, kernel):
-    """``--run continuous --kernel K`` runs every step's paged attention with K, on the run's own pool (a small
-    run here, once), and prints each run's CPU time; without it the engine's backend keeps auto's choice."""
-    paged_attention = importlib.import_module("minienv.kv.paged_attention")  # the module: minienv.kv re-exports
-    engines, kernels = [], []  # a function of the same name
-    resolve = paged_attention.resolve_kernel
+KERNELS = ["auto", "numpy"] + ([] if importlib.import_module("minienv.kv.paged_attention").NUMBA_MISSING
+                               else ["numba"])
 
-    def small_run(model_, tok_):
-        engines.append(_small_continuous_run(model_, tok_))
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_profile_continuous_run_runs_the_kernel_asked_for(monkeypatch, capsys, kernel):
+    """``--run continuous --kernel K`` runs every step's paged attention with K (a small run here, once), and
+    prints each run's CPU time; "auto" is the block walk when numba imports, else numpy."""
+    paged_attention = importlib.import_module("minienv.kv.paged_attention")  # the module: minienv.kv re-exports
+    engines = []  # a function of the same name
+
+    def small_run(model_, tok_, attention_kernel="auto"):
+        engines.append(_small_continuous_run(model_, tok_, attention_kernel))
         return engines[-1]
 
-    def spy(meta, hkv, d, tile_bytes, workspace, kernel_):
-        kernels.append(kernel_)
-        return resolve(meta, hkv, d, tile_bytes, workspace, kernel_)
-
     monkeypatch.setattr(_ceiling, "continuous_run", small_run)
-    monkeypatch.setattr(paged_attention, "resolve_kernel", spy)
     monkeypatch.setattr(profile_engine, "REPEATS", 1)
     profile_engine.run("continuous", kernel=kernel)
     (engine,) = engines
-    assert engine.backend.kernel == kernel and engine.backend.kv_pool is engine.kv_pool
+    assert engine.backend.kernel == paged_attention.resolve_kernel_name(kernel)
+    assert engine.backend.kv_pool is engine.kv_pool
     assert not engine.scheduler.has_unfinished_requests()
-    assert kernels and set(kernels) == {kernel}
     assert f"continuous run, kernel {kernel}: 1 runs" in capsys.readouterr().out
 
 
 def test_profile_race_kernels_times_every_kernel_and_checks_their_tokens(monkeypatch, capsys):
-    """``--race-kernels``: each kernel really runs (auto, gather, in place), its times are reported against auto's,
-    and a kernel whose tokens differ stops the race instead of being timed."""
+    """``--race-kernels``: each kernel really runs, its times are reported against auto's, and a kernel whose
+    tokens differ stops the race instead of being timed."""
     import json
 
-    paged_attention = importlib.import_module("minienv.kv.paged_attention")
+    core = importlib.import_module("minienv.engine.core")
     seen = []
-    resolve = paged_attention.resolve_kernel
-    monkeypatch.setattr(paged_attention, "resolve_kernel", lambda *a: seen.append(a[-1]) or resolve(*a))
+    backend = core.PagedAttentionBackend
+
+    class Spy(backend):
+        def __init__(self, kv_pool, kernel="auto"):
+            seen.append(kernel)
+            super().__init__(kv_pool, kernel)
+
+    monkeypatch.setattr(core, "PagedAttentionBackend", Spy)
     monkeypatch.setattr(_ceiling, "continuous_run", _small_continuous_run)
     profile_engine.race_kernels(3)
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(seen) == {"auto", "gather", "inplace"}
-    assert set(result["kernels"]) == {"auto", "gather", "inplace"} and result["identical_tokens"]
+    assert set(seen) == set(KERNELS)
+    assert set(result["kernels"]) == set(KERNELS) and result["identical_tokens"]
     assert result["kernels"]["auto"]["paired_over_auto"] == 1.0
     assert all(k["min_s"] > 0 for k in result["kernels"].values())
 
-    class Wrong(paged_attention.PagedAttentionBackend):  # the gather side attends wrongly
+    class Wrong(backend):  # the numpy side attends wrongly
         def attend(self, layer_idx, q, k, v):
             out = super().attend(layer_idx, q, k, v)
-            return out * 0.5 if self.kernel == "gather" else out
+            return out * 0.5 if self.kernel == "numpy" and KERNELS[-1] == "numba" else out
 
-    monkeypatch.setattr(paged_attention, "PagedAttentionBackend", Wrong)
-    with pytest.raises(SystemExit, match="different tokens: gather against"):
-        profile_engine.race_kernels(3)
+    if KERNELS[-1] == "numba":
+        monkeypatch.setattr(core, "PagedAttentionBackend", Wrong)
+        with pytest.raises(SystemExit, match="different tokens: numpy against"):
+            profile_engine.race_kernels(3)
 
 
-@pytest.mark.parametrize("argv", [["--run", "single", "--kernel", "inplace"],
-                                  ["--split", "run.raw", "--kernel", "gather"],
-                                  ["--race-kernels", "3", "--kernel", "inplace"],
+@pytest.mark.parametrize("argv", [["--run", "single", "--kernel", "numba"],
+                                  ["--split", "run.raw", "--kernel", "numpy"],
+                                  ["--race-kernels", "3", "--kernel", "numba"],
                                   ["--race-kernels", "2"]])
 def test_profile_refuses_a_kernel_it_would_ignore_and_a_race_too_short(monkeypatch, capsys, argv):
     """A kernel asked for a run that has no such choice is an error, not silently ignored; so is a race of fewer

@@ -108,17 +108,6 @@ class KVCacheMachine(RuleBasedStateMachine):
             self.write(alloc)
 
     @precondition(lambda self: self.live())
-    @rule(pick=pick_st, token=st.integers(0, 2))
-    def decode(self, pick, token):
-        """The engine's decode fast path: one int slot; where it declines (no room, copy-on-write) nothing changed."""
-        rid = self.pick(pick)
-        position = self.mgr.num_tokens(rid)
-        slot = self.attempt(lambda: self.mgr.append_slot(rid, token))
-        if slot is not None:
-            assert self.mgr.ref_cnt(slot // self.B) == 1, "write into a shared block"
-            self.shadow[slot] = encode(token, position)
-
-    @precondition(lambda self: self.live())
     @rule(pick=pick_st, k=st.integers(1, 6))
     def truncate(self, pick, k):
         """Roll back the last k tokens (speculative decoding's rejected tokens)."""

@@ -17,7 +17,7 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from minienv.engine import InferenceEngine  # noqa: E402
 from minienv.metrics import (  # noqa: E402
     FINISHED_REASON, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, SERIES, TTFT_BUCKETS, EngineMetrics, MetricsServerError,
-    request_tokens_buckets, stored_series_names, token_slots_in_use)
+    metrics_of, request_tokens_buckets, serve_metrics, stored_series_names, token_slots_in_use)
 from minienv.model import LlamaConfig, LlamaModel, random_weights  # noqa: E402
 from minienv.sampling import SamplingParams  # noqa: E402
 from minienv.tokenizer import BPETokenizer  # noqa: E402
@@ -77,7 +77,7 @@ def _all_samples(m: EngineMetrics) -> dict[tuple, float]:
 def test_every_series_is_exported_with_vllm_type_and_labels(model, tok):
     e = make(model, tok)
     e.generate(PROMPTS[:2], params(3))
-    families = {f.name: f for f in e.metrics.registry.collect()}
+    families = {f.name: f for f in metrics_of(e).registry.collect()}
     assert not any(s.feature and s.name in families for s in SERIES)  # a plain engine: no feature series
     for s in (s for s in SERIES if s.feature is None):
         base = s.name  # prometheus-client strips _total from a counter family's name
@@ -95,10 +95,10 @@ def test_spec_decode_and_kv_tier_series_equal_their_stats(model, tok, tmp_path):
     spec = {"method": "ngram", "num_speculative_tokens": 3}
     texts = ["abcabcabcabcabc", "xyzxyzxyzxyz", "The quick brown fox. The quick brown fox."]
     first = make(model, tok, speculative_config=spec, kv_tier=tmp_path)
-    first.metrics  # noqa: B018
+    metrics_of(first)  # noqa: B018
     first.generate(texts, params(16))
     second = make(model, tok, speculative_config=spec, kv_tier=tmp_path)  # the tier outlives the first engine
-    m = second.metrics
+    m = metrics_of(second)
     second.generate(texts, params(16))
     st, tier = second.speculator.stats, second.kv_tier.stats
     assert st.num_drafts > 0 and st.num_accepted_tokens > 0 and tier.hit_tokens > 0  # the workload bites
@@ -118,7 +118,7 @@ def test_spec_decode_and_kv_tier_series_equal_their_stats(model, tok, tmp_path):
 
 
 def test_histograms_have_vllm_buckets(model, tok):
-    m = make(model, tok).metrics
+    m = metrics_of(make(model, tok))
     les = lambda name: [le for le, _ in m.histogram_buckets(name)][:-1]  # noqa: E731 - +Inf last
     assert les("vllm:time_to_first_token_seconds") == list(TTFT_BUCKETS)
     assert les("vllm:inter_token_latency_seconds") == list(ITL_BUCKETS)
@@ -139,7 +139,7 @@ def test_histograms_have_vllm_buckets(model, tok):
 # ------------------------------------------------------------------------------------------------ golden relations
 def test_pulled_series_equal_engine_stats_and_idle_usage_is_zero(model, tok):
     e = tight(model, tok)
-    m = e.metrics
+    m = metrics_of(e)
     e.generate(PROMPTS, params())
     s = e.stats
     assert s.num_preemptions > 0 and s.evicted_blocks > 0 and s.prefix_cache_hits_tokens > 0  # the workload bites
@@ -152,7 +152,7 @@ def test_pulled_series_equal_engine_stats_and_idle_usage_is_zero(model, tok):
 
 def test_counters_and_histogram_counts_never_go_down_and_track_every_step(model, tok):
     e = tight(model, tok)
-    m = e.metrics
+    m = metrics_of(e)
     for p in PROMPTS:
         e.add_request(p, params())
     before = _all_samples(m)
@@ -174,7 +174,7 @@ def test_counters_and_histogram_counts_never_go_down_and_track_every_step(model,
 
 def test_ttft_count_is_requests_with_a_token_and_e2e_is_queue_plus_prefill_plus_decode(model, tok):
     e = tight(model, tok)
-    m = e.metrics
+    m = metrics_of(e)
     ids = [e.add_request(p, params(1 + i % 5)) for i, p in enumerate(PROMPTS)]
     e.step()
     late = e.add_request("never scheduled", params())
@@ -208,7 +208,7 @@ def test_ttft_count_is_requests_with_a_token_and_e2e_is_queue_plus_prefill_plus_
 def test_request_success_by_finished_reason_including_aborts(model, tok):
     eos_tok = BPETokenizer([])
     e = make(model, eos_tok)
-    m = e.metrics
+    m = metrics_of(e)
     a = e.add_request(PROMPTS[0], params(3))  # length
     b = e.add_request(PROMPTS[1], SamplingParams(max_tokens=40, temperature=0, stop=[PROMPTS[1][0]]))
     c = e.add_request(PROMPTS[2], params(30))
@@ -231,7 +231,7 @@ def test_request_success_by_finished_reason_including_aborts(model, tok):
 
 def test_an_abort_between_steps_refreshes_the_gauges(model, tok):
     e = make(model, tok)
-    m = e.metrics
+    m = metrics_of(e)
     rid = e.add_request(PROMPTS[3], params(20))
     e.step()
     assert m.value("vllm:num_requests_running") == 1 and m.value("vllm:kv_cache_usage_perc") > 0
@@ -243,7 +243,7 @@ def test_an_abort_between_steps_refreshes_the_gauges(model, tok):
 def test_token_usage_counts_slots_not_blocks(model, tok):
     """Differential: the formula against counting every physical slot by hand, at every step."""
     e = tight(model, tok)
-    m = e.metrics
+    m = metrics_of(e)
     for p in PROMPTS:
         e.add_request(p, params())
     bs = e.block_size
@@ -266,7 +266,7 @@ def test_token_usage_counts_slots_not_blocks(model, tok):
 
 def test_preemptions_and_evictions_equal_engine_stats(model, tok):
     e = tight(model, tok)
-    m = e.metrics
+    m = metrics_of(e)
     e.generate(PROMPTS, params(16))
     e.generate(PROMPTS[::-1], params(16))
     s = e.stats
@@ -279,7 +279,7 @@ def test_preemptions_and_evictions_equal_engine_stats(model, tok):
 def test_metrics_do_not_change_outputs(model, tok):
     plain = tight(model, tok).generate(PROMPTS, params())
     e = tight(model, tok)
-    e.metrics  # noqa: B018 - attaching is the point
+    metrics_of(e)  # noqa: B018 - attaching is the point
     observed = e.generate(PROMPTS, params())
     assert [o.token_ids for o in observed] == [o.token_ids for o in plain]
 
@@ -287,8 +287,8 @@ def test_metrics_do_not_change_outputs(model, tok):
 # ------------------------------------------------------------------------------------------------ registries
 def test_two_engines_and_a_recreated_engine_register_cleanly(model, tok):
     e1, e2 = make(model, tok), make(model, tok)
-    m1, m2 = e1.metrics, e2.metrics
-    assert e1.metrics is m1 and m1.registry is not m2.registry
+    m1, m2 = metrics_of(e1), metrics_of(e2)
+    assert metrics_of(e1) is m1 and m1.registry is not m2.registry
     assert m1.registry is not prometheus_client.REGISTRY
     e1.generate(PROMPTS[:3], params(4))
     assert m1.value("vllm:request_success_total", finished_reason="length") == 3
@@ -296,12 +296,12 @@ def test_two_engines_and_a_recreated_engine_register_cleanly(model, tok):
     for _ in range(2):  # a notebook cell run twice: a new engine, new metrics, no "Duplicated timeseries" error
         e1 = make(model, tok)
         e1.generate(PROMPTS[:1], params(2))  # before its metrics exist:
-        assert e1.metrics.value("vllm:generation_tokens_total") == e1.stats.num_generated_tokens > 0  # totals
-        assert e1.metrics.value("vllm:request_success_total", finished_reason="length") == 0  # events: from now
+        assert metrics_of(e1).value("vllm:generation_tokens_total") == e1.stats.num_generated_tokens > 0  # totals
+        assert metrics_of(e1).value("vllm:request_success_total", finished_reason="length") == 0  # events: from now
     extra = EngineMetrics(e2, model_name="other", engine_label="7")  # a second view of the same engine
     e2.generate(PROMPTS[:1], params(2))
     assert extra.value("vllm:request_success_total", finished_reason="length") == 1
-    assert e2.metrics.value("vllm:request_success_total", finished_reason="length") == 1
+    assert metrics_of(e2).value("vllm:request_success_total", finished_reason="length") == 1
     assert 'model_name="other"' in extra.exposition() and 'engine="7"' in extra.exposition()
     with pytest.raises(ValueError, match="model_name"):
         EngineMetrics(e2, model_name="")
@@ -321,7 +321,7 @@ PROMETHEUS_2_42_ACCEPT = ("application/openmetrics-text;version=1.0.0,applicatio
 def test_served_metrics_keep_the_colon_names_whatever_the_scraper_accepts(model, tok):
     e = make(model, tok)
     e.generate(PROMPTS[:2], params(3))
-    with e.serve_metrics(0) as srv:
+    with serve_metrics(e, 0) as srv:
         assert srv.url.startswith("http://127.0.0.1:") and srv.port > 0
         for accept in (None, PROMETHEUS_2_42_ACCEPT, "application/openmetrics-text; version=1.0.0"):
             ctype, body = _get(srv.url, accept)
@@ -333,34 +333,34 @@ def test_served_metrics_keep_the_colon_names_whatever_the_scraper_accepts(model,
     # what prometheus-client itself would have answered Prometheus 2.42 (the trap this server avoids)
     from prometheus_client.exposition import choose_encoder
     encoder, _ = choose_encoder(PROMETHEUS_2_42_ACCEPT)
-    assert "vllm_generation_tokens_total" in encoder(e.metrics.registry).decode()
+    assert "vllm_generation_tokens_total" in encoder(metrics_of(e).registry).decode()
 
 
 def test_bad_ports_and_hosts_give_clear_errors_and_leave_nothing_running(model, tok):
     e = make(model, tok)
     for bad in (-1, 65536, "9100", True, 9100.0, None):
         with pytest.raises(ValueError, match=r"metrics port must be an int in \[0, 65535\]"):
-            e.serve_metrics(bad)
+            serve_metrics(e, bad)
     with pytest.raises(ValueError, match="metrics host"):
-        e.serve_metrics(0, host="")
+        serve_metrics(e, 0, host="")
     with pytest.raises(MetricsServerError, match="cannot serve metrics on host 'no-such-host.invalid'"):
-        e.serve_metrics(0, host="no-such-host.invalid")
+        serve_metrics(e, 0, host="no-such-host.invalid")
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
     port = busy.getsockname()[1]
     try:
         with pytest.raises(MetricsServerError, match=f"127.0.0.1:{port}: the port is in use") as info:
-            e.serve_metrics(port)
+            serve_metrics(e, port)
         assert isinstance(info.value, OSError)
     finally:
         busy.close()
-    assert e.metrics.server is None
-    with e.serve_metrics(0) as srv:  # and serving still works afterwards
+    assert metrics_of(e).server is None
+    with serve_metrics(e, 0) as srv:  # and serving still works afterwards
         with pytest.raises(RuntimeError, match="already serves its metrics"):
-            e.serve_metrics(0)
+            serve_metrics(e, 0)
         assert _get(srv.url)[1].count("vllm:num_requests_running{") == 1
-    with e.serve_metrics(0) as again:  # once closed, it can serve again
+    with serve_metrics(e, 0) as again:  # once closed, it can serve again
         assert again.running
 
 
@@ -373,12 +373,12 @@ import minienv, minienv.engine
 from minienv.engine import InferenceEngine
 from minienv.model import LlamaConfig, LlamaModel, random_weights
 from minienv.tokenizer import BPETokenizer
-from minienv.metrics import MetricsUnavailableError
+from minienv.metrics import MetricsUnavailableError, metrics_of, serve_metrics
 cfg = LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=True)
 e = InferenceEngine(LlamaModel(cfg, random_weights(cfg, seed=1)), BPETokenizer([]), kv_budget_tokens=64, block_size=4)
 print(len(e.generate(["ab"])[0].token_ids) > 0)
-for call in (lambda: e.metrics, lambda: e.serve_metrics(0)):
+for call in (lambda: metrics_of(e), lambda: serve_metrics(e, 0)):
     try:
         call()
     except MetricsUnavailableError as exc:
@@ -445,7 +445,7 @@ def test_an_engine_with_metrics_is_freed_when_dropped(model, tok):
     gc.disable()
     try:
         e = make(model, tok)
-        m = e.metrics
+        m = metrics_of(e)
         e.generate(PROMPTS[:2], params(3))
         total = e.stats.num_generated_tokens
         ref = weakref.ref(e)

@@ -11,6 +11,7 @@ from minienv.engine import InferenceEngine  # noqa: E402
 from minienv.model import LlamaConfig, LlamaModel, random_weights  # noqa: E402
 from minienv.sampling import SamplingParams  # noqa: E402
 from minienv.tokenizer import BPETokenizer  # noqa: E402
+from minienv.metrics import metrics_of  # noqa: E402
 from minienv.viz.metrics_panel import MetricsPanel  # noqa: E402
 
 
@@ -25,14 +26,14 @@ def engine_factory():
 
 def test_samples_are_the_registry_and_the_figure_draws_them(engine_factory):
     e = engine_factory()
-    panel = MetricsPanel(e.metrics, window=3)
+    panel = MetricsPanel(metrics_of(e), window=3)
     prompts = ["The quick brown fox", "The quick brown cat", "To be, or not", "xyz" * 5, "The quick brown owl"]
     for p in prompts:
         e.add_request(p, SamplingParams(max_tokens=10, temperature=0))
     while e.has_unfinished_requests():
         e.step()
         s = panel.update()
-        v = e.metrics.value
+        v = metrics_of(e).value
         assert (s.running, s.waiting, s.kv_blocks, s.kv_tokens, s.preemptions, s.evicted_blocks) == (
             v("vllm:num_requests_running"), v("vllm:num_requests_waiting"), v("vllm:kv_cache_usage_perc"),
             v("minienv:kv_cache_token_usage_perc"), v("vllm:num_preemptions_total"),
@@ -55,17 +56,17 @@ def test_samples_are_the_registry_and_the_figure_draws_them(engine_factory):
 
 def test_an_empty_panel_draws_and_bad_windows_are_refused(engine_factory):
     e = engine_factory()
-    panel = MetricsPanel(e.metrics)
+    panel = MetricsPanel(metrics_of(e))
     assert panel.to_svg().startswith("<svg") and panel.samples == []
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="window must be an int >= 1"):
-            MetricsPanel(e.metrics, window=bad)
+            MetricsPanel(metrics_of(e), window=bad)
 
 
 def test_redraw_every_and_a_panel_without_a_live_figure(engine_factory):
     e = engine_factory()
-    live = MetricsPanel(e.metrics, redraw_every=3)
-    quiet = MetricsPanel(e.metrics, live=False)
+    live = MetricsPanel(metrics_of(e), redraw_every=3)
+    quiet = MetricsPanel(metrics_of(e), live=False)
     e.add_request("The quick brown fox", SamplingParams(max_tokens=7, temperature=0))
     for n in range(1, 6):
         e.step()
@@ -78,4 +79,4 @@ def test_redraw_every_and_a_panel_without_a_live_figure(engine_factory):
     with pytest.raises(ValueError, match="live=False"):
         quiet.redraw()
     with pytest.raises(ValueError, match="redraw_every must be an int >= 1"):
-        MetricsPanel(e.metrics, redraw_every=0)
+        MetricsPanel(metrics_of(e), redraw_every=0)

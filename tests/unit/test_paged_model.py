@@ -82,7 +82,7 @@ def check_paged_equals_dense(model, prompts, max_new_tokens, kernels=("auto",), 
             np.testing.assert_allclose(got_logits, want_logits, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("kernel", ["gather", "inplace"])
+@pytest.mark.parametrize("kernel", ["numpy", "numba"])
 @pytest.mark.parametrize("block_size, prefill_chunk", [(1, None), (2, 3), (4, None), (16, 5), (64, None)])
 def test_batched_greedy_paged_equals_dense_on_a_random_model(block_size, prefill_chunk, kernel):
     model = small_model()
@@ -110,7 +110,7 @@ def test_batched_greedy_paged_equals_dense_on_the_bundled_model():
     assert all(prompts)
     # One dense pass per prompt over prompt + generated tokens gives, by causality, exactly the logits dense greedy
     # decoding sees at each step (16x fewer forward passes than re-running dense greedy for a real-sized model).
-    for kernel in ("gather", "inplace"):
+    for kernel in ("numpy", "numba"):
         ids, logits, pool = paged_greedy(model, prompts, 8, 16, prefill_chunk=4, kernel=kernel)
         assert pool.num_used_blocks == 1
         for prompt, got_ids, got_logits in zip(prompts, ids, logits, strict=True):

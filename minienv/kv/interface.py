@@ -1,0 +1,161 @@
+"""The ``KVManager`` protocol: what the scheduler and the engine ask of a KV cache manager, and nothing more.
+
+minienv's :class:`~minienv.kv.kv_cache_manager.KVCacheManager` implements it, and so do the managers that run in
+the real engine in its place: the capstone's student class (through ``minienv.exercises.capstone.plug``), the
+bug switches of ``minienv.lab.break_it`` and the dynamic-block experiment (``minienv.lab.dynamic_blocks``). Hand
+one to ``InferenceEngine(kv_cache_manager_factory=...)``.
+
+The manager is bookkeeping only: it hands out block ids and the slots of new tokens; whoever owns the K/V arrays
+applies them. Expected outcomes are return values (``None``: the blocks do not fit, nothing changed — the
+scheduler preempts or waits); misuse raises before anything changes. The narrow types that cross the seam live
+here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+RequestId = Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHit:
+    """The cached run of full blocks of a prompt, and how many tokens it covers."""
+
+    block_ids: tuple[int, ...]
+    block_hashes: tuple[bytes, ...]
+    num_cached_tokens: int
+    #: the first missed full block's hash and key, when the lookup computed them (its admission's commit reuses
+    #: them instead of hashing that block again); None after a hit on every block looked up
+    miss: object = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotAllocation:
+    """What a step needs to compute ``token_ids`` of one request: their ``positions``, their pool slots
+    (``slot_mapping``), the copy-on-write ``blocks_to_copy`` to apply first, and an admission's prefix hit."""
+
+    request_id: RequestId
+    token_ids: tuple[int, ...]
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    new_block_ids: tuple[int, ...]
+    blocks_to_copy: tuple[tuple[int, int], ...] = ()
+    num_cached_tokens: int = 0
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class KVCacheStats:
+    """A point-in-time summary; block counts are physical blocks, each counted once however many requests share it."""
+
+    num_blocks: int
+    block_size: int
+    num_free_empty: int
+    num_cached_free: int
+    num_in_use: int
+    num_requests: int
+    prefix_requests: int
+    prefix_queries_tokens: int
+    prefix_hits_tokens: int
+    evicted_blocks: int
+    evicted_tokens: int
+    cow_copies: int
+
+    @property
+    def kv_budget_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def resident_tokens(self) -> int:
+        """Token slots of in-use plus cached-free blocks: everything the budget holds."""
+        return (self.num_in_use + self.num_cached_free) * self.block_size
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits_tokens / self.prefix_queries_tokens if self.prefix_queries_tokens else 0.0
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use (vLLM's ``kv_cache_usage``; cached-free blocks are reclaimable)."""
+        return self.num_in_use / self.num_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class KVEvent:
+    """``kind``: ``"evict"`` (a cached block's hash dropped as it is reused), ``"cache"`` (a full block indexed),
+    ``"hit"`` (a request took a cached block), ``"cow"`` (``src_block_id`` copied to ``block_id`` before a write)
+    or ``"free"`` (a refcount reached 0)."""
+
+    kind: str
+    block_id: int
+    request_id: RequestId | None = None
+    block_hash: bytes | None = None
+    src_block_id: int | None = None
+
+
+class RequestBlocks(Protocol):
+    """A request's block table as the manager shows it: physical block ids in logical order."""
+
+    block_ids: list[int]
+    num_tokens: int
+
+
+@runtime_checkable
+class KVManager(Protocol):
+    """The contract the engine calls. A request's life: ``lookup`` -> ``allocate`` (the prefix hit + slots of the
+    first chunk) -> the step writes K/V -> ``commit`` -> ``append_slots`` -> ``commit`` ... -> ``free``; a step
+    that fails is undone with ``undo_allocate`` (an admission) or ``truncate`` (a running request), then
+    ``return_to_head`` with the blocks released."""
+
+    block_size: int
+    enable_prefix_caching: bool
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def kv_budget_tokens(self) -> int: ...
+
+    def lookup(self, token_ids: Sequence[int]) -> PrefixHit:
+        """The longest cached run of full blocks of a prompt (never all of it), without taking or counting it."""
+
+    def allocate(self, request_id: RequestId, prompt_token_ids: Sequence[int], *,
+                 num_new_tokens: int | None = None) -> SlotAllocation | None:
+        """Admit: take the prefix hit, reserve slots for the next ``num_new_tokens`` tokens; None if no room."""
+
+    def append_slots(self, request_id: RequestId, token_ids: Sequence[int]) -> SlotAllocation | None:
+        """Reserve slots for tokens appended to a running request (copy-on-write first); None if no room."""
+
+    def commit(self, request_id: RequestId) -> list[int]:
+        """The step computed every reserved token: full blocks become findable. Returns the blocks indexed."""
+
+    def truncate(self, request_id: RequestId, num_tokens: int) -> list[int]:
+        """Roll a request back to its first ``num_tokens`` tokens; returns the blocks released, last first."""
+
+    def free(self, request_id: RequestId) -> list[int]:
+        """Release every block of a request, last first; returns them."""
+
+    def undo_allocate(self, request_id: RequestId) -> list[int]:
+        """``free`` an admission whose step failed, and uncount its lookup from the prefix-cache counters."""
+
+    def return_to_head(self, block_ids: Sequence[int]) -> None:
+        """Put blocks a rollback released back where allocation took them (the LRU order is left as found)."""
+
+    def has_request(self, request_id: RequestId) -> bool: ...
+
+    def request(self, request_id: RequestId) -> RequestBlocks:
+        """The request's live block table (read it; change it only through the manager)."""
+
+    def stats(self) -> KVCacheStats: ...
+
+    def add_listener(self, listener: Callable[[KVEvent], None]) -> None:
+        """Call ``listener(event)`` on every :class:`KVEvent` (a manager that emits none may ignore it)."""
+
+    def check_invariants(self) -> None: ...
