@@ -34,7 +34,7 @@ from _common import add_common_args, emit_json, print_settings, rounds_of  # noq
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from minienv.kv.dynamic_blocks import DynamicBlockConfig  # noqa: E402
+from minienv.lab.dynamic_blocks import DynamicBlockConfig  # noqa: E402
 from minienv.lab import block_size as bs  # noqa: E402
 
 BUDGET = 4096

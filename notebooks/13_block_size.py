@@ -204,7 +204,7 @@ assert live_rows[4][1] == 2 * 40 and live_rows[64][1] == 0, "B and C hit all 40 
 # The whole experiment is this loop:
 
 # %%
-from minienv.kv.dynamic_blocks import DynamicBlockConfig
+from minienv.lab.dynamic_blocks import DynamicBlockConfig
 from minienv.lab import block_size as bs
 
 BUDGET = 4096
@@ -330,7 +330,7 @@ assert ranks["ShareGPT-like"][0] == 16 and ranks["Alpaca-like"][0] == 4 and rank
 # The naive design's roadmap: *"dynamic block size allocation based on the sequence length — smaller blocks reduce
 # memory waste for short sequences, while larger blocks minimise overhead for long sequences."* Two physical block
 # sizes would need two pool layouts for the kernel, split the budget into two pools that fragment it, and two hash
-# chains that cannot match each other. `minienv.kv.dynamic_blocks` builds the version that keeps one pool:
+# chains that cannot match each other. `minienv.lab.dynamic_blocks` builds the version that keeps one pool:
 #
 # * **one physical block** of `block_size` tokens for the pool, the kernel, the tables and the hashes — so prefix
 #   sharing between short and long requests is untouched;
@@ -342,13 +342,14 @@ assert ranks["ShareGPT-like"][0] == 16 and ranks["Alpaca-like"][0] == 4 and rank
 #   (never by evicting cached blocks out of LRU order).
 #
 # It is a subclass of `KVCacheManager` with the same API, so the real engine runs with it —
-# `install_dynamic_blocks(engine, config)` swaps it in — and its outputs are those of each request alone:
+# `InferenceEngine(..., kv_cache_manager_factory=dynamic_blocks_factory(config))` builds the engine on it — and its
+# outputs are those of each request alone:
 
 # %%
 # NBVAL_CHECK_OUTPUT
 from minienv.engine import InferenceEngine
 from minienv.generate import generate_ids
-from minienv.kv.dynamic_blocks import install_dynamic_blocks
+from minienv.lab.dynamic_blocks import dynamic_blocks_factory
 from minienv.model import load_model
 from minienv.sampling import SamplingParams
 from minienv.tokenizer import load_tokenizer
@@ -357,8 +358,10 @@ model, tokenizer = load_model(), load_tokenizer()
 greedy = SamplingParams(max_tokens=8, temperature=0.0)
 prompts = ["The key to a good cache is", "The key to a good cache is what you keep",
            "Blocks of sixteen tokens each", "A long prompt that needs many blocks " * 3]
-engine = InferenceEngine(model, tokenizer, kv_budget_tokens=192, block_size=4, max_num_seqs=4)
-dyn_mgr = install_dynamic_blocks(engine, DynamicBlockConfig(block_size=4, threshold_tokens=8, run_blocks=4))
+engine = InferenceEngine(model, tokenizer, kv_budget_tokens=192, block_size=4, max_num_seqs=4,
+                         kv_cache_manager_factory=dynamic_blocks_factory(
+                             DynamicBlockConfig(block_size=4, threshold_tokens=8, run_blocks=4)))
+dyn_mgr = engine.kv_cache_manager
 outs = engine.generate(prompts[:1], greedy) + engine.generate(prompts[1:], greedy)  # the second batch can hit
 for p, o in zip(prompts, outs, strict=True):
     ids = tokenizer.encode(p)

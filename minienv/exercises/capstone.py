@@ -531,8 +531,8 @@ def check_random_ops(cls, *, seed: int = 0, num_ops: int = 400, num_blocks: int 
 
 
 def _tiny_setup():
-    from minienv.exercises.scheduling import _tiny_model, _TokenIds
-    return _tiny_model(), _TokenIds()
+    from minienv.lab.tiny import TokenIdTokenizer, tiny_model
+    return tiny_model(), TokenIdTokenizer()
 
 
 def _workload() -> tuple[list[list[int]], Any]:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from minienv.engine import InferenceEngine
 from minienv.exercises._check import exercise, fail, require
-from minienv.exercises.scheduling import _tiny_model, _TokenIds
+from minienv.lab.tiny import TokenIdTokenizer, tiny_model
 from minienv.sampling import SamplingParams
 
 # Prompts as token ids; 3 starts like 0 (a shared first block), so block tables are not simply [0, 1, 2, ...].
@@ -49,7 +49,7 @@ def check_latency_in_steps(fn) -> str:
         got = {k: tuple(v) if isinstance(v, (tuple, list)) else v for k, v in got.items()}
         require(got == want, rule, f"arrivals {arrivals}, step outputs {shown}:\n  expected {want}\n  got      {got}")
     fn.rule = "the latencies of a real engine run equal the engine's own metrics"
-    eng = InferenceEngine(_tiny_model(), _TokenIds(), kv_budget_tokens=64, block_size=8, max_num_seqs=3,
+    eng = InferenceEngine(tiny_model(), TokenIdTokenizer(), kv_budget_tokens=64, block_size=8, max_num_seqs=3,
                           max_num_batched_tokens=16)
     params = SamplingParams(max_tokens=8, temperature=0)
     arrivals, step_outputs, ids = {}, [], []
@@ -92,8 +92,8 @@ class _StepOnlyEngine:
 @exercise("write run_to_completion(engine, prompts, params) -> {request_id: text} with add_request / step")
 def check_run_to_completion(fn) -> str:
     params = SamplingParams(max_tokens=10, temperature=0)
-    want = InferenceEngine(_tiny_model(), _TokenIds(), **ENGINE).generate(PROMPTS, params)
-    eng = InferenceEngine(_tiny_model(), _TokenIds(), **ENGINE)
+    want = InferenceEngine(tiny_model(), TokenIdTokenizer(), **ENGINE).generate(PROMPTS, params)
+    eng = InferenceEngine(tiny_model(), TokenIdTokenizer(), **ENGINE)
     got = fn(_StepOnlyEngine(eng), [list(p) for p in PROMPTS], params)
     require(not eng.has_unfinished_requests(), "step until has_unfinished_requests() is false",
             "the engine still has unfinished requests when your function returned")

@@ -9,7 +9,7 @@ import numpy as np
 from minienv.engine import InferenceEngine
 from minienv.exercises._check import exercise, fail, require
 from minienv.generate import generate_ids
-from minienv.model import LlamaConfig, LlamaModel, random_weights
+from minienv.lab.tiny import TokenIdTokenizer, tiny_model
 from minienv.sampling import SamplingParams
 
 
@@ -19,25 +19,6 @@ class Candidate:
 
     request_id: str
     num_computed_tokens: int
-
-
-class _TokenIds:
-    """Prompts are token ids; text is the ids (notebook 07's stand-in tokenizer)."""
-
-    eos_token_id = None
-    vocab_size = 128
-
-    def encode(self, text):
-        return [ord(c) % 128 for c in text]
-
-    def decode(self, ids):
-        return "".join(f" {i}" for i in ids)
-
-
-def _tiny_model() -> LlamaModel:
-    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512)
-    return LlamaModel(cfg, random_weights(cfg, seed=0, scale=0.3))
 
 
 def _pick(fn, cands: list[Candidate]) -> Candidate:
@@ -71,7 +52,7 @@ def check_victim_policy(fn) -> str:
         got = _pick(fn, cands)
         require(got.request_id == want, rule, f"candidates (id, computed) {pairs}: expected {want}, "
                                               f"got {got.request_id}")
-    model, tok = _tiny_model(), _TokenIds()
+    model, tok = tiny_model(), TokenIdTokenizer()
     recomputed: dict[str, int] = {}
     for seed in range(3):
         r = np.random.default_rng(100 + seed)

@@ -29,7 +29,7 @@ import numpy as np
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
 def block_walk(q, k_store, v_store, block_tables, context_lens, query_start, walk_seq, walk_blk, scale, out):
     """Paged attention of one layer: ``q [N, Hq, D]`` against ``k_store, v_store [Hkv, NB, B, D]`` (a layer of
     the pool's storage); writes ``out [N, Hq, D]``.

@@ -106,7 +106,8 @@ class SharingStats:
         return self.saved_blocks / self.logical_blocks if self.logical_blocks else 0.0
 
 
-def _check_token_ids(token_ids: object, what: str) -> list[int]:
+def check_token_ids(token_ids: object, what: str) -> list[int]:
+    """``token_ids`` as a list of non-negative ints, or a clear error naming ``what`` was wrong."""
     if isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__iter__"):
         raise TypeError(f"{what} must be a sequence of int token ids, got {type(token_ids).__name__}")
     ids = list(token_ids)  # type: ignore[call-overload]
@@ -246,7 +247,7 @@ class KVCacheManager:
         At most ``(len - 1) // block_size`` blocks, so at least the last prompt token is computed and gives logits
         (a prompt of exactly k cached blocks recomputes its last block).
         """
-        return self._lookup(_check_token_ids(token_ids, "token_ids"))
+        return self._lookup(check_token_ids(token_ids, "token_ids"))
 
     def _lookup(self, ids: list[int]) -> PrefixHit:
         if not self.enable_prefix_caching:
@@ -298,7 +299,7 @@ class KVCacheManager:
         """
         if request_id in self._requests:
             raise DuplicateRequestError(request_id)
-        prompt = _check_token_ids(prompt_token_ids, "prompt_token_ids")
+        prompt = check_token_ids(prompt_token_ids, "prompt_token_ids")
         hit = self._lookup(prompt)
         remaining = len(prompt) - hit.num_cached_tokens
         if num_new_tokens is None:
@@ -344,7 +345,7 @@ class KVCacheManager:
         req = self._requests.get(request_id)
         if req is None:
             raise UnknownRequestError(request_id, "append slots to")
-        new_tokens = _check_token_ids(token_ids, "token_ids")
+        new_tokens = check_token_ids(token_ids, "token_ids")
         start = req.num_tokens
         last = self.pool.blocks[req.block_ids[-1]] if req.block_ids else None
         needs_cow = start % self.block_size != 0 and last is not None and (

@@ -2,7 +2,7 @@
 
 An exhibit (notebook 13, ``benchmarks/bench_block_size.py``); nothing here is needed to serve. Every memory,
 hit and preemption number comes from driving minienv's real :class:`~minienv.scheduler.Scheduler` and
-:class:`~minienv.kv.kv_cache_manager.KVCacheManager` (or :class:`~minienv.kv.dynamic_blocks.DynamicKVCacheManager`)
+:class:`~minienv.kv.kv_cache_manager.KVCacheManager` (or :class:`~minienv.lab.dynamic_blocks.DynamicKVCacheManager`)
 step by step with a *stub model*: the scheduler plans each step exactly as in the engine, the manager allocates,
 hashes, evicts and preempts for real, and the stub "samples" a token per finished chunk that no other request
 ever produces (so only prompts are shared). Attention times come from the real paged-attention kernel
@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from minienv.kv.block_table import cdiv, pad_block_tables
-from minienv.kv.dynamic_blocks import DynamicBlockConfig, DynamicKVCacheManager
+from minienv.lab.dynamic_blocks import DynamicBlockConfig, DynamicKVCacheManager
 from minienv.kv.errors import KVBudgetError
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.kv.paged_attention import PagedAttentionMetadata, paged_attention

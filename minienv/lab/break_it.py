@@ -25,7 +25,7 @@ import numpy as np
 
 from minienv.kv.hashing import ROOT_HASH
 from minienv.kv.kv_cache_manager import KVCacheManager, PrefixHit, SlotAllocation, UnknownRequestError, \
-    _check_token_ids
+    check_token_ids
 from minienv.kv.prefix_cache import CachedBlockKey
 
 #: The classic bugs, one switch each.
@@ -59,7 +59,7 @@ class BreakableKVCacheManager(KVCacheManager):
             req = self._requests.get(request_id)
             if req is None:
                 raise UnknownRequestError(request_id, "append slots to")
-            new = _check_token_ids(token_ids, "token_ids")
+            new = check_token_ids(token_ids, "token_ids")
             start, n = req.num_tokens, req.blocks_needed(len(new))
             if n > self.pool.num_free_blocks:
                 return None
@@ -159,8 +159,8 @@ class _FlakyModel:
 
 
 def _setup():
-    from minienv.exercises.scheduling import _tiny_model, _TokenIds
-    return _tiny_model(), _TokenIds()
+    from minienv.lab.tiny import TokenIdTokenizer, tiny_model
+    return tiny_model(), TokenIdTokenizer()
 
 
 def _dense(model, prompts, params) -> list[list[int]]:

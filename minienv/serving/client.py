@@ -47,7 +47,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from minienv.serving import minienv_pb2 as pb
 from minienv.serving import minienv_pb2_grpc as pb_grpc
-from minienv.serving.server import SERVED_BY_KEY
+from minienv.serving.types import SERVED_BY_KEY, ServingError
 
 #: the server the CLI and ``Client()`` talk to when told nothing else
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -75,20 +75,6 @@ def service_config(max_attempts: int = 4) -> dict:
             },
         }],
     }
-
-
-class ServingError(Exception):
-    """An RPC failed: ``code`` is the :class:`grpc.StatusCode`, ``details`` the server's (or gRPC's) message."""
-
-    def __init__(self, code: grpc.StatusCode, details: str, *, request_id: str | None = None,
-                 address: str | None = None):
-        self.code, self.details, self.request_id, self.address = code, details, request_id, address
-        where = f" (request {request_id!r}" + (f" on {address}" if address else "") + ")" if request_id else ""
-        super().__init__(f"{code.name}: {details}{where}")
-
-    @classmethod
-    def from_rpc(cls, exc: grpc.RpcError, **kw: Any) -> "ServingError":
-        return cls(exc.code(), exc.details() or "", **kw)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 import uvicorn
@@ -42,10 +42,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from minienv.serving.server import AsyncSink, Refusal, ServerBindError
+from minienv.serving.types import AsyncSink, Refusal, ServerBindError
 
-if TYPE_CHECKING:
-    from minienv.serving.server import EngineServer
+#: the :class:`minienv.serving.server.EngineServer` this front end serves (which imports this module when asked
+#: for HTTP): annotated loosely so that nothing here imports the server back
+EngineServer = Any
 
 #: the HTTP status (and OpenAI error type) of each refusal the engine server gives
 HTTP_STATUS = {
@@ -257,7 +258,7 @@ async def _until_disconnected(request: Request) -> None:
 class OpenAIApi:
     """The Starlette app of one :class:`EngineServer` (``.app``)."""
 
-    def __init__(self, server: "EngineServer"):
+    def __init__(self, server: EngineServer):
         self.server = server
         self.app = Starlette(
             routes=[
@@ -470,7 +471,7 @@ class HttpServer:
     """uvicorn serving :class:`OpenAIApi` on a thread of its own (with its own event loop), on a socket bound when
     this is built — so a busy port is a :class:`ServerBindError` before anything starts, as for gRPC."""
 
-    def __init__(self, server: "EngineServer", host: str, port: int):
+    def __init__(self, server: EngineServer, host: str, port: int):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT only; never two listeners

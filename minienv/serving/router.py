@@ -83,7 +83,7 @@ class PrefixRouter:
     @staticmethod
     def _read_block_size(client: Any) -> int:
         """The servers' block size, from the first instance that answers (all serve the same engine options)."""
-        from minienv.serving.client import ServingError
+        from minienv.serving.types import ServingError
 
         last: ServingError | None = None
         for a in client.addresses:

@@ -46,7 +46,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 from grpc_health.v1 import _async as health_aio
@@ -55,34 +55,12 @@ from grpc_reflection.v1alpha import reflection
 
 from minienv.serving import minienv_pb2 as pb
 from minienv.serving import minienv_pb2_grpc as pb_grpc
+from minienv.serving.types import SERVED_BY_KEY, AsyncSink, OutputSink, Refusal, ServerBindError
 
 #: the full name of minienv's service (what reflection lists and health checks name)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MinienvEngine"].full_name
-#: trailing metadata key of every Generate call: the address of the instance that served it
-SERVED_BY_KEY = "minienv-served-by"
 _POLL_S = 0.05  # how often stop() checks whether in-flight requests have finished
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default receive limit; the HTTP body limit too
-
-
-class ServerBindError(OSError):
-    """The gRPC port could not be bound (in use, or a host that is not this machine's); nothing was started."""
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """The answer to a request the server did not queue (or ended without output): a gRPC status code — the HTTP
-    front end maps it to an HTTP status — and the message for the client."""
-
-    code: grpc.StatusCode
-    message: str
-
-
-class OutputSink(Protocol):
-    """Where the engine thread puts one request's items: first its id (accepted) or a :class:`Refusal`, then its
-    :class:`~minienv.engine.outputs.RequestOutput` s until a finished one (or a :class:`Refusal` if the server
-    stops). ``put`` must not block: it is called on the engine thread. A :class:`queue.Queue` is one."""
-
-    def put(self, item: Any) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -314,30 +292,6 @@ class _EngineThread:
 def _put_all(pairs: list[tuple[asyncio.Queue, Any]]) -> None:
     for q, item in pairs:
         q.put_nowait(item)
-
-
-class AsyncSink:
-    """An :class:`OutputSink` whose items arrive on an asyncio queue of ``loop``. ``put`` (the engine thread, or
-    the caller of :meth:`EngineServer.add_request`) never blocks and runs no code of the loop; the engine thread
-    delivers a step's outputs for all of one loop's sinks in one go (it looks for ``loop`` and ``queue``)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.queue: asyncio.Queue = asyncio.Queue()
-
-    def put(self, item: Any) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: the server stopped; nobody is waiting
-            pass
-
-    async def batch(self) -> list[Any]:
-        """Wait for the next item, then take every item already there: one per step for a handler that keeps
-        up, all it missed for one that fell behind."""
-        items = [await self.queue.get()]
-        while not self.queue.empty():
-            items.append(self.queue.get_nowait())
-        return items
 
 
 def _sampling_params(msg: pb.SamplingParams) -> Any:

@@ -14,7 +14,7 @@ from dataclasses import replace
 from engine_harness import alone, bundled
 from minienv.engine import InferenceEngine
 from minienv.kv.block_table import cdiv
-from minienv.kv.dynamic_blocks import DynamicBlockConfig, DynamicKVCacheManager, install_dynamic_blocks
+from minienv.lab.dynamic_blocks import DynamicBlockConfig, DynamicKVCacheManager, dynamic_blocks_factory
 from minienv.kv.errors import KVBudgetError
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.lab import block_size as bs
@@ -88,9 +88,9 @@ def test_engine_equals_alone_with_the_dynamic_scheme(cfg):
     longest = max(len(p) for p in prompts) + GREEDY.max_tokens
     budget = max(cdiv(longest, b) + cfg.run_blocks, 2 * cfg.run_blocks) * b
     engine = InferenceEngine(model, tok, kv_budget_tokens=budget, block_size=b, max_num_seqs=4,
-                             max_num_batched_tokens=512)
-    mgr = install_dynamic_blocks(engine, cfg)
-    assert engine.kv_cache_manager is mgr and engine.scheduler.kv is mgr
+                             max_num_batched_tokens=512, kv_cache_manager_factory=dynamic_blocks_factory(cfg))
+    mgr = engine.kv_cache_manager
+    assert isinstance(mgr, DynamicKVCacheManager) and engine.scheduler.kv is mgr
     got = _serve(engine, prompts)
     for p, out in zip(prompts, got, strict=True):
         assert tuple(out) == alone(model, p, GREEDY, tok.eos_token_id)
@@ -100,16 +100,11 @@ def test_engine_equals_alone_with_the_dynamic_scheme(cfg):
     assert mgr.num_reserved_blocks == 0 and mgr.stats().num_in_use == 0  # everything given back
 
 
-def test_install_dynamic_blocks_refuses_a_mismatched_block_size_or_a_busy_engine():
+def test_the_dynamic_factory_refuses_a_mismatched_block_size():
     model, tok = bundled()
-    engine = InferenceEngine(model, tok, kv_budget_tokens=256, block_size=4)
     with pytest.raises(KVBudgetError, match="block size"):
-        install_dynamic_blocks(engine, DynamicBlockConfig(8, 16, 2))
-    engine.add_request([1, 2, 3], GREEDY)
-    before = engine.kv_cache_manager
-    with pytest.raises(RuntimeError, match="idle"):
-        install_dynamic_blocks(engine, DynamicBlockConfig(4, 8, 2))
-    assert engine.kv_cache_manager is before and engine.scheduler.kv is before
+        InferenceEngine(model, tok, kv_budget_tokens=256, block_size=4,
+                        kv_cache_manager_factory=dynamic_blocks_factory(DynamicBlockConfig(8, 16, 2)))
 
 
 # ------------------------------------------------------------------------------------------------ the manager

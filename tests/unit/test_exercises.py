@@ -727,7 +727,7 @@ def test_plan_reference_is_the_scheduler_rule():
     from minienv.engine import InferenceEngine
     from minienv.sampling import SamplingParams
 
-    eng = InferenceEngine(ex07._tiny_model(), ex07._TokenIds(), kv_budget_tokens=4096, block_size=8,
+    eng = InferenceEngine(ex07.tiny_model(), ex07.TokenIdTokenizer(), kv_budget_tokens=4096, block_size=8,
                           max_num_seqs=4, max_num_batched_tokens=24)
     rng = np.random.default_rng(1)
     for _ in range(4):

@@ -27,19 +27,20 @@ Invariants (``check_invariants``, on top of the plain manager's):
 
 The plain manager's public API is unchanged (``allocate`` / ``append_slots`` / ``commit`` / ``truncate`` /
 ``free`` / ``fork`` / ``lookup``, same return values), so the scheduler and the engine drive it as they are:
-:func:`install_dynamic_blocks` swaps it into an idle :class:`~minienv.engine.InferenceEngine`.
+:func:`dynamic_blocks_factory` builds an :class:`~minienv.engine.InferenceEngine` on it (the
+:class:`~minienv.kv.interface.KVManager` seam).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from minienv.kv.block_table import cdiv
 from minienv.kv.errors import KVBudgetError
-from minienv.kv.kv_cache_manager import KVCacheManager, RequestId, SlotAllocation, _check_token_ids
+from minienv.kv.kv_cache_manager import KVCacheManager, RequestId, SlotAllocation, check_token_ids
 
-__all__ = ["DynamicBlockConfig", "DynamicKVCacheManager", "DynamicStats", "install_dynamic_blocks"]
+__all__ = ["DynamicBlockConfig", "DynamicKVCacheManager", "DynamicStats", "dynamic_blocks_factory"]
 
 
 def _positive_int(name: str, value: object, minimum: int = 1) -> int:
@@ -261,7 +262,7 @@ class DynamicKVCacheManager(KVCacheManager):
                  num_new_tokens: int | None = None) -> SlotAllocation | None:
         if self.has_request(request_id):
             return super().allocate(request_id, prompt_token_ids, num_new_tokens=num_new_tokens)  # raises
-        prompt = _check_token_ids(prompt_token_ids, "prompt_token_ids")
+        prompt = check_token_ids(prompt_token_ids, "prompt_token_ids")
         first = len(self._lookup(prompt).block_ids)
         return self._with_reserves(request_id, first, lambda: super(DynamicKVCacheManager, self).allocate(
             request_id, prompt, num_new_tokens=num_new_tokens))
@@ -307,23 +308,14 @@ class DynamicKVCacheManager(KVCacheManager):
             self._hold(held)
 
 
-def install_dynamic_blocks(engine: Any, config: DynamicBlockConfig) -> DynamicKVCacheManager:
-    """Swap a :class:`DynamicKVCacheManager` into an idle engine (same pool, budget, prefix-caching setting).
-
-    The engine built its manager from ``kv_budget_tokens`` and ``block_size``; this replaces it (and the
-    scheduler's reference to it) before any request has run, so nothing else changes. ``config.block_size`` must
-    equal the engine's (the KV pool and the attention kernel are laid out for it).
-    """
-    old = engine.kv_cache_manager
-    if config.block_size != old.block_size:
-        raise KVBudgetError(f"config.block_size {config.block_size} != the engine's block size {old.block_size}: "
-                            "the KV pool and the attention kernel are laid out for one physical block size")
-    if old.request_ids() or engine.has_unfinished_requests():
-        raise RuntimeError("install_dynamic_blocks needs an idle engine (no requests holding KV)")
-    mgr = DynamicKVCacheManager(old.num_blocks, config, enable_prefix_caching=old.enable_prefix_caching,
-                                extra_key=old.extra_key)
-    for listener in list(old._listeners):
-        mgr.add_listener(listener)
-    engine.kv_cache_manager = mgr
-    engine.scheduler.kv = mgr
-    return mgr
+def dynamic_blocks_factory(config: DynamicBlockConfig) -> Callable[[int, int, bool], DynamicKVCacheManager]:
+    """``InferenceEngine(..., kv_cache_manager_factory=dynamic_blocks_factory(config))``: the engine built on a
+    :class:`DynamicKVCacheManager` from the start (same pool, budget and prefix-caching setting as its own manager
+    would have). ``config.block_size`` must equal the engine's ``block_size`` (the KV pool and the attention kernel
+    are laid out for one physical block size)."""
+    def factory(num_blocks: int, block_size: int, enable_prefix_caching: bool) -> DynamicKVCacheManager:
+        if config.block_size != block_size:
+            raise KVBudgetError(f"config.block_size {config.block_size} != the engine's block size {block_size}: "
+                                "the KV pool and the attention kernel are laid out for one physical block size")
+        return DynamicKVCacheManager(num_blocks, config, enable_prefix_caching=enable_prefix_caching)
+    return factory
