@@ -1,4 +1,4 @@
-"""Metrics on vs off: does observing the engine slow it? Engine tokens/s with and without ``engine.metrics``.
+"""Metrics on vs off: does observing the engine slow it? Engine tokens/s with and without ``metrics_of(engine)``.
 
     .venv/bin/python benchmarks/bench_metrics.py [--requests 48] [--rounds 5] [--blas-threads 1]
 
@@ -8,7 +8,7 @@ interleaved rounds in the harness's balanced order, each run on a fresh engine:
 * **off** — ``history_size=0``, no listeners: the lean engine the other benchmarks time;
 * **off, history** — the default ``history_size=256`` and no metrics: the engine already builds a ``StepRecord``
   per step for its history ring, which is what a step listener costs (so this is the seam's price, not metrics');
-* **on** — the same engine with ``engine.metrics`` attached (its step and finish listeners; a step listener makes
+* **on** — the same engine with ``metrics_of(engine)`` attached (its step and finish listeners; a step listener makes
   the engine build a ``StepRecord`` with its stats every step, which ``history_size=0`` otherwise skips);
 * **on + scraped** — also serving ``/metrics`` while a thread GETs it every 250 ms, as a Prometheus with a short
   scrape interval would (the scrape competes for the GIL).
@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from minienv.engine import InferenceEngine  # noqa: E402
 from minienv.lab.workload import LengthDistribution, WorkloadConfig, generate_workload  # noqa: E402
+from minienv.metrics import metrics_of, serve_metrics  # noqa: E402
 from minienv.model import load_model  # noqa: E402
 from minienv.sampling import SamplingParams  # noqa: E402
 from minienv.tokenizer import load_tokenizer  # noqa: E402
@@ -63,9 +64,9 @@ def run(variant: str, model, tok, prompts, params, engine_kw) -> tuple[float, fl
     stop = threading.Event()
     scraper = None
     if variant.startswith("on"):
-        e.metrics  # noqa: B018 - attach
+        metrics_of(e)  # attach
     if variant == "on + scraped":
-        server = e.serve_metrics(0)
+        server = serve_metrics(e, 0)
 
         def scrape() -> None:
             nonlocal scrapes
@@ -84,8 +85,8 @@ def run(variant: str, model, tok, prompts, params, engine_kw) -> tuple[float, fl
         scraper.join()
         server.close()
     if variant.startswith("on"):  # the metrics saw the whole run
-        assert e.metrics.value("vllm:generation_tokens_total") == e.stats.num_generated_tokens
-        assert e.metrics.value("vllm:request_success_total", finished_reason="length") == len(prompts)
+        assert metrics_of(e).value("vllm:generation_tokens_total") == e.stats.num_generated_tokens
+        assert metrics_of(e).value("vllm:request_success_total", finished_reason="length") == len(prompts)
     return seconds, cpu, e.stats.num_generated_tokens, [o.token_ids for o in outs], scrapes
 
 

@@ -52,7 +52,7 @@ def most_recently_admitted(candidates: Sequence[Request]) -> Request:
     return candidates[-1]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per request per step: a plain record (a frozen __init__ costs twice as much)
 class ScheduledRequest:
     """One request's part of a step: positions ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``.
 
@@ -70,7 +70,6 @@ class ScheduledRequest:
     is_resume: bool = False  # re-admitted after a preemption
     num_cached_tokens: int = 0
     token_ids: tuple[int, ...] = field(default=(), repr=False)
-    slot_mapping: np.ndarray = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     #: copy-on-write copies ``(src, dst)`` the KV pool's owner applies before this step writes
     blocks_to_copy: tuple[tuple[int, int], ...] = field(default=(), repr=False)
     #: speculative decoding: the last ``num_spec_tokens`` of ``token_ids`` are drafts to verify (a decode only)
@@ -287,7 +286,7 @@ class Scheduler:
         samples = start + n == req.num_tokens
         decode = n == 1 and samples and start >= req.num_prompt_tokens and not is_new
         return ScheduledRequest(req.request_id, "decode" if decode else "prefill", n + num_spec, start, samples,
-                                is_new, is_resume, alloc.num_cached_tokens, alloc.token_ids, alloc.slot_mapping,
+                                is_new, is_resume, alloc.num_cached_tokens, alloc.token_ids,
                                 alloc.blocks_to_copy, num_spec)
 
     def _preempt(self, req: Request) -> None:
@@ -433,7 +432,6 @@ class StaticBatchScheduler(Scheduler):
                 continue
             budget -= 1
             out.scheduled.append(ScheduledRequest(rid, "padding", 1, pos, False, token_ids=alloc.token_ids,
-                                                  slot_mapping=alloc.slot_mapping,
                                                   blocks_to_copy=alloc.blocks_to_copy))
 
     def _may_admit(self, req: Request) -> bool:

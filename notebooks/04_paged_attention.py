@@ -278,20 +278,20 @@ assert table_a.slot_mapping().tolist() == [int(ids[t // DEMO_B] * DEMO_B + t % D
 #   a prefill chunk, possibly starting mid-sequence, or 1 for a decode), and the `slot_mapping` of the new tokens.
 #
 # It writes the new K/V through the slot mapping, then reads them back through the block tables with one of two
-# kernels (no Python loop over tokens in either):
+# kernels:
 #
-# * **gather** — copy each sequence's blocks in logical order with one `np.take` on the block axis (in tiles of
-#   sequences small enough to stay in the CPU cache), then ordinary batched causal attention. Works for every
-#   step: prefill chunks, decodes, blocks shared between sequences.
-# * **in place** — for decode steps: attention is a *sum over keys*, so it can be computed block by block
-#   wherever the blocks lie: each block's K times its owner's query, one softmax per sequence over its blocks'
-#   scores, each block's probabilities times its V, summed per sequence. No K/V copy — the way the paper's CUDA
-#   kernel reads the cache.
+# * **numpy** (the reference) — gather each sequence's blocks in logical order with one `np.take` on the block
+#   axis, then ordinary batched causal attention, exactly as over contiguous caches. Every step: prefill chunks,
+#   decodes, blocks shared between sequences. The copy costs about as much as the attention itself.
+# * **numba** (the fused block walk, `minienv/kv/block_walk.py`, when numba is installed) — attention is a *sum
+#   over keys*, so it can be computed block by block wherever the blocks lie: for every block of every sequence,
+#   score its keys and fold them into an **online softmax** (a running max, a running sum and an unnormalised
+#   output, rescaled when a block raises the max). No K/V copy — the shape of the paper's CUDA kernel. The walk
+#   visits blocks in *physical* order, front to back through the pool, which keeps the CPU's prefetchers busy.
 #
-# `kernel="auto"` picks in place for decode steps over long sequences whose blocks are scattered, where it
-# measured fastest; when every sequence's blocks happen to be one physical run, it simply views them (nothing to
-# gather). Both are checked
-# against dense attention by the same property test (500 random batches, block sizes 1/2/16/64, GQA ratios).
+# `kernel="auto"` is the block walk when numba imports, else the numpy kernel: the choice depends on what is
+# installed, never on the step. Both are held to dense attention, and to each other, by property tests (random
+# batches, block sizes 1/2/16/64, GQA ratios, shared blocks).
 #
 # **Proof 1: one layer, a random batch.** Four sequences with different cached lengths; two prefill chunks that
 # start mid-sequence and two decodes in the same step; blocks handed out interleaved. Compare with the model's
@@ -321,7 +321,7 @@ meta = PagedAttentionMetadata.from_block_tables(p_tables, new_tokens)
 q = rng.standard_normal((meta.num_tokens, HKV * GROUP, D), dtype=np.float32)
 p_kv.write(0, meta.slot_mapping, np.concatenate([k[c:] for k, c in zip(dense_k, context)]),
            np.concatenate([v[c:] for v, c in zip(dense_v, context)]))
-paged_out = paged_attention(q, p_kv.kv_cache[0], meta)  # mixed prefill + decode: the gather kernel
+paged_out = paged_attention(q, p_kv.kv_cache[0], meta)  # mixed prefill + decode, auto's kernel
 dense_out = np.concatenate([
     causal_attention(q[meta.query_start_loc[s]:meta.query_start_loc[s + 1]], dense_k[s], dense_v[s],
                      np.arange(context[s], context[s] + new_tokens[s]))
@@ -337,7 +337,8 @@ assert not any(np.all(np.diff(t.block_ids) == 1) for t in p_tables if t.num_bloc
 
 # %% [markdown]
 # **Proof 2: the whole model.** The bundled model generates greedily for four prompts *batched together*
-# through the paged backend — chunked prefills (4 tokens per step) and decodes share steps — with each kernel.
+# through the paged backend — chunked prefills (4 tokens per step) and decodes share steps — with each kernel
+# installed here.
 # The reference is the dense `model.forward`, which recomputes the whole sequence with no cache at all. One dense
 # pass over `prompt + generated tokens` is enough: the model is causal, so its logits at position
 # `len(prompt) + i - 1` are exactly what dense greedy decoding sees when it picks token `i`. If every generated
@@ -345,6 +346,7 @@ assert not any(np.all(np.diff(t.block_ids) == 1) for t in p_tables if t.num_bloc
 #
 # %%
 from minienv.kv import PagedAttentionBackend
+from minienv.kv.paged_attention import NUMBA_MISSING
 from minienv.model import load_model
 from minienv.tokenizer import load_tokenizer
 
@@ -390,43 +392,41 @@ def dense_logits(model, prompt, generated):
     return model.forward(list(prompt) + list(generated[:-1]))[len(prompt) - 1:]
 
 
-paged_ids, paged_logits = generate_paged(model, prompts, NEW_TOKENS, MODEL_B, CHUNK, kernel="gather")
-inplace_ids, inplace_logits = generate_paged(model, prompts, NEW_TOKENS, MODEL_B, CHUNK, kernel="inplace")
+KERNELS = ["numpy"] + ([] if NUMBA_MISSING else ["numba"])  # numba: the `lab` extra installs it
+runs = {k: generate_paged(model, prompts, NEW_TOKENS, MODEL_B, CHUNK, kernel=k) for k in KERNELS}
+paged_ids = runs["numpy"][0]
 dense = [dense_logits(model, p, ids_) for p, ids_ in zip(prompts, paged_ids)]
 dense_choice = [np.argmax(d, axis=-1).tolist() for d in dense]
 print(f"model: {MODEL_NAME}")
 for p, ids_, choice in zip(prompts, paged_ids, dense_choice):
     shown = repr(tokenizer.decode(p) + "|" + tokenizer.decode(ids_)) if tokenizer else f"{p} | {ids_}"
     print(f"  {shown}   dense greedy picks the same: {ids_ == choice}")
-max_logit_err = max(np.abs(pl - dl).max() for pls in (paged_logits, inplace_logits) for pl, dl in zip(pls, dense))
+max_logit_err = max(np.abs(pl - dl).max() for _, pls in runs.values() for pl, dl in zip(pls, dense))
 logit_scale = max(np.abs(dl).max() for dl in dense)
-print(f"max |paged - dense| over all logits, both kernels: {max_logit_err:.1e} "
+print(f"max |paged - dense| over all logits, kernels {' and '.join(KERNELS)}: {max_logit_err:.1e} "
       f"(logits up to {logit_scale:.1f}: {max_logit_err / logit_scale:.0e} relative, float32 rounding)")
 
 # %%
 assert paged_ids == dense_choice, "paged generation must be token-for-token dense greedy generation"
-assert inplace_ids == paged_ids, "both kernels generate the same text"
-for pls in (paged_logits, inplace_logits):  # 1e-5 absolute + 1e-6 relative: float32 at logits of ~17
+assert all(ids_ == paged_ids for ids_, _ in runs.values()), "every kernel generates the same text"
+for _, pls in runs.values():  # 1e-5 absolute + 1e-6 relative: float32 at logits of ~17
     for pl, dl in zip(pls, dense):
         np.testing.assert_allclose(pl, dl, atol=1e-5, rtol=1e-6)
 
 # %% [markdown]
 # ### What paging costs in numpy
 #
-# Reaching K/V through a table is extra work: the gather kernel copies the blocks (in numpy, a copy costs about as
-# much as the attention matmul reading them); the in-place kernel replaces a few large matmuls by many
-# block-sized ones plus some small index shuffles. `benchmarks/bench_paged.py` times a decode step (attention
-# only) at batch {1, 8, 32} × context {128, 512, 2048} against the fastest of nine dense variants over contiguous
-# FasterTransformer-style slabs (matrix-matrix and matrix-vector forms, token- and head-major layouts, einsum),
-# and reports what the copy alone costs. Since a copy of K/V costs about as much as reading them for the
-# attention, the gather kernel cannot get much below 2× the best dense kernel where everything sits in cache. One
-# point, timed here with `kernel="gather"` named explicitly — the default `"auto"` picks per step, and for this
-# decode step it may pick the in-place kernel, whose cost is a different story (timings are not checked: they depend
-# on the machine and its load):
+# Reaching K/V through a table is extra work for the numpy kernel: it copies the blocks, and in numpy a copy costs
+# about as much as the attention matmul reading them, so it cannot get much below 2× the best dense kernel where
+# everything sits in cache. The block walk copies nothing; it reads each block once, in pool order.
+# `benchmarks/bench_paged.py` times a decode step (attention only) at batch {1, 8, 32} × context
+# {128, 512, 2048} against the fastest of four dense numpy variants over contiguous slabs, and reports every path
+# against the machine's *read* bandwidth (a large `np.sum`: the floor for anything that reads all of K and V once).
+# One point, timed here (timings are not checked: they depend on the machine and its load):
 # %%
 import time
 
-from minienv.kv import Workspace, batched_attention
+from minienv.kv import batched_attention
 
 S, T = 8, 512
 b_pool, b_kv = BlockPool(S * T // 16 + 4), KVPool(1, S * T // 16 + 4, 16, 2, 64)
@@ -439,7 +439,6 @@ b_meta = PagedAttentionMetadata.from_block_tables(b_tables, [1] * S)
 k_slab = b_kv.k_cache[0][b_meta.block_tables].reshape(S, T, 2, 64).copy()
 v_slab = b_kv.v_cache[0][b_meta.block_tables].reshape(S, T, 2, 64).copy()
 qd = np.random.default_rng(1).standard_normal((S, 4, 64), dtype=np.float32)
-ws = Workspace()
 
 
 def best_of(fn, n=30):
@@ -452,14 +451,16 @@ def best_of(fn, n=30):
     return min(times)
 
 
-t_paged = best_of(lambda: paged_attention(qd, b_kv.kv_cache[0], b_meta, ws, kernel="gather"))
 t_dense = best_of(lambda: batched_attention(qd[:, None], k_slab, v_slab))
-print(f"batch {S}, context {T}: paged (gather) {t_paged * 1e6:.0f} us, dense {t_dense * 1e6:.0f} us, "
-      f"ratio {t_paged / t_dense:.2f}")
+for k in KERNELS:
+    t_paged = best_of(lambda: paged_attention(qd, b_kv.kv_cache[0], b_meta, k))
+    print(f"batch {S}, context {T}: paged ({k}) {t_paged * 1e6:.0f} us, dense {t_dense * 1e6:.0f} us, "
+          f"ratio {t_paged / t_dense:.2f}")
 
 # %%
-assert np.allclose(paged_attention(qd, b_kv.kv_cache[0], b_meta, ws),
-                   batched_attention(qd[:, None], k_slab, v_slab).reshape(S, 4, 64), atol=1e-5)
+for k in KERNELS:
+    assert np.allclose(paged_attention(qd, b_kv.kv_cache[0], b_meta, k),
+                       batched_attention(qd[:, None], k_slab, v_slab).reshape(S, 4, 64), atol=1e-5)
 
 # %% [markdown]
 # On a GPU the paper's kernel reads the blocks in place (no copy) and was 20–26 % slower than FasterTransformer's
@@ -572,7 +573,8 @@ check_new_blocks_needed(new_blocks_needed)
 # >   layer, the order in which minienv's `KVPool.kv_cache[layer]` is indexed (its memory keeps heads outermost
 # >   instead: numpy reads a head's keys fastest as one contiguous slab). `cpu_attn.py` is the CPU backend.
 # > * `csrc/attention/paged_attention_v1.cu` / `paged_attention_v2.cu` — the original PagedAttention CUDA kernels
-# >   from the paper, which read blocks in place instead of gathering them.
+# >   from the paper, which read blocks in place instead of gathering them; minienv's `kv/block_walk.py` is v1's
+# >   walk (per sequence, per block of its table, online softmax) on a CPU, in physical-block order.
 # >
 # > **SGLang** (v0.5.3)
 # > * [`python/sglang/srt/mem_cache/memory_pool.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/memory_pool.py) — `ReqToTokenPool` (per request, position → KV slot: a block
@@ -589,8 +591,8 @@ check_new_blocks_needed(new_blocks_needed)
 # * The **block pool** keeps a refcount per block and a **free queue** with O(1) pop-head, append-tail and
 #   remove-from-middle; allocation is all-or-nothing and every error leaves the pool exactly as it was.
 # * **Paged attention** writes new K/V through the slot mapping and reads them back through the block tables —
-#   by gathering whole blocks in logical order, or (decode) block by block where they lie, as the paper's CUDA
-#   kernel does. Either way the result is dense attention (checked for one layer and for the model's generated
+#   by gathering whole blocks in logical order (numpy), or block by block where they lie with an online softmax
+#   (the numba block walk), as the paper's CUDA kernel does. Either way the result is dense attention (checked for one layer and for the model's generated
 #   text); the cost is the indirection, which the benchmark measures against contiguous slabs.
 # * Next: blocks that hold the same prefix can be **shared** between requests (refcounts > 1) and kept after a
 #   request finishes (cached-free) — notebook 05.

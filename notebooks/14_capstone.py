@@ -267,8 +267,10 @@ capstone.check_random_ops(MyKVCacheManager)
 # ## Grading 3: in the real engine
 #
 # `InferenceEngine(..., kv_cache_manager_factory=...)` is the seam: the engine calls
-# `factory(num_blocks, block_size, enable_prefix_caching)` instead of building its own manager, and
-# `capstone.plug(MyKVCacheManager)` is such a factory. Eight greedy requests (half share a 16-token prefix) run
+# `factory(num_blocks, block_size, enable_prefix_caching)` instead of building its own manager, and drives what it
+# returns through the `KVManager` protocol (`minienv/kv/interface.py`: `lookup`, `allocate`, `append_slots`,
+# `commit`, `free`, `undo_allocate`, ...). `capstone.plug(MyKVCacheManager)` is such a factory: it wraps your class
+# in that protocol. Eight greedy requests (half share a 16-token prefix) run
 # with your manager; their outputs must equal minienv's manager with the cache on, with it off, and each request
 # generated alone by `minienv.generate` — and again at a 48-token budget, where requests are preempted and resume,
 # the victims chosen by your `fewest_computed` from notebook 07 if you pasted it above (the check holds it to its

@@ -1,8 +1,8 @@
 """Building one step's model inputs from the scheduler's plan.
 
-The plan lists, in batch order, each scheduled request's new tokens, where they start and the pool slots the KV
-manager reserved for them (slots are computed once, by the manager, from the block tables). The model wants them
-flattened: one token array, one :class:`~minienv.kv.paged_attention.PagedAttentionMetadata` (block tables,
+The plan lists, in batch order, each scheduled request's new tokens and where they start; the KV manager holds
+the blocks it reserved for them. Their pool slots are computed here, once, from the block tables
+(:meth:`~minienv.kv.paged_attention.PagedAttentionMetadata.from_tables`). The model wants them flattened: one token array, one :class:`~minienv.kv.paged_attention.PagedAttentionMetadata` (block tables,
 context and query lengths, slot mapping) and the rows whose logits are needed — the last token of every chunk
 that reaches the end of its request, plus a speculative decode's draft rows. Copy-on-write copies the manager
 asked for are applied to the KV pool here, before the step writes into it.
@@ -36,18 +36,17 @@ def build_step_inputs(plan: SchedulerOutput, kv: KVManager, kv_pool: KVPool) -> 
     """The model inputs of one step."""
     sched = plan.scheduled
     kv_pool.copy_blocks(pair for s in sched for pair in s.blocks_to_copy)
-    tables = pad_block_tables([kv.request(s.request_id).block_ids for s in sched])
-    meta = PagedAttentionMetadata(
-        tables, np.array([s.num_computed_tokens for s in sched], dtype=np.int64),
-        np.array([s.num_new_tokens for s in sched], dtype=np.int64),
-        np.concatenate([s.slot_mapping for s in sched]), kv.block_size)
+    meta = PagedAttentionMetadata.from_tables(
+        pad_block_tables([kv.request(s.request_id).block_ids for s in sched]),
+        [s.num_computed_tokens for s in sched], [s.num_new_tokens for s in sched], kv.block_size)
     token_ids = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in sched), dtype=np.int64,
                             count=meta.num_tokens)
     sampling = [i for i, s in enumerate(sched) if s.samples]
     num_logits = [1 + sched[i].num_spec_tokens for i in sampling]
-    ends = meta.query_start_loc[1:]
     if not sampling:  # every sequence mid-prefill: K/V only; one logits row keeps shapes simple (never sampled)
-        rows = np.zeros(1, dtype=np.int64)
-    else:  # each sampling chunk's last 1 + drafts rows
-        rows = np.concatenate([np.arange(ends[i] - m, ends[i]) for i, m in zip(sampling, num_logits, strict=True)])
+        return StepInputs(token_ids, meta, sampling, np.zeros(1, dtype=np.int64), num_logits)
+    # each sampling chunk's last 1 + drafts rows: chunk i's rows are ends[i] - m_i, ..., ends[i] - 1
+    m = np.array(num_logits, dtype=np.int64)
+    firsts = np.repeat(meta.query_start_loc[1:][sampling] - m, m)
+    rows = firsts + np.arange(len(firsts)) - np.repeat(np.cumsum(m) - m, m)
     return StepInputs(token_ids, meta, sampling, rows, num_logits)

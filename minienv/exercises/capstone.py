@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from minienv.exercises._check import ExerciseFailed, _NotYet, exercise, fail, require
-from minienv.kv.block_table import cdiv, slot_mapping
+from minienv.kv.block_table import cdiv
 from minienv.kv.errors import KVCacheError
 from minienv.kv.kv_cache_manager import KVCacheStats, PrefixHit, RequestKV, SlotAllocation
 from minienv.kv.prefix_cache import PrefixCacheStats
@@ -173,9 +173,8 @@ class PluggedManager:
 
     def _slots(self, req: RequestKV, start: int, n_cached: int) -> SlotAllocation:
         req = self.request(req.request_id)
-        positions = np.arange(start, req.num_tokens, dtype=np.int64)
-        return SlotAllocation(req.request_id, tuple(req.token_ids[start:]), positions,
-                              slot_mapping(req.block_ids, positions, self.block_size), (), (), n_cached)
+        return SlotAllocation(req.request_id, tuple(req.token_ids[start:]), start,
+                              tuple(req.block_ids[start // self.block_size:]), self.block_size, (), (), n_cached)
 
     def allocate(self, request_id: Any, prompt_token_ids: Sequence[int], *,
                  num_new_tokens: int | None = None) -> SlotAllocation | None:

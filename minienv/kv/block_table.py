@@ -33,28 +33,6 @@ def slot_mapping(block_table: Sequence[int] | np.ndarray, positions: np.ndarray,
     return np.asarray(block_table, dtype=np.int64)[positions // block_size] * block_size + positions % block_size
 
 
-def slot_range(block_table: Sequence[int], start: int, end: int, block_size: int) -> np.ndarray:
-    """:func:`slot_mapping` of the consecutive positions ``[start, end)`` (what an allocation reserves): the blocks
-    they span, each expanded to its ``block_size`` slots, trimmed to the range — fewer array operations than the
-    general form, the same slots."""
-    first = start // block_size
-    blocks = np.asarray(block_table[first:-(-end // block_size)], dtype=np.int64) * block_size
-    offset = first * block_size
-    return (blocks[:, None] + _arange(block_size)).reshape(-1)[start - offset:end - offset]
-
-
-def _arange(n: int) -> np.ndarray:
-    """``arange(n)``, made once per ``n`` and read-only (a block's slot offsets)."""
-    out = _ARANGES.get(n)
-    if out is None:
-        out = _ARANGES[n] = np.arange(n, dtype=np.int64)
-        out.flags.writeable = False
-    return out
-
-
-_ARANGES: dict[int, np.ndarray] = {}
-
-
 def batch_slot_mapping(block_tables: np.ndarray, seq_idx: np.ndarray, positions: np.ndarray,
                        block_size: int) -> np.ndarray:
     """Slots of a flattened batch: token ``i`` is at ``positions[i]`` of sequence ``seq_idx[i]`` of the padded

@@ -35,13 +35,16 @@ class PrefixHit:
 
 @dataclass(frozen=True, slots=True)
 class SlotAllocation:
-    """What a step needs to compute ``token_ids`` of one request: their ``positions``, their pool slots
-    (``slot_mapping``), the copy-on-write ``blocks_to_copy`` to apply first, and an admission's prefix hit."""
+    """The blocks reserved for ``token_ids`` of one request, at positions ``start, start + 1, ...``: the table's
+    blocks from the first one they touch (``block_ids``, as they were when reserved), the blocks newly taken, the
+    copy-on-write ``blocks_to_copy`` to apply first, and an admission's prefix hit. ``positions`` and
+    ``slot_mapping`` are derived on request (the engine computes a step's slots from its block tables)."""
 
     request_id: RequestId
     token_ids: tuple[int, ...]
-    positions: np.ndarray
-    slot_mapping: np.ndarray
+    start: int
+    block_ids: tuple[int, ...]
+    block_size: int
     new_block_ids: tuple[int, ...]
     blocks_to_copy: tuple[tuple[int, int], ...] = ()
     num_cached_tokens: int = 0
@@ -49,6 +52,25 @@ class SlotAllocation:
     @property
     def num_new_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def positions(self) -> np.ndarray:
+        return np.arange(self.start, self.start + len(self.token_ids), dtype=np.int64)
+
+    @property
+    def slot_mapping(self) -> np.ndarray:
+        """The pool slot of each new token (:func:`minienv.kv.block_table.slot_mapping`)."""
+        from minienv.kv.block_table import slot_mapping
+
+        first = self.start // self.block_size * self.block_size  # block_ids[0] holds position `first`
+        return slot_mapping(self.block_ids, self.positions - first, self.block_size)
+
+    def without_first(self, num_tokens: int) -> "SlotAllocation":
+        """The same reservation for all but its first ``num_tokens`` tokens (whose K/V came from elsewhere)."""
+        b, start = self.block_size, self.start + num_tokens
+        return SlotAllocation(self.request_id, self.token_ids[num_tokens:], start,
+                              self.block_ids[start // b - self.start // b:], b, self.new_block_ids,
+                              self.blocks_to_copy, self.num_cached_tokens)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from minienv.kv.block_pool import BlockPool, KVCacheBlock
-from minienv.kv.block_table import BlockTable, cdiv, slot_range
+from minienv.kv.block_table import BlockTable, cdiv
 from minienv.kv.errors import KVBudgetError, KVCacheError
 from minienv.kv.hashing import ROOT_HASH, BlockHash, block_key_encoder, hash_block_key
 from minienv.kv.kv_pool import num_blocks_for_budget
@@ -373,10 +373,9 @@ class KVCacheManager:
 
     @staticmethod
     def _slots(req: RequestKV, start: int, new_ids: list[int], copies: tuple, n_cached: int) -> SlotAllocation:
-        return SlotAllocation(req.request_id, tuple(req.token_ids[start:]),
-                              np.arange(start, req.num_tokens, dtype=np.int64),
-                              slot_range(req.block_ids, start, req.num_tokens, req.block_size), tuple(new_ids),
-                              copies, n_cached)
+        return SlotAllocation(req.request_id, tuple(req.token_ids[start:]), start,
+                              tuple(req.block_ids[start // req.block_size:]), req.block_size, tuple(new_ids), copies,
+                              n_cached)
 
     # ------------------------------------------------------------------ commit: computed blocks become findable
     def commit(self, request_id: RequestId) -> list[int]:

@@ -62,13 +62,14 @@ class PagedAttentionMetadata:
     For sequence ``i``: ``block_tables[i]`` its physical blocks in logical order (padded with 0),
     ``context_lens[i]`` tokens already in the cache before this step, ``query_lens[i]`` new tokens in this step
     (a prefill chunk, or 1 for a decode). The step's tokens are the sequences' new tokens concatenated in order;
-    ``slot_mapping[j]`` is the pool slot where token ``j``'s K/V is written.
+    ``slot_mapping[j]`` is the pool slot where token ``j``'s K/V is written — computed here from the block tables
+    when not given (:meth:`from_tables`: the one place the engine's step gets its slots).
     """
 
     block_tables: np.ndarray
     context_lens: np.ndarray
     query_lens: np.ndarray
-    slot_mapping: np.ndarray
+    slot_mapping: np.ndarray | None
     block_size: int
     # derived
     seq_lens: np.ndarray = field(init=False)
@@ -83,7 +84,6 @@ class PagedAttentionMetadata:
         self.block_tables = np.asarray(self.block_tables, dtype=np.int64)
         self.context_lens = np.asarray(self.context_lens, dtype=np.int64)
         self.query_lens = np.asarray(self.query_lens, dtype=np.int64)
-        self.slot_mapping = np.asarray(self.slot_mapping, dtype=np.int64)
         s = len(self.query_lens)
         if self.block_tables.ndim != 2 or self.block_tables.shape[0] != s or self.context_lens.shape != (s,):
             raise ValueError(
@@ -97,14 +97,18 @@ class PagedAttentionMetadata:
             raise ValueError("a sequence is longer than its block table can hold")
         self.query_start_loc = np.concatenate([[0], np.cumsum(self.query_lens)])
         n = int(self.query_start_loc[-1])
-        if self.slot_mapping.shape != (n,):
-            raise ValueError(f"slot_mapping must have one slot per new token ({n}), got {self.slot_mapping.shape}")
         self.max_query_len = int(self.query_lens.max())
         self.is_decode = self.max_query_len == 1
         # position of each new token in its own sequence: context_len + 0, 1, ... (vectorized, no token loop)
         self.token_seq_idx = np.repeat(np.arange(s), self.query_lens)
         self.token_row = np.arange(n) - self.query_start_loc[self.token_seq_idx]
         self.positions = self.context_lens[self.token_seq_idx] + self.token_row
+        if self.slot_mapping is None:
+            self.slot_mapping = batch_slot_mapping(self.block_tables, self.token_seq_idx, self.positions,
+                                                   self.block_size)
+        self.slot_mapping = np.asarray(self.slot_mapping, dtype=np.int64)
+        if self.slot_mapping.shape != (n,):
+            raise ValueError(f"slot_mapping must have one slot per new token ({n}), got {self.slot_mapping.shape}")
 
     @property
     def num_seqs(self) -> int:
@@ -113,6 +117,13 @@ class PagedAttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return int(self.query_start_loc[-1])
+
+    @classmethod
+    def from_tables(cls, block_tables: np.ndarray, context_lens: Sequence[int], query_lens: Sequence[int],
+                    block_size: int) -> "PagedAttentionMetadata":
+        """The metadata of a step, its slot mapping computed from the (padded) block tables: the new tokens of
+        sequence ``i`` are at positions ``context_lens[i] + 0, 1, ...``."""
+        return cls(block_tables, context_lens, query_lens, None, block_size)
 
     @classmethod
     def from_block_tables(cls, tables: Sequence[BlockTable], query_lens: Sequence[int]) -> "PagedAttentionMetadata":
@@ -125,11 +136,7 @@ class PagedAttentionMetadata:
             raise ValueError("all block tables of a step must share one block size")
         q = np.asarray(query_lens, dtype=np.int64)
         ctx = np.asarray([t.num_tokens for t in tables], dtype=np.int64) - q
-        bt = pad_block_tables([t.block_ids for t in tables])
-        seq_idx = np.repeat(np.arange(len(tables)), q)
-        starts = np.concatenate([[0], np.cumsum(q)])
-        pos = ctx[seq_idx] + (np.arange(int(starts[-1])) - starts[seq_idx])
-        return cls(bt, ctx, q, batch_slot_mapping(bt, seq_idx, pos, block_size), block_size)
+        return cls.from_tables(pad_block_tables([t.block_ids for t in tables]), ctx, q, block_size)
 
 
 # ---------------------------------------------------------------------------------------------------- the math
@@ -217,19 +224,40 @@ def gather_kv(kv_layer: np.ndarray, block_tables: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------------- kernels
 @dataclass(eq=False)
-class GatherPlan:
-    """What the numpy kernel derives once per step and every layer reuses: the tables trimmed to the longest
-    sequence, where each token's query sits in the padded ``[S, max_q]`` block, and the causal mask."""
+class GatherGroup:
+    """Sequences the numpy kernel attends together: their tables trimmed to the longest of them, where each of
+    their tokens' queries sits in the padded ``[S, max_q]`` block, and the causal mask."""
 
+    tokens: np.ndarray  # the step's token rows of these sequences, in order
     block_tables: np.ndarray
-    rows: tuple[np.ndarray, np.ndarray]  # (sequence, row) of each of the step's tokens
+    rows: tuple[np.ndarray, np.ndarray]  # (sequence within the group, row) of each token
+    max_query_len: int
     bias: np.ndarray | None
+
+
+@dataclass(eq=False)
+class GatherPlan:
+    """What the numpy kernel derives once per step and every layer reuses. The step's decodes and its prefill
+    chunks are two groups, so a decode's single query is never padded to a chunk's length (a 64-token chunk
+    among 15 decodes would otherwise make 16 x 64 query rows for 79 real ones)."""
+
+    groups: list[GatherGroup]
 
     @classmethod
     def of(cls, meta: PagedAttentionMetadata) -> "GatherPlan":
-        nb = int(-(-int(meta.seq_lens.max()) // meta.block_size))
-        hidden = causal_hidden_mask(meta.context_lens, meta.query_lens, meta.max_query_len, nb * meta.block_size)
-        return cls(meta.block_tables[:, :nb], (meta.token_seq_idx, meta.token_row), hidden_bias(hidden))
+        groups = []
+        for seqs in (np.flatnonzero(meta.query_lens == 1), np.flatnonzero(meta.query_lens > 1)):
+            if not len(seqs):
+                continue
+            q, ctx = meta.query_lens[seqs], meta.context_lens[seqs]
+            nb = int(-(-int((ctx + q).max()) // meta.block_size))
+            hidden = causal_hidden_mask(ctx, q, int(q.max()), nb * meta.block_size)
+            in_group = np.repeat(np.arange(len(seqs)), q)
+            tokens = (meta.query_start_loc[seqs][in_group] + (np.arange(len(in_group))
+                      - np.concatenate([[0], np.cumsum(q)])[in_group]))
+            groups.append(GatherGroup(tokens, meta.block_tables[seqs, :nb], (in_group, meta.token_row[tokens]),
+                                      int(q.max()), hidden_bias(hidden)))
+        return cls(groups)
 
 
 def gather_attention(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata,
@@ -237,10 +265,13 @@ def gather_attention(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMe
     """The numpy reference: gather each sequence's blocks, attend. ``q [N, Hq, D]`` -> ``[N, Hq, D]``."""
     plan = GatherPlan.of(meta) if plan is None else plan
     n, hq, d = q.shape
-    kv = gather_kv(kv_layer, plan.block_tables)  # [2, S, T, Hkv, D]
-    q_pad = np.zeros((meta.num_seqs, meta.max_query_len, hq, d), dtype=np.float32)
-    q_pad[plan.rows] = q
-    return batched_attention(q_pad, kv[0], kv[1], bias=plan.bias)[plan.rows]
+    out = np.empty((n, hq, d), dtype=np.float32)
+    for g in plan.groups:
+        kv = gather_kv(kv_layer, g.block_tables)  # [2, S, T, Hkv, D]
+        q_pad = np.zeros((len(g.block_tables), g.max_query_len, hq, d), dtype=np.float32)
+        q_pad[g.rows] = q[g.tokens]
+        out[g.tokens] = batched_attention(q_pad, kv[0], kv[1], bias=g.bias)[g.rows]
+    return out
 
 
 def walk_order(meta: PagedAttentionMetadata) -> tuple[np.ndarray, np.ndarray]:

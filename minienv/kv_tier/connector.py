@@ -37,7 +37,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -343,8 +343,7 @@ class KVTierConnector:
         self.stats.hit_tokens += num_tokens
         for i, bid in enumerate(block_ids):
             self._emit("load", request_id, staged.first_block + i, bid, b"")
-        return replace(alloc, token_ids=alloc.token_ids[num_tokens:], positions=alloc.positions[num_tokens:],
-                       slot_mapping=alloc.slot_mapping[num_tokens:])
+        return alloc.without_first(num_tokens)
 
     def forget(self, request_id: str) -> None:
         """The request finished or was aborted: nothing staged or chained for it may serve a later request that

@@ -276,7 +276,9 @@ def attention_time(lengths: Sequence[int], block_size: int | None = None, *, dyn
         mgr = KVCacheManager(blocks_needed, b, enable_prefix_caching=False)
     tables = _layout(lengths, mgr)
     rng = np.random.default_rng(seed)
-    kv_layer = rng.standard_normal((2, mgr.num_blocks, b, num_kv_heads, head_dim), dtype=np.float32)
+    # laid out as a KVPool's layer (heads outermost in memory), so the kernels read it in place
+    kv_layer = rng.standard_normal((2, num_kv_heads, mgr.num_blocks, b, head_dim), dtype=np.float32).transpose(
+        0, 2, 3, 1, 4)
     lens = np.asarray(lengths, dtype=np.int64)
     bt = pad_block_tables(tables)
     slots = bt[np.arange(len(lens)), (lens - 1) // b] * b + (lens - 1) % b

@@ -472,18 +472,6 @@ def test_undo_allocate_frees_the_admission_and_uncounts_its_lookup():
         mgr.undo_allocate("b")
 
 
-def test_slot_range_equals_slot_mapping():
-    rng = np.random.default_rng(5)
-    for _ in range(300):
-        block_size = int(rng.integers(1, 9))
-        table = rng.permutation(64)[:int(rng.integers(1, 12))].tolist()
-        end = int(rng.integers(0, len(table) * block_size + 1))
-        start = int(rng.integers(0, end + 1))
-        want = kcm.slot_range(table, start, end, block_size)
-        got = np.asarray(table)[np.arange(start, end) // block_size] * block_size + np.arange(start, end) % block_size
-        assert want.tolist() == got.tolist() and want.dtype == np.int64
-
-
 def test_commit_reuses_the_lookups_miss_hash_only_for_the_same_block():
     """The admission's lookup hashed block 0 (a miss); the commit reuses that hash only while the block still holds
     the tokens it was computed from — a chunked prompt whose next chunk differs is hashed afresh."""
