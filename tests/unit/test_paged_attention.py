@@ -248,3 +248,34 @@ def test_kv_pool_memory_keeps_heads_outermost_and_every_write_lands_in_its_own_p
     assert not np.array_equal(pool.storage, twin.storage)  # each pool got its own random writes
 
 
+
+
+@needs_numba
+def test_the_block_walk_caches_its_compiled_code_where_numba_cache_dir_says(tmp_path):
+    """``cache=True``: the first process compiles and writes the cache into ``NUMBA_CACHE_DIR`` (what a read-only
+    install or a Binder image points at a writable folder), a second process loads it instead of compiling."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import time, numpy as np
+t0 = time.perf_counter()
+from minienv.kv import KVPool, PagedAttentionMetadata, paged_attention
+kv = KVPool(1, 4, 4, 1, 8)
+meta = PagedAttentionMetadata(np.array([[2, 0]]), [4], [1], [2 * 4 + 0], 4)
+paged_attention(np.ones((1, 2, 8), dtype=np.float32), kv.kv_cache[0], meta, "numba")
+print(round(time.perf_counter() - t0, 3))
+"""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    cached = list(tmp_path.rglob("*block_walk*.nbi"))
+    assert cached, f"no index file under {tmp_path}: {list(tmp_path.rglob('*'))}"
+    compiled = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*.nbc")}
+    assert compiled
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    # loaded, not compiled again: the same cache entries, none rewritten
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*.nbc")} == compiled
