@@ -23,6 +23,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
+BLAS_THREADS = pin_blas_threads()  # before numpy loads; the workers pin their own, and inherit this environment
+
 from _common import add_common_args, emit_json, print_settings, rounds_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

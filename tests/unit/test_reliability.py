@@ -185,10 +185,12 @@ def test_6_malformed_json_bodies_are_400_in_openais_error_shape(http_server, bod
 # ------------------------------------------------------------------------------------------ #7 (TTFT)
 def test_7_ttft_counts_no_request_that_produced_no_token():
     pytest.importorskip("prometheus_client")
+    from minienv.metrics import metrics_of
+
     model, tok = bundled()
     first = _alone("ROMEO:", GREEDY)[0]
     e = InferenceEngine(model, DecodeFailsOn(tok, first))
-    m = e.metrics  # observing from the start
+    m = metrics_of(e)  # observing from the start
     out = e.generate(["ROMEO:"], GREEDY)[0]
     assert out.finish_reason == "error" and not out.token_ids
     assert m.value("vllm:time_to_first_token_seconds_count") == 0
