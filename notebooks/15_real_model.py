@@ -183,6 +183,10 @@ fig.update_layout(title=f"Conversations of {conversation_tokens} tokens that fit
 show(fig)
 
 # %%
+assert fits == sorted(fits) and fits[1] == 2048 // conversation_tokens  # conversations grow with the budget
+assert per_token == 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
+
+# %%
 from minienv.model import load_model
 
 toy = load_model().config.kv_bytes_per_token()
@@ -349,16 +353,26 @@ from IPython.display import display
 box, button, answer = widgets.Text(placeholder="Ask SmolLM2…"), widgets.Button(description="Ask"), widgets.Output()
 
 
+replies = []  # every answer, also kept here (a widget's output area lives in the browser)
+
+
 def ask(_):
     with answer:
         answer.clear_output()
         [o] = engine.chat([{"role": "user", "content": box.value or "Hello!"}],
                           SamplingParams(max_tokens=64, temperature=0.0))
+        replies.append(o.text)
         print(o.text)
 
 
 button.on_click(ask)
 display(widgets.VBox([widgets.HBox([box, button]), answer]))
+
+# %%
+box.value = "What is the capital of France?"
+button.click()  # what a click does: the engine answers into the output area
+assert replies == ["The capital of France is Paris."]
+box.value = ""
 
 # %% [markdown]
 # ## Where it lives in vLLM and SGLang
