@@ -205,3 +205,15 @@ def test_a_hugging_face_folder_loads_like_the_gguf(tiny, tmp_path):
     assert pre.chat_template.render(conv) == "<|im_start|>user\nthe<|im_end|>\n<|im_start|>assistant\n"
     ids = g.tokenizer.encode(pre.chat_template.render(conv))
     np.testing.assert_array_equal(pre.model.forward(ids), LlamaModel(g.config, g.weights).forward(ids))
+
+
+def test_serve_names_the_model_it_serves(tiny):
+    """`serve --model X`: /v1/models reports the known name or the file's stem; the toy stays `minienv-bundled`;
+    a .gguf or a known name takes the real-model route (its own tokenizer and template)."""
+    from minienv.cli import _is_real_model, _served_name
+
+    path, _ = tiny
+    assert _served_name("smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert _served_name(str(path)) == "tiny" and _served_name(None) == "minienv-bundled"
+    assert _is_real_model("smollm2-135m-instruct", None) and _is_real_model(str(path), None)
+    assert not _is_real_model(None, None)
