@@ -164,9 +164,11 @@ def simulate(trace: list[TraceRequest], config: SimConfig | None = None, *, max_
             step_rows.append((now, cost.time_s, cost.num_tokens, len(plan.scheduled), used))
         if on_step is not None:
             on_step(now, cost, engine)
+        if bar is not None:
+            bar.update(engine.counters.finished, now)
 
-    engine.add_step_listener(charge)
     bar = _Progress(n) if progress else None
+    engine.add_step_listener(charge)
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     i = 0
     while i < n or engine.has_unfinished_requests():
@@ -178,9 +180,13 @@ def simulate(trace: list[TraceRequest], config: SimConfig | None = None, *, max_
         if not engine.has_unfinished_requests():
             state["now"] = max(state["now"], trace[i].arrival_s)  # idle: jump to the next arrival
             continue
-        engine.step()
-        if bar is not None:
-            bar.update(engine.counters.finished, state["now"])
+        if i < n:
+            engine.step()  # one step, then look at the clock for arrivals
+        else:
+            # NOTE: every request is in: run to the end in one call. step() would build every running request's
+            # output for its consumer after every step (a third of the simulation's time, profiled); run()
+            # delivers once, at the end. The steps, and so every figure, are the same.
+            engine.run()
     wall, cpu = time.perf_counter() - t_wall, time.process_time() - t_cpu
     if bar is not None:
         bar.update(engine.counters.finished, state["now"], force=True)
