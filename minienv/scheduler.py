@@ -45,6 +45,10 @@ SchedulingPolicy = Literal["continuous", "static"]
 StepKind = Literal["prefill", "decode", "padding"]
 #: Picks the preemption victim among candidates (oldest first; ``candidates[0]`` is the request that needs a block).
 VictimPolicy = Callable[[Sequence[Request]], Request]
+#: ``planner(needs, budget) -> tokens each computes``: how a step's token budget is split over the running requests
+#: not yet scheduled in it (``needs``: what each still has to compute, 1 for a decode, in running order). None:
+#: the scheduler's own rule (decodes reserved first, prefill chunks take the rest in order: notebook 07's Exercise 2)
+StepPlanner = Callable[[list[int], int], Sequence[int]]
 
 
 def most_recently_admitted(candidates: Sequence[Request]) -> Request:
@@ -130,7 +134,8 @@ class Scheduler:
     scheduling: SchedulingPolicy = "continuous"
 
     def __init__(self, kv_cache_manager: KVManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 victim_policy: VictimPolicy = most_recently_admitted, kv_tier: Any = None):
+                 victim_policy: VictimPolicy = most_recently_admitted, kv_tier: Any = None,
+                 step_planner: StepPlanner | None = None):
         for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -141,6 +146,10 @@ class Scheduler:
         self.max_num_seqs = int(max_num_seqs)
         self.max_num_batched_tokens = int(max_num_batched_tokens)
         self.victim_policy = victim_policy
+        if step_planner is not None and not callable(step_planner):
+            raise ValueError(f"step_planner must be a callable (needs, budget) -> tokens per request, got "
+                             f"{type(step_planner).__name__}")
+        self.step_planner = step_planner
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last one is the default victim
         self.requests: dict[str, Request] = {}  # unfinished requests by id
@@ -215,7 +224,8 @@ class Scheduler:
                 # drafts ride along when the budget has room beyond the decodes still to come
                 spec = req.spec_token_ids[:max(0, budget - decodes_after - 1)]
             else:
-                n = min(req.num_tokens_to_compute, budget - decodes_after)
+                n = (min(req.num_tokens_to_compute, budget - decodes_after) if self.step_planner is None
+                     else self._planned_chunk(i, budget))
                 if n <= 0:  # no budget for this prefill chunk this step; it keeps its blocks
                     i += 1
                     continue
@@ -241,6 +251,24 @@ class Scheduler:
             out.scheduled.append(self._scheduled(req, alloc, n, start, num_spec=len(spec)))
             i += 1
         return budget
+
+    def _planned_chunk(self, i: int, budget: int) -> int:
+        """The prefill chunk ``step_planner`` gives ``running[i]``: planned over the requests not yet scheduled in
+        this step and the budget left, again for every chunk (so budget a preemption frees goes to those after
+        it). The plan is held to the rules every plan keeps; one that breaks them raises ``ValueError`` naming the
+        rule, and the step is rolled back."""
+        needs = [r.num_tokens_to_compute for r in self.running[i:]]
+        plan = [int(x) for x in self.step_planner(list(needs), budget)]
+        where = f"(needs {needs}, budget {budget}: got {plan})"
+        if len(plan) != len(needs):
+            raise ValueError(f"step_planner must return one number per running request, in order {where}")
+        if sum(plan) > budget:
+            raise ValueError(f"step_planner's plan computes more tokens than the budget {where}")
+        if any(not 0 <= p <= n for p, n in zip(plan, needs)):
+            raise ValueError(f"step_planner gives a request more than it needs, or a negative count {where}")
+        if any(p != 1 for p, n in zip(plan, needs) if n == 1):
+            raise ValueError(f"step_planner must give every decode its token {where}")
+        return plan[0]
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         """Step 3: admit from the head of the waiting queue while the budget, ``max_num_seqs`` and memory allow."""

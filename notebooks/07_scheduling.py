@@ -406,6 +406,7 @@ check_victim_policy(fewest_computed)
 # still has to compute (`1` when decoding), in running order; return how many each computes this step. Rules: (1)
 # one number per request, in order; (2) at most `budget` in total; (3) nobody more than it needs; (4) every decode
 # gets its token, even after a long prefill; (5) prefill chunks take the rest in running order, earlier first.
+# (Notebook 14 hands your `plan_step` to the engine, where it sizes the prefill chunks of real steps.)
 
 # %%
 def plan_step(needs, budget):

@@ -176,11 +176,12 @@ assert mgr.lookup(A_PROMPT).num_cached_tokens == 4  # the tail of a's chain went
 #
 # ### Your pieces from earlier chapters
 #
-# Three functions you already wrote belong in this engine. Paste them here (from your notebooks 05, 06 and 07 —
+# Four functions you already wrote belong in this engine. Paste them here (from your notebooks 05, 06 and 07 —
 # the same names, the same signatures); any you leave as `None` falls back to minienv's, so the grading works
 # either way. `chain_hashes` gives every full block's key (use it in `lookup` and `commit`), `safe_victims` picks
-# the blocks an allocation takes from the free queue (use it in `allocate` / `append_slots`), and
-# `fewest_computed` is handed to the engine in grading 3, where it chooses whom the tight budget preempts.
+# the blocks an allocation takes from the free queue (use it in `allocate` / `append_slots`); `fewest_computed`
+# and `plan_step` are handed to the engine in grading 3, where one chooses whom the tight budget preempts and the
+# other sizes each step's prefill chunks.
 
 # %%
 from minienv.kv.hashing import hash_block_chain
@@ -189,6 +190,7 @@ from minienv.kv.errors import OutOfBlocksError
 chain_hashes = None  # notebook 05: chain_hashes(tokens, block_size) -> [hash of each full block]
 safe_victims = None  # notebook 06: safe_victims(lru_order, refcount, n) -> the first n blocks nobody holds
 fewest_computed = None  # notebook 07: fewest_computed(candidates) -> the request to preempt
+plan_step = None  # notebook 07: plan_step(needs, budget) -> tokens each running request computes this step
 
 if chain_hashes is None:
     chain_hashes = hash_block_chain  # minienv's: the same chain, from ROOT_HASH
@@ -274,10 +276,11 @@ capstone.check_random_ops(MyKVCacheManager)
 # with your manager; their outputs must equal minienv's manager with the cache on, with it off, and each request
 # generated alone by `minienv.generate` — and again at a 48-token budget, where requests are preempted and resume,
 # the victims chosen by your `fewest_computed` from notebook 07 if you pasted it above (the check holds it to its
-# own rule: it must return one of the candidates).
+# own rule: it must return one of the candidates). With your `plan_step` a third run takes 8 tokens per step, so
+# prompts are prefilled in chunks whose sizes your function chooses (held to 07's rules each time it is asked).
 
 # %%
-capstone.check_in_engine(MyKVCacheManager, victim_policy=fewest_computed)
+capstone.check_in_engine(MyKVCacheManager, victim_policy=fewest_computed, plan_step=plan_step)
 
 # %% [markdown]
 # ## The proof the grading rests on

@@ -122,6 +122,9 @@ class InferenceEngine:
         a discarded token until their batch ends, as a padded batch does (default True).
     victim_policy:
         Which request to preempt when a running one gets no block (default: the most recently admitted).
+    step_planner:
+        ``(needs, budget) -> tokens each computes``: how a step's token budget is split over the running requests'
+        prefill chunks (default: the scheduler's rule, decodes first; notebook 07's Exercise 2, used by 14).
     history_size, finished_retention:
         Step records kept in ``history`` (a ring; 0 = none); finished requests remembered after their consumer read
         them (for ``output(id)`` and ``snapshot()``).
@@ -148,7 +151,8 @@ class InferenceEngine:
                  victim_policy: VictimPolicy | None = None, static_padding: bool = True, history_size: int = 256,
                  finished_retention: int = 256, kv_tier: Any = None, speculative_config: Any = None,
                  kv_cache_manager_factory: Callable[[int, int, bool], KVManager] | None = None,
-                 attention_kernel: str = "auto"):
+                 attention_kernel: str = "auto",
+                 step_planner: Callable[[list[int], int], Sequence[int]] | None = None):
         if kv_cache_manager_factory is not None and not callable(kv_cache_manager_factory):
             raise ValueError("kv_cache_manager_factory must be a callable (num_blocks, block_size, "
                              f"enable_prefix_caching) -> manager, got {type(kv_cache_manager_factory).__name__}")
@@ -197,7 +201,8 @@ class InferenceEngine:
         self.kv_tier = None if kv_tier is None else KVTierConnector(kv_tier, model=model, kv_pool=self.kv_pool)
         self.scheduler = make_scheduler(
             self.kv_cache_manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            scheduling=scheduling, victim_policy=victim_policy, static_padding=bool(static_padding),
+            scheduling=scheduling, victim_policy=victim_policy, step_planner=step_planner,
+            static_padding=bool(static_padding),
             max_position=model.config.max_position_embeddings, kv_tier=self.kv_tier)
         self.backend = PagedAttentionBackend(self.kv_pool, kernel=attention_kernel)
         spec = SpeculativeConfig.coerce(speculative_config)

@@ -544,16 +544,19 @@ def _workload() -> tuple[list[list[int]], Any]:
 
 
 def run_engine(factory: Callable | None, *, enable_prefix_caching: bool = True, kv_budget_tokens: int = 512,
-               victim_policy: Callable | None = None) -> tuple[list[list[int]], int, int]:
+               victim_policy: Callable | None = None, step_planner: Callable | None = None,
+               max_num_batched_tokens: int = 64) -> tuple[list[list[int]], int, int]:
     """The capstone workload (8 greedy requests, half sharing a 16-token prefix) through a real engine; returns the
     outputs, the number of preemptions and the prompt tokens served from the prefix cache. ``victim_policy``: who
-    is preempted when memory runs out (notebook 07's exercise; the engine's default when None)."""
+    is preempted when memory runs out (notebook 07's exercise; the engine's default when None); ``step_planner``:
+    how each step's token budget is split over prefill chunks (07's ``plan_step``; the scheduler's rule when None)."""
     from minienv.engine import InferenceEngine
     model, tok = _tiny_setup()
     prompts, params = _workload()
     eng = InferenceEngine(model, tok, kv_budget_tokens=kv_budget_tokens, block_size=B, max_num_seqs=4,
-                          max_num_batched_tokens=64, enable_prefix_caching=enable_prefix_caching, history_size=0,
-                          kv_cache_manager_factory=factory, victim_policy=victim_policy)
+                          max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
+                          history_size=0, kv_cache_manager_factory=factory, victim_policy=victim_policy,
+                          step_planner=step_planner)
     ids = [eng.add_request(p, params) for p in prompts]
     outs: dict[str, list[int]] = {}
     while eng.has_unfinished_requests():
@@ -573,14 +576,32 @@ def dense_outputs() -> list[list[int]]:
 
 
 TIGHT_BUDGET = 48  # tokens: the longest request fits alone, eight at once do not -> preemptions
+CHUNKED_BATCH = 8  # tokens per step when the student's plan_step runs: prompts are prefilled in chunks beside decodes
 
 
 @exercise("implement MyKVCacheManager first (check_rules), then run this cell again")
-def check_in_engine(cls, victim_policy: Callable | None = None) -> str:
+def check_in_engine(cls, victim_policy: Callable | None = None, plan_step: Callable | None = None) -> str:
     """The series' proofs with the student's manager inside the real engine — and, if given, the victim policy
-    they wrote in notebook 07 choosing whom the tight budget preempts."""
+    they wrote in notebook 07 choosing whom the tight budget preempts, and their 07 ``plan_step`` splitting each
+    step's budget (a third run, at a small per-step budget, where prompts are prefilled in chunks beside decodes)."""
+    from minienv.exercises.scheduling import plan_reference, plan_rule_broken
     dense = dense_outputs()
     policy, broken = None, []
+    planner, plan_broken, planned = None, [], []
+    if plan_step is not None:
+        def planner(needs, budget):  # the student's notebook-07 function, held to its own rules
+            try:
+                got = plan_step(list(needs), budget)
+                got = None if got is None else [int(x) for x in got]
+                rule = plan_rule_broken(needs, budget, got)
+            except Exception as err:  # noqa: BLE001 - reported after the run, with the rule
+                got, rule = err, "plan_step runs without an exception"
+            if rule is not None:
+                plan_broken.append((rule, f"needs {needs}, budget {budget}: expected "
+                                          f"{plan_reference(needs, budget)}, got {got!r}"))
+                return plan_reference(needs, budget)  # keep the engine going; the verdict below names the rule
+            planned.append(got)
+            return got
     if victim_policy is not None:
         def policy(candidates):  # the student's notebook-07 function, held to its own rule
             try:
@@ -595,6 +616,8 @@ def check_in_engine(cls, victim_policy: Callable | None = None) -> str:
         try:
             mine, _, hits = run_engine(plug(cls), victim_policy=policy)
             mine_tight, preempted, _ = run_engine(plug(cls), kv_budget_tokens=TIGHT_BUDGET, victim_policy=policy)
+            mine_chunked = None if planner is None else run_engine(
+                plug(cls), victim_policy=policy, step_planner=planner, max_num_batched_tokens=CHUNKED_BATCH)[0]
         except (_NotYet, ExerciseFailed):
             raise
         except NotImplementedError as err:
@@ -604,6 +627,8 @@ def check_in_engine(cls, victim_policy: Callable | None = None) -> str:
                  f"{type(err).__name__}: {err}")
     require(not broken, "your victim policy (notebook 07) returns one of the candidates it is given (the request "
             "object itself)", broken[0] if broken else "")
+    if plan_broken:
+        fail(f"your plan_step (notebook 07), in the engine: {plan_broken[0][0]}", plan_broken[0][1])
     ref_on, _, _ = run_engine(None)
     ref_off, _, _ = run_engine(None, enable_prefix_caching=False)
     assert ref_on == ref_off == dense, "minienv's own manager disagrees with dense generation"
@@ -616,7 +641,15 @@ def check_in_engine(cls, victim_policy: Callable | None = None) -> str:
     for i, (got, want) in enumerate(zip(mine_tight, dense, strict=True)):
         require(got == want, "nothing is lost under a tight budget: preempted requests resume to the same output",
                 f"request {i} at a {TIGHT_BUDGET}-token budget ({preempted} preemptions): yours {got}, dense {want}")
+    if mine_chunked is not None:
+        require(planned, "your plan_step sizes the prefill chunks of the steps where prompts are prefilled in chunks",
+                f"{CHUNKED_BATCH} tokens per step, no chunk planned")
+        for i, (got, want) in enumerate(zip(mine_chunked, dense, strict=True)):
+            require(got == want, "prompts prefilled in the chunks your plan_step chose give the same output",
+                    f"request {i} at {CHUNKED_BATCH} tokens per step: yours {got}, dense {want}")
     yours = " chosen by your victim policy" if victim_policy is not None else ""
+    if mine_chunked is not None:
+        yours += f"; and at {CHUNKED_BATCH} tokens per step, {len(planned)} prefill chunks sized by your plan_step"
     return (f"8 requests: your manager ({hits} prompt tokens from cache) == minienv's (cache on) == cache off == "
             f"dense, and still equal at a {TIGHT_BUDGET}-token budget with {preempted} preemptions{yours}")
 

@@ -101,6 +101,24 @@ def plan_reference(needs: list[int], budget: int) -> list[int]:
     return out
 
 
+def plan_rule_broken(needs: list[int], budget: int, got) -> str | None:
+    """The first of Exercise 2's rules that ``got`` (a plan for ``needs`` and ``budget``) breaks, or None; the
+    capstone holds the student's ``plan_step`` to the same rules inside the engine."""
+    want = plan_reference(needs, budget)
+    if got is None or len(got) != len(needs):
+        return "one number per running request, in order"
+    if sum(got) > budget:
+        return "a step never computes more tokens than the budget"
+    if not all(0 <= g <= n for g, n in zip(got, needs)):
+        return "a request computes at most what it still needs"
+    if not all(g == 1 for g, n in zip(got, needs) if n == 1):
+        return "every decode gets its token, even after a long prefill (decodes never stall)"
+    if list(got) != want:
+        return ("prefill chunks take the rest of the budget in running order: the earlier request first, as much as "
+                "it needs")
+    return None
+
+
 @exercise("write plan_step(needs, budget): tokens each running request computes this step (decodes first, then "
           "prefill chunks in order)")
 def check_plan_step(fn) -> str:
@@ -108,14 +126,8 @@ def check_plan_step(fn) -> str:
         want = plan_reference(needs, budget)
         got = fn(list(needs), budget)
         got = None if got is None else list(got)
-        where = f"needs {needs}, budget {budget}: expected {want}, got {got}"
-        require(got is not None and len(got) == len(needs), "one number per running request, in order", where)
-        require(sum(got) <= budget, "a step never computes more tokens than the budget", where)
-        require(all(0 <= g <= n for g, n in zip(got, needs)), "a request computes at most what it still needs", where)
-        require(all(g == 1 for g, n in zip(got, needs) if n == 1), "every decode gets its token, even after a long "
-                                                                   "prefill (decodes never stall)", where)
-        require(got == want, "prefill chunks take the rest of the budget in running order: the earlier request "
-                             "first, as much as it needs", where)
+        broken = plan_rule_broken(needs, budget, got)
+        require(broken is None, broken or "", f"needs {needs}, budget {budget}: expected {want}, got {got}")
 
     case([1, 1, 1], 8)
     case([5, 1], 16)

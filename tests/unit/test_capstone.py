@@ -375,3 +375,22 @@ def test_engine_seam_uses_the_factory_with_the_engine_geometry():
                           kv_cache_manager_factory=factory)
     assert calls == [(16, 4, False)] and isinstance(eng.kv_cache_manager, cap.PluggedManager)
     assert eng.kv_budget_tokens == 64
+
+
+def test_the_students_plan_step_from_07_sizes_the_engines_prefill_chunks(capsys):
+    """Notebook 07's plan_step splits each step's budget in a third run (8 tokens per step, prompts prefilled in
+    chunks), with the student's manager and victim policy; outputs stay equal to each request alone."""
+    assert cap.check_in_engine(Good, victim_policy=_solution_of("07_scheduling", "fewest_computed"),
+                               plan_step=_solution_of("07_scheduling", "plan_step")) == PASSED
+    assert "prefill chunks sized by your plan_step" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("plan_step, words", [
+    (lambda needs, budget: list(needs), "never computes more tokens than the budget"),
+    (lambda needs, budget: [0] * len(needs), "prefill chunks take the rest of the budget"),
+    (lambda needs, budget: list(needs) + [0], "one number per running request"),
+    (lambda needs, budget: 1 / 0, "plan_step runs without an exception"),
+])
+def test_a_plan_step_that_breaks_its_rule_in_the_engine_is_named(plan_step, words):
+    with pytest.raises(ExerciseFailed, match=words):
+        cap.check_in_engine(Good, plan_step=plan_step)

@@ -290,3 +290,43 @@ def test_static_padding_gives_its_blocks_back_before_a_live_request_is_preempted
     assert sch.num_preemptions == 0 and long.output_token_ids == list(range(1, 13))
     assert 0 < sch.num_padding_tokens < 11  # it padded, then was released when `long` needed its blocks
     assert sch.kv.pool.num_used_blocks == 0 and all(not o.preempted for o in outs)
+
+
+def _reference_plan(needs, budget):  # notebook 07's plan_step (the scheduler's own rule, without memory)
+    from minienv.exercises.scheduling import plan_reference
+    return plan_reference(needs, budget)
+
+
+def test_a_step_planner_with_the_schedulers_rule_plans_every_step_as_the_default_does():
+    """The seam notebook 14 plugs the student's 07 plan_step into: with the rule it states, every plan is the
+    default's; it was asked for each prefill chunk."""
+    def workload(sch):
+        for n in (3, 30, 9, 17, 5):
+            sch.add_request(make_request(n, max_tokens=6, rid=f"w{n}"))
+        return [[(s.request_id, s.num_computed_tokens, s.num_new_tokens) for s in o.scheduled] for o in run_all(sch)]
+    asked = []
+    planned = workload(make_scheduler(max_num_batched_tokens=8, step_planner=lambda needs, budget: asked.append(
+        (needs, budget)) or _reference_plan(needs, budget)))
+    assert planned == workload(make_scheduler(max_num_batched_tokens=8)) and asked
+
+
+@pytest.mark.parametrize("planner, words", [
+    (lambda needs, budget: list(needs), "more tokens than the budget"),
+    (lambda needs, budget: [0] * (len(needs) + 1), "one number per running request"),
+    (lambda needs, budget: [-1] * len(needs), "a negative count"),
+])
+def test_a_step_plan_that_breaks_a_rule_is_refused_and_the_step_rolled_back(planner, words):
+    sch = make_scheduler(max_num_batched_tokens=8, step_planner=planner)
+    long = make_request(30, max_tokens=2)
+    sch.add_request(long)
+    sch.update_from_output(sch.schedule())  # the admission takes the first chunk (the planner is not asked)
+    before = (long.num_computed_tokens, list(sch.kv.block_ids(long.request_id)), sch.num_steps)
+    with pytest.raises(ValueError, match=words):
+        sch.schedule()
+    assert (long.num_computed_tokens, list(sch.kv.block_ids(long.request_id)), sch.num_steps) == before
+    sch.check_invariants()
+
+
+def test_a_step_planner_must_be_callable():
+    with pytest.raises(ValueError, match="step_planner must be a callable"):
+        make_scheduler(step_planner=[1, 2])
