@@ -416,8 +416,9 @@ def _args(*args: str):
 
 
 CLI_CASES = [
-    pytest.param(lambda root: ["hi", "--model", str(root / "nope")], 1, "model directory not found", id="model-missing"),
-    pytest.param(lambda root: ["hi", "--model", str(TARGET / "config.json")], 1, "model directory not found",
+    pytest.param(lambda root: ["hi", "--model", str(root / "nope")], 1, "no such file or folder", id="model-missing"),
+    # --model takes a folder or a .gguf file: any other file is refused by what it is not
+    pytest.param(lambda root: ["hi", "--model", str(TARGET / "config.json")], 1, "is not a GGUF file",
                  id="model-is-a-file"),
     pytest.param(_model_dir(config=lambda raw: b"{ nope"), 1, "config.json is not valid JSON", id="config-not-json"),
     pytest.param(_model_dir(config=_cfg(tie_word_embeddings="false")), 1, "'tie_word_embeddings' must be true or",
