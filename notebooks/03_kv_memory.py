@@ -19,7 +19,7 @@
 # In the paper's setup (OPT-13B on one A100-40GB), one token's K and V for all 40 layers take
 # `2 × 40 layers × 5120 hidden × 2 bytes = 800 KiB`, and 12 GiB are left for the KV cache after the weights:
 # about **15.7 K token slots**. A system that reserves room for the longest possible sequence (2048 tokens)
-# fits only 7 requests at a time — while a typical ShareGPT conversation needs about 500 slots.
+# fits only 7<!--out--> requests at a time — while a typical ShareGPT conversation needs about 500 slots.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -239,7 +239,7 @@ for s in SCHEMES[:3]:  # every contiguous scheme within 5 points of the paper's 
 #
 # * **The workload.** Our lengths are synthetic log-normals with the paper's *means*; the real ShareGPT trace
 #   has its own shape (the paper shows histograms, Fig. 11). The sample we drew also has a lower prompt mean
-#   (149 vs 161) because a sigma-1 log-normal's mean is carried by rare long prompts. Longer requests fill
+#   (149<!--out:above--> vs 161<!--out:above-->) because a sigma-1 log-normal's mean is carried by rare long prompts. Longer requests fill
 #   more of a 2048-slot reservation, so the Max bar moves with the tail of the distribution.
 # * **Arrivals and what "average" means.** The paper ran a one-hour trace with Poisson arrivals at a fixed
 #   request rate and averaged over the run; we put all requests at t = 0 and average until the last admission,
@@ -507,10 +507,11 @@ check_slot_categories(slot_categories)
 #   fragmentation** (room that will never be used) and **external fragmentation** (free memory that cannot be
 #   handed out).
 # * Contiguous per-request chunks waste most of it: on a ShareGPT-like workload in the paper's 15.7 K slots,
-#   minienv measures ~21 % token states for Orca (Max), ~30 % (Pow2) and ~39 % (Oracle) against the paper's
-#   20.4 / 26.8 / 38.2 %. Even an oracle loses a quarter to reservation and a third to the buddy allocator
-#   and to holes.
+#   minienv measures ~21 %<!--out:above--> token states for Orca (Max), ~30 %<!--out:above--> (Pow2) and
+#   ~39 %<!--out:above--> (Oracle) against the paper's 20.4 / 26.8 / 38.2 %. Even an oracle loses a quarter to
+#   reservation and a third to the buddy allocator and to holes.
 # * Paging allocates one block at a time, anywhere: only the tail of each request's last block is empty, about
-#   `(B/2) / mean length` — ~97 % token states at block size 16 (paper: 96.3 %), falling as blocks grow.
+#   `(B/2) / mean length` — ~97 %<!--out:above--> token states at block size 16 (paper: 96.3 %), falling as
+#   blocks grow.
 # * Next, notebook 04 builds the block pool and the block tables, and shows attention over scattered blocks
 #   gives exactly the dense answer.

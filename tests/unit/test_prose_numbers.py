@@ -27,10 +27,10 @@ def test_committed_notebooks_prose_numbers_agree_with_outputs():
         per_notebook[path.stem[:2]] = checked
     assert not bad, "\n".join(bad)
     # the figures issue #36 found wrong are tied to their outputs now: 02, 07, 12, 13 at least; 05's paper
-    # comparison and 08's small-engine count too
-    for nb in ("02", "05", "07", "08", "12", "13"):
+    # comparison, 08's small-engine count, 03's and 06's measured bars and hit rates too
+    for nb in ("02", "03", "05", "06", "07", "08", "12", "13"):
         assert per_notebook.get(nb, 0) >= 1, f"notebook {nb} ties no prose number to an output"
-    assert total >= 33
+    assert total >= 47
 
 
 def _cells(markdown: str, printed: str, markdown_first: bool = False) -> list[dict]:
