@@ -377,14 +377,14 @@ box.value = ""
 # %% [markdown]
 # ## Where it lives in vLLM and SGLang
 #
-# * **GGUF loading**: vLLM v0.10.0 `vllm/model_executor/model_loader/gguf_loader.py` (`GGUFModelLoader`, which maps
+# * **GGUF loading**: vLLM v0.10.0 [`vllm/model_executor/model_loader/gguf_loader.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/model_loader/gguf_loader.py) (`GGUFModelLoader`, which maps
 #   llama.cpp names to HF ones and keeps the quantized blocks for its GGUF kernels instead of dequantizing);
-#   SGLang v0.4.9 `python/sglang/srt/model_loader/loader.py` (`GGUFModelLoader`). The Q/K un-permutation is in
+#   SGLang v0.4.9 [`python/sglang/srt/model_loader/loader.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/model_loader/loader.py) (`GGUFModelLoader`). The Q/K un-permutation is in
 #   transformers v5 `src/transformers/modeling_gguf_pytorch_utils.py` (`LlamaTensorProcessor`), the inverse of
 #   llama.cpp's `convert_hf_to_gguf.py` `LlamaModel.permute`.
-# * **Chat templates**: vLLM v0.10.0 `vllm/entrypoints/chat_utils.py` (`apply_hf_chat_template`) behind
-#   `LLM.chat` in `vllm/entrypoints/llm.py`; SGLang v0.4.9 `python/sglang/srt/entrypoints/openai/serving_chat.py`.
-# * **n-gram speculation**: vLLM v0.10.0 `vllm/v1/spec_decode/ngram_proposer.py`.
+# * **Chat templates**: vLLM v0.10.0 [`vllm/entrypoints/chat_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/chat_utils.py) (`apply_hf_chat_template`) behind
+#   `LLM.chat` in [`vllm/entrypoints/llm.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/llm.py); SGLang v0.4.9 [`python/sglang/srt/entrypoints/openai/serving_chat.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/entrypoints/openai/serving_chat.py).
+# * **n-gram speculation**: vLLM v0.10.0 [`vllm/v1/spec_decode/ngram_proposer.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/spec_decode/ngram_proposer.py).
 #
 # ## Summary
 #
