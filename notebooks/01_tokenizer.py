@@ -104,7 +104,7 @@ for step in range(10):
 print("tokens:", " | ".join(vocab[i].decode() for i in seq))
 
 # %% [markdown]
-# Ten merges took the text from 46 tokens to 13. Two things to notice:
+# Ten merges took the text from 46<!--out--> tokens to 13<!--out-->. Two things to notice:
 #
 # * merges stack: `'at'` is learned first, then `'at '`, `'sat '`, `'at sat '`; a token is always the
 #   concatenation of two earlier tokens, so the vocabulary is a tree over the 256 bytes;
@@ -440,7 +440,7 @@ check_encode_word(encode_word)
 #   control characters — at the price of more tokens for text unlike the training data.
 # * Pre-tokenization keeps merges inside words and makes encoding cacheable per pre-token.
 # * minienv's `BPETokenizer` trains, encodes and decodes in pure Python and saves `tokenizer.json`; the
-#   `tokenizers` library reads that file to identical ids. The bundled one (2048 ids, ~0.37 tokens per
+#   `tokenizers` library reads that file to identical ids. The bundled one (2048 ids, ~0.37<!--out:above--> tokens per
 #   character on Shakespeare) is what the target and draft models speak.
 #
 # Next: [02 · the model and its KV cache](02_model_and_kv_cache.ipynb) — what happens to those ids.

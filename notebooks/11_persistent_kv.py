@@ -19,7 +19,7 @@
 # %% [markdown]
 # ## The problem, with a number
 #
-# A long prompt (a system prompt and documents, 808 tokens) served by the bundled model, then the engine restarts
+# A long prompt (a system prompt and documents, 808<!--out--> tokens) served by the bundled model, then the engine restarts
 # and the same prompt comes again. Without a tier the new engine computes everything again; with one, it loads:
 
 # %%
@@ -51,7 +51,8 @@ assert after.loaded_tokens >= 0.9 * len(prompt) and after.computed_tokens == len
 assert no_tier.token_ids == after.token_ids
 
 # %% [markdown]
-# 800 of 808 prompt tokens come back from disk (50 full blocks of 16); the last 8 tokens, a partial block, are
+# 800<!--out:above--> of 808<!--out:above--> prompt tokens come back from disk (50 full blocks of 16); the last
+# 8<!--out:above--> tokens, a partial block, are
 # computed — and at least one prompt token always is, since the model must run something to produce logits. The
 # output is the same.
 #
