@@ -325,7 +325,15 @@ class PagedAttentionBackend:
         if metadata.block_size != self.kv_pool.block_size:
             raise ValueError(f"metadata block size {metadata.block_size} != pool block size {self.kv_pool.block_size}")
         self.metadata = metadata
-        self._plan = walk_order(metadata) if self.kernel == "numba" else GatherPlan.of(metadata)
+        self._plan = None  # built by the step's first attend(): a model that never attends builds none
+
+    def _step_plan(self) -> "GatherPlan | tuple[np.ndarray, np.ndarray]":
+        """The kernel's per-step plan (block-walk order, or the gather groups with their masks), built once per
+        step on first use and shared by every layer."""
+        if self._plan is None:
+            meta = self.metadata
+            self._plan = walk_order(meta) if self.kernel == "numba" else GatherPlan.of(meta)
+        return self._plan
 
     def begin_step(self, positions: np.ndarray) -> None:
         if self.metadata is None:
@@ -339,8 +347,8 @@ class PagedAttentionBackend:
         self.kv_pool.write(layer_idx, meta.slot_mapping, k, v)
         kv_layer = self.kv_pool.kv_cache[layer_idx]
         if self.kernel == "numba":
-            return block_walk_attention(q, kv_layer, meta, self._plan)
-        return gather_attention(q, kv_layer, meta, self._plan)
+            return block_walk_attention(q, kv_layer, meta, self._step_plan())
+        return gather_attention(q, kv_layer, meta, self._step_plan())
 
     def end_step(self) -> None:
         self.metadata = self._plan = None  # metadata describes one step; reusing it would double-write slots
