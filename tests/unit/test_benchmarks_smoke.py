@@ -166,8 +166,22 @@ def test_every_benchmark_is_listed_here():
     assert len(SCRIPTS) >= 11 and "bench_paged.py" in SCRIPTS and "bench_engine.py" in SCRIPTS
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+def _needs(script: str):
+    """The marks of a script that needs more than a plain machine: bench_real_model needs the downloaded model and
+    transformers (its baseline)."""
+    return [pytest.mark.realmodel, pytest.mark.reference] if script == "bench_real_model.py" else []
+
+
+@pytest.mark.parametrize("script", [pytest.param(s, marks=_needs(s)) for s in SCRIPTS])
 def test_benchmark_runs_quick_and_ends_with_one_json_line(script, tmp_path):
+    if script == "bench_real_model.py":
+        from minienv.model.hub import cached_path
+
+        if cached_path("smollm2-135m-instruct", verify=False) is None:
+            pytest.skip("realmodel tier: smollm2-135m-instruct is not in the model cache (python -m minienv download "
+                        "smollm2-135m-instruct; CI does)")
+        pytest.importorskip("torch", reason="reference tier: bench_real_model races transformers (torch)")
+        pytest.importorskip("transformers", reason="reference tier: bench_real_model races transformers")
     env = dict(os.environ, PYTHONPATH=str(REPO), OPENBLAS_NUM_THREADS="7")  # the script must pin it to 1 itself
     proc = subprocess.run([sys.executable, str(BENCH / script), "--quick"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
