@@ -15,6 +15,7 @@ running request has at least its last sampled token to compute between steps; a 
 from __future__ import annotations
 
 import enum
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -92,11 +93,8 @@ class RequestMetrics:
     num_computed_tokens_total: int = 0
 
     def copy(self) -> "RequestMetrics":
-        """A shallow copy (every field is a number or None), as ``copy.copy`` makes it but without its generic
-        reduce machinery: an output carries one for every request in every step."""
-        new = object.__new__(RequestMetrics)
-        new.__dict__.update(self.__dict__)
-        return new
+        """A snapshot for an output (every field is a number or None, so a shallow copy is a full one)."""
+        return dataclasses.replace(self)
 
     def _pace(self, first: float | None, finished: float | None) -> float | None:
         if first is None or finished is None:

@@ -157,11 +157,7 @@ def make_output(req: Request, *, advance: bool) -> RequestOutput:
     n_tok, n_chr = req.delivered_tokens, req.delivered_chars
     if advance:
         req.delivered_tokens, req.delivered_chars = len(ids), len(text)
-    # NOTE: RequestOutput(...) field by field, filled into the instance's __dict__: a frozen dataclass's __init__
-    # sets each of its 12 fields through object.__setattr__, and a streaming consumer gets one output per request
-    # per step (test_make_output_equals_the_constructor)
-    out = object.__new__(RequestOutput)
-    out.__dict__.update(
+    out = RequestOutput(
         request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_tuple, text=text,
         token_ids=ids, finished=finished, finish_reason=req.finish_reason, metrics=req.metrics.copy(),
         stop_reason=req.stop_reason, delta_text=text[n_chr:] if advance else "",
