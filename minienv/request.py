@@ -15,6 +15,7 @@ running request has at least its last sampled token to compute between steps; a 
 from __future__ import annotations
 
 import enum
+import functools
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
@@ -171,13 +172,10 @@ class Request:
         """Prompt + generated tokens (the live list: do not mutate; use :meth:`append_output_token`)."""
         return self._all_token_ids
 
-    @property
+    @functools.cached_property
     def prompt_token_tuple(self) -> tuple[int, ...]:
         """The prompt as a tuple, built once (outputs share it instead of copying the prompt every step)."""
-        t = self.__dict__.get("_prompt_tuple")
-        if t is None:
-            t = self.__dict__["_prompt_tuple"] = tuple(self.prompt_token_ids)
-        return t
+        return tuple(self.prompt_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:
