@@ -21,7 +21,8 @@ engine behind ``tokenizers``). With explicit character sets both engines split e
 so the reference test can demand identical ids. Non-ASCII letters simply fall into the "other" class; that
 costs a little compression on non-English text and nothing in correctness.
 
-numpy/stdlib only: no ``regex``, no ``tokenizers`` at runtime.
+stdlib only for this pattern (no ``regex``, no ``tokenizers`` at runtime); a real model's standard pre-tokenizer
+comes from :mod:`minienv.pretokenizers`. Reading a ``tokenizer.json`` safely is :mod:`minienv.tokenizer_json`'s job.
 """
 
 from __future__ import annotations
@@ -32,6 +33,17 @@ import re
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from minienv.tokenizer_json import (
+    TokenizerError,
+    check_dense_ids,
+    check_pipeline,
+    read_added_tokens,
+    read_bpe_model,
+    read_json_object,
+    read_merges,
+    read_vocab,
+)
 
 __all__ = ["BPETokenizer", "PRETOKENIZE_PATTERN", "TokenizerError", "bytes_to_unicode", "load_tokenizer",
            "pretokenize"]
@@ -103,144 +115,6 @@ def _token_bytes(token: str) -> bytes:
         return bytes(_CHAR_TO_BYTE[c] for c in token)
     except KeyError as exc:
         raise ValueError(f"token {token!r} is not in the byte-level alphabet") from exc
-
-
-class TokenizerError(ValueError):
-    """A ``tokenizer.json`` is malformed or asks for a pipeline minienv does not implement.
-
-    A ``ValueError``, so ``except ValueError`` around user input catches it; the message names the file."""
-
-
-def _short(value: object, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters so a garbage file cannot flood the error message."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _is_int(value: object) -> bool:
-    """A JSON integer (``true`` is not one, though Python's ``bool`` subclasses ``int``)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _read_json_object(path: Path) -> dict:
-    """The JSON object in ``path``; undecodable bytes, bad JSON or a non-object are errors naming the file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise TokenizerError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TokenizerError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path} must hold a JSON object, got a JSON {type(data).__name__}")
-    return data
-
-
-def _check_pipeline(path: Path, data: dict) -> None:
-    """The pre-tokenizer must be exactly ``Sequence[Split(PRETOKENIZE_PATTERN), ByteLevel]`` and no normalizer."""
-    pre = data.get("pre_tokenizer")
-    parts = pre.get("pretokenizers") if isinstance(pre, dict) and pre.get("type") == "Sequence" else None
-    ok = isinstance(parts, list) and len(parts) == 2 and all(isinstance(x, dict) for x in parts)
-    if ok:
-        split, byte_level = parts
-        pattern = split.get("pattern")
-        ok = (
-            split.get("type") == "Split"
-            and isinstance(pattern, dict) and pattern.get("Regex") == PRETOKENIZE_PATTERN
-            and split.get("behavior") == "Isolated" and not split.get("invert")
-            and byte_level.get("type") == "ByteLevel" and not byte_level.get("add_prefix_space")
-            and not byte_level.get("use_regex")
-        )
-    if not ok:
-        raise TokenizerError(f"{path}: pre_tokenizer must be Sequence[Split(minienv pattern), ByteLevel]")
-    if data.get("normalizer") is not None:
-        raise TokenizerError(f"{path}: normalizers are not supported (normalizer must be null)")
-
-
-def _read_vocab(path: Path, model: dict) -> dict[str, int]:
-    """``model.vocab``: token string -> integer id, every id distinct."""
-    vocab = model.get("vocab")
-    if not isinstance(vocab, dict):
-        raise TokenizerError(f"{path}: model.vocab must be an object mapping token -> id, got {_short(vocab)}")
-    owner: dict[int, str] = {}
-    for tok, i in vocab.items():
-        if not _is_int(i):
-            raise TokenizerError(f"{path}: model.vocab id of token {tok!r} must be an integer, got {_short(i)}")
-        if i in owner:
-            raise TokenizerError(f"{path}: model.vocab tokens {owner[i]!r} and {tok!r} share id {i}")
-        owner[i] = tok
-    return vocab
-
-
-def _read_added_tokens(path: Path, data: dict, vocab: dict[str, int]) -> dict[str, int]:
-    """``added_tokens``: special token content -> id. A special may also appear in the vocab, with the same id."""
-    added = data.get("added_tokens")
-    if added is None:
-        return {}
-    if not isinstance(added, list):
-        raise TokenizerError(f"{path}: added_tokens must be a list, got {_short(added)}")
-    specials: dict[str, int] = {}
-    vocab_owner = {i: tok for tok, i in vocab.items()}
-    for n, entry in enumerate(added):
-        content = entry.get("content") if isinstance(entry, dict) else None
-        if not isinstance(content, str) or not content:
-            raise TokenizerError(f"{path}: added_tokens[{n}] needs a non-empty string 'content', got {_short(entry)}")
-        i = entry.get("id")
-        if not _is_int(i):
-            raise TokenizerError(f"{path}: added token {content!r} needs an integer 'id', got {_short(i)}")
-        if content in specials or i in specials.values():
-            raise TokenizerError(f"{path}: added token {content!r} (id {i}) repeats a content or id of an earlier one")
-        if vocab.get(content, i) != i or vocab_owner.get(i, content) != content:
-            raise TokenizerError(
-                f"{path}: added token {content!r} has id {i}, but the vocab gives {content!r} id "
-                f"{vocab.get(content)} and id {i} to {vocab_owner.get(i)!r}"
-            )
-        specials[content] = i
-    return specials
-
-
-def _check_dense_ids(path: Path, vocab: dict[str, int], specials: dict[str, int]) -> int:
-    """The number of ids ``n``, after checking they are exactly ``0..n-1`` (without allocating anything of size n)."""
-    ids = set(vocab.values()) | set(specials.values())
-    n = len(ids)
-    if n == 0:
-        raise TokenizerError(f"{path}: the vocabulary is empty")
-    lo, hi = min(ids), max(ids)
-    if lo < 0 or hi >= n:
-        bad = lo if lo < 0 else hi
-        raise TokenizerError(
-            f"{path}: ids are not contiguous: the {n} token ids must be exactly 0..{n - 1}, but id {bad} is outside "
-            f"that dense range"
-        )
-    return n
-
-
-def _read_merges(path: Path, model: dict, vocab: dict[str, int]) -> tuple[list[tuple[int, int]], list[int]]:
-    """Merge pairs (by rank) and the id each produces. A merge is ``"left right"`` or ``["left", "right"]``.
-
-    The string form splits on its one space; byte-level tokens never contain a space (it is stored as ``Ġ``),
-    so the split is unambiguous.
-    """
-    raw = model.get("merges", [])
-    if not isinstance(raw, list):
-        raise TokenizerError(f"{path}: model.merges must be a list, got {_short(raw)}")
-    merges: list[tuple[int, int]] = []
-    merged_ids: list[int] = []
-    for rank, m in enumerate(raw):
-        pair = m.split(" ") if isinstance(m, str) else m
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, str) and t for t in pair)):
-            raise TokenizerError(
-                f"{path}: merge #{rank} {_short(m)} must be a string 'left right' (exactly one space) "
-                f"or a list [left, right] of two tokens"
-            )
-        left, right = pair
-        for tok in (left, right, left + right):
-            if tok not in vocab:
-                raise TokenizerError(f"{path}: merge {left!r} + {right!r} refers to {tok!r}, which is not in the vocab")
-        merges.append((vocab[left], vocab[right]))
-        merged_ids.append(vocab[left + right])
-    return merges, merged_ids
 
 
 def _merge_word(word: tuple[int, ...], a: int, b: int, new: int) -> tuple[int, ...]:
@@ -371,7 +245,7 @@ class BPETokenizer:
         if byte_ids.count(-1) > 128:
             raise TokenizerError(f"{source}: {byte_ids.count(-1)} of the 256 byte tokens are missing; not a "
                                  "byte-level vocabulary")
-        pairs, merged_ids = _read_merges(Path(source), {"merges": list(merges)}, vocab)
+        pairs, merged_ids = read_merges(Path(source), {"merges": list(merges)}, vocab)
         self = cls._from_layout(id_bytes, byte_ids, pairs, merged_ids, specials)
         self._split, self.pre_tokenizer = split, pre_tokenizer
         if eos_token_id is not None:
@@ -655,16 +529,12 @@ class BPETokenizer:
         path = Path(path)
         if path.is_dir():
             path = path / "tokenizer.json"
-        data = _read_json_object(path)
-        model = data.get("model")
-        if not isinstance(model, dict):
-            raise TokenizerError(f"{path}: 'model' must be an object, got {_short(model)}")
-        if model.get("type") != "BPE":
-            raise TokenizerError(f"{path}: model.type must be 'BPE', got {_short(model.get('type'))}")
-        _check_pipeline(path, data)
-        vocab = _read_vocab(path, model)
-        specials = _read_added_tokens(path, data, vocab)
-        size = _check_dense_ids(path, vocab, specials)
+        data = read_json_object(path)
+        model = read_bpe_model(path, data)
+        check_pipeline(path, data, PRETOKENIZE_PATTERN)
+        vocab = read_vocab(path, model)
+        specials = read_added_tokens(path, data, vocab)
+        size = check_dense_ids(path, vocab, specials)
         id_bytes: list[bytes | None] = [None] * size
         for tok, i in vocab.items():
             if specials.get(tok) != i:
@@ -678,7 +548,7 @@ class BPETokenizer:
             if ch not in vocab:
                 raise TokenizerError(f"{path}: byte token {ch!r} missing; not a byte-level vocabulary")
             byte_ids.append(vocab[ch])
-        merges, merged_ids = _read_merges(path, model, vocab)
+        merges, merged_ids = read_merges(path, model, vocab)
         return cls._from_layout(id_bytes, byte_ids, merges, merged_ids, specials)
 
     def __eq__(self, other: object) -> bool:
