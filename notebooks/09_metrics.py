@@ -357,7 +357,7 @@ assert not server.running
 # The test suite checks this against a **real** Prometheus (the `prometheus` tier, `tests/prometheus/`): it starts
 # Debian's Prometheus 2.42, scrapes an engine every 250 ms, runs traffic, and asks Prometheus' HTTP API which
 # series it stored and what values they hold — which must equal `engine.stats`. A Grafana dashboard for these
-# series ships in `assets/grafana/minienv.json` (README: how to import it); every query in it is run against the
+# series ships in `assets/grafana/minienv.json` (`docs/SERVING.md`: how to import it); every query in it is run against the
 # real server too.
 #
 # ## Exercise 1: p90 TTFT from the buckets
