@@ -112,7 +112,9 @@ class _Exporter:
                     warnings.simplefilter("ignore")
                     return self._run(self._kaleido.calc_fig(fig_dict, opts=opts), EXPORT_TIMEOUT)
             except BaseException as exc:  # noqa: BLE001 - any failure costs the reader the still image, never the figure
-                if isinstance(exc, KeyboardInterrupt):
+                if isinstance(exc, KeyboardInterrupt):  # the reader's stop button: no image now, try again later
+                    self._abandon()
+                    self._started = False
                     raise
                 self.problem = _first_line(exc)
                 self._abandon()

@@ -121,3 +121,25 @@ def test_building_a_notebook_without_an_exporter_is_refused_up_front(tmp_path):
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "none can be made here" in proc.stderr and "chromium" in proc.stderr
     assert {p: p.read_bytes() for p in before} == before
+
+
+def test_the_stop_button_during_an_export_stops_it_and_leaves_images_on(monkeypatch, tmp_path):
+    """Ctrl-C / JupyterLab's stop while the exporter starts: the interrupt reaches the reader, what was started is
+    stopped, and static images are not switched off for the rest of the kernel (the next figure tries again)."""
+    import plotly.graph_objects as go
+
+    from minienv.viz import static
+
+    monkeypatch.setenv("BROWSER_PATH", str(_executable(tmp_path, "a-browser", "exec sleep 30")))
+    exporter = static._Exporter()
+    monkeypatch.setattr(static, "_exporter", exporter)
+
+    def interrupted(coro, timeout):
+        coro.close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(exporter, "_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        static.png_bytes(go.Figure())
+    assert exporter.problem is None and not exporter._started  # not disabled: the next figure starts afresh
+    assert exporter._loop is None and exporter._kaleido is None  # nothing of the interrupted start is kept
