@@ -93,24 +93,6 @@ def build_case(batch: int, context: int, hq: int, hkv: int, d: int, seed: int = 
     return kv, meta, k_dense, v_dense, q
 
 
-def build_case(batch: int, context: int, hq: int, hkv: int, d: int, seed: int = 0):
-    """A pool holding ``batch`` sequences of ``context`` tokens, blocks handed out round-robin as they grew."""
-    rng = np.random.default_rng(seed)
-    pool = BlockPool(batch * -(-context // BLOCK_SIZE) + 8)
-    pool.allocate(3)  # a few blocks held by "someone else", so ids do not start at 0
-    kv = KVPool(1, pool.num_blocks, BLOCK_SIZE, hkv, d)
-    kv.kv_cache[...] = rng.standard_normal(kv.kv_cache.shape, dtype=np.float32)
-    tables = [BlockTable(BLOCK_SIZE) for _ in range(batch)]
-    for _ in range(context):  # every sequence decodes one token per step: their blocks interleave in the pool
-        for t in tables:
-            t.append_tokens(1, pool)
-    meta = PagedAttentionMetadata.from_block_tables(tables, [1] * batch)
-    k_dense = np.ascontiguousarray(kv.k_cache[0][meta.block_tables].reshape(batch, -1, hkv, d)[:, :context])
-    v_dense = np.ascontiguousarray(kv.v_cache[0][meta.block_tables].reshape(batch, -1, hkv, d)[:, :context])
-    q = rng.standard_normal((batch, hq, d), dtype=np.float32)
-    return kv, meta, k_dense, v_dense, q
-
-
 #: read before every timed call: larger than the L2 of the machines this ran on (1-2 MiB per core), so every path
 #: starts with its K/V out of L2. Without it the dense variants, which all read the same slabs, found them warm
 #: after one another while the paged kernels read the pool cold (batch 1 x 2048: the same call on the same shapes
