@@ -51,14 +51,21 @@ ENGINE = dict(block_size=8, max_num_seqs=8, max_num_batched_tokens=64)
 PARAMS = SamplingParams(max_tokens=24, temperature=0)
 
 
-def serve_traffic(engine, texts, per_step=2, panel=None):
-    """Requests arrive `per_step` at a time, one engine step between arrivals (live traffic, not one batch)."""
+def traffic(engine, texts, per_step=2):
+    """Requests arrive `per_step` at a time, one engine step between arrivals (live traffic, not one batch);
+    yields after every step, so a caller can read the metrics in between."""
     queue = list(texts)
     while queue or engine.has_unfinished_requests():
         for _ in range(per_step):
             if queue:
                 engine.add_request(queue.pop(0), PARAMS)
         engine.step()
+        yield engine.stats.num_steps
+
+
+def serve_traffic(engine, texts, panel=None):
+    """All of `traffic`, taking one metrics sample per step when a panel is given."""
+    for _ in traffic(engine, texts):
         if panel is not None:
             panel.update()
 
@@ -90,9 +97,9 @@ assert p90_steps > 2 * np.mean(ttft_steps)  # the tail is far above the mean
 assert eng.stats.num_preemptions > 0
 
 # %% [markdown]
-# One user in ten waited more than twice the mean. A p90 over the last five minutes, per engine, for a fleet:
-# that is what **histograms** scraped by Prometheus give, and why vLLM, SGLang and every serving stack export
-# them in one text format.
+# One user in ten waited more than twice the mean: a p90 of 107<!--out:above--> steps against a mean of
+# 50.5<!--out:above-->. A p90 over the last five minutes, per engine, for a fleet: that is what **histograms**
+# scraped by Prometheus give, and why vLLM, SGLang and every serving stack export them in one text format.
 #
 # ## Build it small: a histogram and its text
 #
@@ -186,57 +193,80 @@ print("\n".join(line for line in m.exposition().splitlines()
 #
 # ## Live: the metrics while traffic arrives
 #
-# `MetricsPanel` (`minienv/viz/metrics_panel.py`) reads the registry after every step — exactly what a scrape would
-# return — and draws five charts: requests running / waiting, KV usage in blocks and in token slots, the prefix
-# hit rate over the last 8 steps (PromQL's `rate(hits[w]) / rate(queries[w])`), preemptions and evicted blocks,
-# and the TTFT histogram filling, one bar per vLLM bucket. Re-run the cell to watch it move.
+# `MetricsPanel` (`minienv/viz/metrics_panel.py`) reads the registry after every engine step — exactly what a
+# scrape would return — and draws five charts: requests running / waiting, KV usage in blocks and in token slots,
+# the prefix hit rate over the last 8 steps (PromQL's `rate(hits[w]) / rate(queries[w])`), preemptions and evicted
+# blocks, and the TTFT histogram filling, one bar per vLLM bucket. Pick a KV budget and whether the prompts share
+# their scene heading, then press **Step** or ▶: each step lets two requests arrive, runs one engine step and adds
+# one sample to every chart. The cell ran the tight budget to the end (the picture under the controls); **Reset**
+# starts it again.
 
 # %%
+import ipywidgets as widgets
+
+from minienv.viz import Stepper
 from minienv.viz.metrics_panel import MetricsPanel
+from minienv.viz.static import show  # every figure: live, with a PNG of it for readers without a kernel
 
-live_engine = InferenceEngine(model, tokenizer, kv_budget_tokens=160, **ENGINE)
-panel = MetricsPanel(metrics_of(live_engine), redraw_every=4, title="minienv, 160-token KV budget, 2 arrivals per step")
-display(panel)  # noqa: F821 - IPython's display
-serve_traffic(live_engine, prompts(24), panel=panel)
-panel.redraw()  # the last samples too
+budget_choice = widgets.ToggleButtons(options=[("160 tokens (tight)", 160), ("1024 tokens (roomy)", 1024)],
+                                      value=160, description="KV budget")
+shared_choice = widgets.Checkbox(value=True, description="prompts share a scene heading")
+live_box = widgets.VBox()
+live = {}  # the engine, its traffic and its panel since the last reset
+
+
+def live_reset():
+    engine = InferenceEngine(model, tokenizer, kv_budget_tokens=budget_choice.value, **ENGINE)
+    shared = shared_choice.value
+    title = (f"KV budget {budget_choice.value} tokens, {'shared' if shared else 'distinct'} prompts, "
+             f"2 arrivals per step")
+    live.update(engine=engine, steps=traffic(engine, prompts(24, shared_prefix=shared)),
+                panel=MetricsPanel(metrics_of(engine), title=title))  # attached before the traffic
+    live_box.children = [widgets.HBox([budget_choice, shared_choice]), live_stepper.widget, live["panel"].widget]
+
+
+def live_step(i):
+    if next(live["steps"], None) is None:  # every request has finished
+        return False
+    s = live["panel"].update()  # one scrape of the registry
+    return (f"running {s.running:.0f}, waiting {s.waiting:.0f}, KV blocks {s.kv_blocks:.0%}, "
+            f"preemptions {s.preemptions:.0f}, evicted blocks {s.evicted_blocks:.0f}")
+
+
+live_stepper = Stepper(live_step, live_reset, n_steps=None, interval_ms=250, description="engine step")
+for choice in (budget_choice, shared_choice):
+    choice.observe(lambda change: live_stepper.reset(), names="value")
+live_stepper.reset()
+live_stepper.run()  # the whole run, so the picture below shows it; Reset and ▶ replay it
+show(live["panel"].widget, live=live_box)
 
 # %%
+panel, live_engine = live["panel"], live["engine"]
 last = panel.samples[-1]
-assert len(panel.samples) == live_engine.stats.num_steps
+assert live_stepper.done and len(panel.samples) == live_engine.stats.num_steps  # one sample per engine step
 assert last.preemptions == live_engine.stats.num_preemptions > 0
 assert last.running == last.waiting == 0 and last.kv_blocks == 0  # idle: nothing held
 assert max(s.kv_tokens for s in panel.samples) < max(s.kv_blocks for s in panel.samples)  # blocks overstate
 assert sum(panel.ttft_bars()[1]) == 24
-
-# %% [markdown]
-# For readers without a kernel, the same five charts at the end of the run:
-
-# %%
-panel.static()
-
-# %%
-svg = panel.to_svg()
-assert svg.startswith("<svg") and svg.count("<polyline") >= 6 and "time to first token" in svg
+assert [trace.x[-1] for trace in panel.widget.data[:7]] == [len(panel.samples) - 1] * 7  # the charts drew it all
 
 # %% [markdown]
 # ## What moves when: healthy vs thrashing, shared vs distinct prompts
 #
-# Same traffic, four engines: a KV budget that holds everybody (healthy) or only a few requests (thrashing), and
-# prompts that share their scene heading or not. Only counters and step counts are printed — they are the same on
-# every machine.
+# Same traffic, the widget's four settings: a KV budget that holds everybody (healthy) or only a few requests
+# (thrashing), and prompts that share their scene heading or not — each on a fresh engine with a panel that only
+# records (no live charts to redraw). Only counters and step counts are printed — they are the same on every
+# machine.
 
 # %%
 # NBVAL_CHECK_OUTPUT
 runs = {}
 for budget, label in ((1024, "healthy"), (160, "thrashing")):
     for shared in (True, False):
-        if (label, shared) == ("thrashing", True):
-            e, p = live_engine, panel  # the live run above was this one
-        else:
-            e = InferenceEngine(model, tokenizer, kv_budget_tokens=budget, **ENGINE)
-            p = MetricsPanel(metrics_of(e), live=False, title=f"{label}: {budget}-token KV budget, "  # attached now
-                             f"{'shared' if shared else 'distinct'} prompts")
-            serve_traffic(e, prompts(24, shared_prefix=shared), panel=p)
+        e = InferenceEngine(model, tokenizer, kv_budget_tokens=budget, **ENGINE)
+        p = MetricsPanel(metrics_of(e), live=False, title=f"{label}: {budget}-token KV budget, "  # attached now
+                         f"{'shared' if shared else 'distinct'} prompts")
+        serve_traffic(e, prompts(24, shared_prefix=shared), panel=p)
         runs[label, shared] = (e, p)
         v = metrics_of(e).value
         hit = v("vllm:prefix_cache_hits_total") / v("vllm:prefix_cache_queries_total")
@@ -255,20 +285,25 @@ distinct = metrics_of(runs["healthy", False][0]).value
 hit_rate = lambda v: v("vllm:prefix_cache_hits_total") / v("vllm:prefix_cache_queries_total")  # noqa: E731
 assert hit_rate(hv) > 5 * hit_rate(distinct)  # the shared scene heading is computed once, then hit
 assert tv("minienv:kv_cache_evicted_blocks_total") > 0  # the tight pool reuses cached-free blocks
+assert [s.preemptions for s in tp.samples] == [s.preemptions for s in panel.samples]  # the widget's run, replayed
 
 # %% [markdown]
 # Read it as an operator would:
 #
-# * **Healthy**: the queue is the burst of arrivals waiting for one of the `max_num_seqs = 8` batch slots, and it
-#   drains steadily; no preemptions, no evictions; KV usage rises and falls with the traffic.
-# * **Thrashing**: `vllm:num_requests_waiting` keeps a queue, `vllm:num_preemptions_total` climbs steadily (each
-#   preemption throws K/V away and recomputes it later), KV usage sits near 1, evictions climb, and TTFT's tail
-#   stretches. The fix is capacity (more KV, or fewer `max_num_seqs`), not a faster model.
-# * **Shared prefix**: `vllm:prefix_cache_hits_total` grows with `queries` — the scene heading is computed once.
-#   Under thrashing the hit rate can still be high: a preempted request's resume finds its own blocks cached.
+# * **Healthy**: the queue is the burst of arrivals waiting for one of the `max_num_seqs = 8` batch slots (a peak of
+#   16<!--out:above--> waiting), and it drains steadily; no preemptions, no evictions; KV usage rises and falls with
+#   the traffic; 75<!--out:above--> steps.
+# * **Thrashing**: `vllm:num_requests_waiting` keeps a queue, `vllm:num_preemptions_total` climbs steadily
+#   (17<!--out:above--> preemptions with shared prompts, 23<!--out:above--> with distinct ones; each throws K/V away
+#   and recomputes it later), KV usage sits near 1, evictions climb, and TTFT's tail stretches: the same traffic
+#   takes 144<!--out:above--> steps instead of 75. The fix is capacity (more KV, or fewer `max_num_seqs`), not a
+#   faster model.
+# * **Shared prefix**: `vllm:prefix_cache_hits_total` grows with `queries` — the scene heading is computed once: a
+#   60 %<!--out:above--> hit rate against 6 %<!--out:above--> for distinct prompts. Under thrashing the hit rate can
+#   still be high (53 %<!--out:above-->): a preempted request's resume finds its own blocks cached.
 #
-# The thrashing engine was the live panel above; here is the healthy one (shared prompts) to set beside it — no
-# preemptions, no evictions, a shorter run:
+# The widget's picture was the thrashing engine; here is the healthy one (shared prompts) to set beside it — no
+# preemptions, no evictions, a shorter run (or set the widget's budget to 1024 and press ▶):
 
 # %%
 hp.static()
@@ -276,6 +311,8 @@ hp.static()
 # %%
 assert hp.samples[-1].preemptions == hp.samples[-1].evicted_blocks == 0 < tp.samples[-1].preemptions
 assert len(hp.samples) < len(tp.samples)
+svg = hp.to_svg()
+assert svg.startswith("<svg") and svg.count("<polyline") >= 6 and "time to first token" in svg
 
 # %% [markdown]
 # ## PromQL, worked through
@@ -367,10 +404,11 @@ assert not server.running
 # Write `quantile_from_buckets(q, buckets)`: PromQL's `histogram_quantile` on one histogram. `buckets` is
 # `[(le, cumulative_count), ...]` sorted by `le`, `float("inf")` last — what `m.histogram_buckets(name)` returns.
 # Rules: (1) the counts are cumulative; (2) find the bucket that holds rank `q * total` — the first whose count is
-# `>= rank`, even when empty buckets follow it — and interpolate linearly inside it; (3) the first bucket's lower
-# bound is 0; (4) a rank in the `+Inf` bucket gives the largest finite bound; (5) no observations → NaN. The check
-# runs one case per rule, then the live TTFT histogram of the thrashing run, where your p90 must land in the bucket
-# that holds the exact p90 of the raw TTFTs.
+# `>= rank`, even when empty buckets follow it (and even when `q = 1`); (3) interpolate linearly inside it, from its
+# lower bound — the previous bucket's `le`, even when that bucket is empty — to its own `le`; (4) the first
+# bucket's lower bound is 0; (5) a rank in the `+Inf` bucket gives the largest finite bound, even when that bucket
+# is empty; (6) no observations → NaN. The check runs a case per rule and per edge, then the live TTFT histogram of
+# the thrashing run, where your p90 must land in the bucket that holds the exact p90 of the raw TTFTs.
 
 # %%
 from minienv.exercises.metrics import check_increase, check_quantile_from_buckets
@@ -428,9 +466,9 @@ except ExerciseFailed as err:
 # the drop counted from 0, so all of it is increase. Write `increase(samples)` for `[(seconds, value), ...]`
 # (oldest first), without PromQL's extrapolation to the window's edges. Rules: (1) without a reset, last minus
 # first — two samples are enough; (2) an equal value is not a reset; (3) a lower value is a reset: the new value
-# is all increase; (4) every reset counts; (5) fewer than two samples → `None`. The check runs one case per rule,
-# then live samples of `vllm:generation_tokens_total` read after every step of one engine and then of its
-# replacement.
+# is all increase — also between the first two samples, and when the new value is 0; (4) every reset counts, two in a
+# row too; (5) fewer than two samples → `None`. The check runs a case per rule and per edge, then live samples
+# of `vllm:generation_tokens_total` read after every step of one engine and then of its replacement.
 
 # %%
 def increase(samples):
@@ -481,6 +519,7 @@ assert counter_samples[-1][1] - counter_samples[0][1] < true_increase  # last �
 #
 # | minienv (`minienv/metrics.py`) | vLLM v0.11.0 ([`vllm/v1/metrics/loggers.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/metrics/loggers.py), [`vllm/v1/metrics/stats.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/metrics/stats.py)) | SGLang v0.5.3 ([`python/sglang/srt/metrics/collector.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/metrics/collector.py)) |
 # |---|---|---|
+# | where the numbers are made: the engine's stats after each step, read into the registry | `Scheduler.make_stats()` in [`vllm/v1/core/sched/scheduler.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/sched/scheduler.py) → `SchedulerStats` → `PrometheusStatLogger` (`loggers.py`) | the scheduler's `SchedulerMetricsMixin` ([`python/sglang/srt/managers/scheduler_metrics_mixin.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/managers/scheduler_metrics_mixin.py)) → `SchedulerMetricsCollector` |
 # | `vllm:num_requests_running` / `_waiting` | the same (`SchedulerStats.num_running_reqs`, `num_waiting_reqs`) | `sglang:num_running_reqs`, `sglang:num_queue_reqs` |
 # | `vllm:kv_cache_usage_perc` (blocks) · `minienv:kv_cache_token_usage_perc` | `vllm:kv_cache_usage_perc` (blocks only) | `sglang:token_usage` (SGLang's pool is per token) |
 # | `vllm:prefix_cache_queries` / `_hits` (tokens) | the same (`PrefixCacheStats`) | `sglang:cache_hit_rate` (a gauge ratio) |
@@ -494,7 +533,7 @@ assert counter_samples[-1][1] - counter_samples[0][1] < true_increase  # last �
 # | `vllm:external_prefix_cache_queries` / `_hits`, `minienv:kv_tier_*` (notebook 11) | — (v0.11.0 has no connector hit counters; the `vllm:external_prefix_cache_*` names minienv uses come from later releases) | HiCache storage counters: `sglang:prefetched_tokens_total`, `sglang:backuped_tokens_total` (`StorageMetricsCollector`) |
 #
 # Two traps worth knowing. vLLM registers into prometheus-client's process-wide registry and unregisters its own
-# metrics first (`unregister_vllm_metrics()` in `loggers.py`), because a second engine in the same process would
+# metrics first (`unregister_vllm_metrics()` in [`vllm/v1/metrics/loggers.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/metrics/loggers.py)), because a second engine in the same process would
 # otherwise crash on duplicate names; minienv gives every engine its own registry (the second engine below
 # registers cleanly). And renamed metrics break dashboards silently: vLLM's `time_per_output_token_seconds` became
 # `inter_token_latency_seconds`, `gpu_cache_usage_perc` became `kv_cache_usage_perc`.

@@ -17,22 +17,35 @@ from minienv.exercises._check import exercise, require
 
 INF = float("inf")
 
-#: (rule, q, buckets, expected)
+_INTERPOLATE = ("interpolate linearly inside the bucket that holds rank q * total, from its lower bound (the "
+                "previous bucket's le, even when that bucket is empty) to its own le, at (rank - count below) / "
+                "(its own observations)")
+_FIRST_REACHING = ("a rank exactly equal to a bucket's cumulative count lies in that bucket (the first whose count "
+                   ">= rank), even when empty buckets follow it")
+_OFF_SCALE = ("a rank that lands in the +Inf bucket gives the largest finite bound (the quantile is off the scale), "
+              "even when that bucket is empty")
+
+#: (rule, q, buckets, expected) — one case per rule and one per edge of a rule, ordered so that each classic slip
+#: breaks its own rule first
 QUANTILE_CASES: tuple[tuple[str, float, list[tuple[float, float]], float], ...] = (
     ("the counts are cumulative: a bucket holds count(le) - count(previous le), not count(le)",
      0.9, [(0.01, 5), (0.02, 9), (0.04, 10), (INF, 10)], 0.02),
-    ("interpolate linearly inside the bucket that holds rank q * total (between its lower and upper bound)",
-     0.5, [(0.1, 2), (0.5, 10), (1.0, 10), (INF, 10)], 0.25),
+    (_INTERPOLATE, 0.5, [(0.1, 2), (0.5, 10), (1.0, 10), (INF, 10)], 0.25),
+    # the edge: the bucket below the one that holds the rank is empty — its le is still the lower bound
+    (_INTERPOLATE, 0.75, [(1.0, 4), (2.0, 4), (4.0, 8), (INF, 8)], 3.0),
     ("the first bucket's lower bound is 0",
      0.25, [(0.004, 8), (0.008, 8), (INF, 8)], 0.001),
-    ("a rank exactly equal to a bucket's cumulative count lies in that bucket (the first whose count >= rank), "
-     "even when empty buckets follow it",
-     0.5, [(1.0, 5), (2.0, 5), (3.0, 10), (INF, 10)], 1.0),
-    ("a rank that lands in the +Inf bucket gives the largest finite bound (the quantile is off the scale)",
-     0.95, [(1.0, 3), (2.5, 9), (INF, 20)], 2.5),
+    (_FIRST_REACHING, 0.5, [(1.0, 5), (2.0, 5), (3.0, 10), (INF, 10)], 1.0),
+    (_FIRST_REACHING, 1.0, [(1.0, 3), (2.0, 10), (4.0, 10), (INF, 10)], 2.0),  # the edge: q = 1, rank = total
+    (_OFF_SCALE, 0.95, [(1.0, 3), (2.5, 9), (INF, 20)], 2.5),
+    (_OFF_SCALE, 0.9, [(1.0, 2), (2.0, 2), (INF, 10)], 2.0),  # the edge: the largest finite bucket is empty
     ("no observations: the quantile is NaN",
      0.9, [(0.1, 0), (INF, 0)], math.nan),
 )
+
+_RESET = "a value lower than the one before is a reset: the counter restarted from 0, so the new value is all increase"
+_EVERY_RESET = ("every reset in the window counts, not only the first — each drop compared with the sample just "
+                "before it")
 
 #: (rule, samples, expected increase) — samples are (seconds, counter value), oldest first
 INCREASE_CASES: tuple[tuple[str, list[tuple[float, float]], float | None], ...] = (
@@ -42,10 +55,11 @@ INCREASE_CASES: tuple[tuple[str, list[tuple[float, float]], float | None], ...] 
      [(0.0, 3.0), (1.0, 7.0)], 4.0),
     ("an equal value is not a reset: a flat stretch adds nothing",
      [(0.0, 5.0), (1.0, 5.0), (2.0, 5.0), (3.0, 6.0)], 1.0),
-    ("a value lower than the one before is a reset: the counter restarted from 0, so the new value is all increase",
-     [(0.0, 10.0), (15.0, 15.0), (30.0, 4.0), (45.0, 7.0)], 12.0),
-    ("every reset in the window counts, not only the first",
-     [(0.0, 5.0), (1.0, 8.0), (2.0, 2.0), (3.0, 6.0), (4.0, 1.0), (5.0, 4.0)], 13.0),
+    (_RESET, [(0.0, 10.0), (15.0, 15.0), (30.0, 4.0), (45.0, 7.0)], 12.0),
+    (_RESET, [(0.0, 9.0), (1.0, 2.0), (2.0, 5.0)], 5.0),  # the edge: a reset between the first two samples
+    (_RESET, [(0.0, 6.0), (1.0, 0.0), (2.0, 3.0)], 3.0),  # the edge: restarted and read before its first count
+    (_EVERY_RESET, [(0.0, 5.0), (1.0, 8.0), (2.0, 2.0), (3.0, 6.0), (4.0, 1.0), (5.0, 4.0)], 13.0),
+    (_EVERY_RESET, [(0.0, 9.0), (1.0, 5.0), (2.0, 2.0), (3.0, 4.0)], 9.0),  # the edge: two resets in a row
     ("fewer than two samples: no increase can be told (None)",
      [(0.0, 42.0)], None),
 )
@@ -68,7 +82,9 @@ def check_quantile_from_buckets(fn, live_buckets: Sequence[tuple[float, float]] 
         fn.rule = rule
         got = fn(qq, list(buckets))
         require(_same(got, expected), rule, f"q={qq}, buckets {buckets}: the answer is {expected}, got {got!r}")
-    verdict = f"quantile_from_buckets is histogram_quantile on all {len(QUANTILE_CASES)} rules"
+    rules = len({case[0] for case in QUANTILE_CASES})
+    verdict = (f"quantile_from_buckets is histogram_quantile on all {rules} rules "
+               f"({len(QUANTILE_CASES)} cases, edges included)")
     if live_buckets is not None and live_values is not None:
         rule = "an estimate from buckets lands in the bucket that holds the true value"
         fn.rule = rule
@@ -99,7 +115,8 @@ def check_increase(fn, live_samples: Sequence[tuple[float, float]] | None = None
         got = fn(list(samples))
         ok = got is None if expected is None else (got is not None and _same(got, expected))
         require(ok, rule, f"samples {samples}: the answer is {expected}, got {got!r}")
-    verdict = f"increase handles every rule ({len(INCREASE_CASES)} cases)"
+    rules = len({case[0] for case in INCREASE_CASES})
+    verdict = f"increase handles all {rules} rules ({len(INCREASE_CASES)} cases, edges included)"
     if live_samples is not None and live_expected is not None:
         rule = "on a live counter across an engine restart, the increase is every token generated in the window"
         fn.rule = rule

@@ -438,6 +438,47 @@ def _load_with(keys="tier", stop=True, cap_last=True, local="subtract", unit="to
     return fn
 
 
+def _quantile(lower_of="previous", off_scale="largest finite", position="in bucket", q1_off_scale=False):
+    """PromQL's histogram_quantile with one classic slip (notebook 09)."""
+    def fn(q, buckets):
+        total = buckets[-1][1]
+        if total == 0:
+            return float("nan")
+        if q1_off_scale and q == 1:  # "q = 1 is the maximum, off the scale"
+            return max(le for le, _ in buckets if le != float("inf"))
+        rank, lower, below, last_seen = q * total, 0.0, 0.0, 0.0
+        for le, count in buckets:
+            if count >= rank:
+                if le == float("inf"):
+                    return last_seen if off_scale == "last non-empty" else lower
+                at = rank / count if position == "cumulative" else (rank - below) / (count - below)
+                start = last_seen if lower_of == "last non-empty" else lower
+                return start + (le - start) * at
+            if count > below:
+                last_seen = le
+            lower, below = le, count
+        return float("nan")
+    return fn
+
+
+def _increase(reset="previous", first_pair=True):
+    """A counter's increase with one classic slip (notebook 09)."""
+    def fn(samples):
+        if len(samples) < 2:
+            return None
+        values = [v for _, v in samples]
+        total, high = 0.0, values[0]
+        for i, (before, after) in enumerate(zip(values, values[1:])):
+            if i == 0 and not first_pair:  # "the first pair is the baseline": a drop there is lost
+                total += max(0.0, after - before)
+                continue
+            ref = {"previous": before, "first": values[0], "max so far": high}[reset]
+            total += after if after < ref else after - before
+            high = max(high, after)
+        return total
+    return fn
+
+
 # notebook, check, solution / stub name, [(wrong answer, words its failure must contain), ...]
 WRONG = [
     ("00_tour", ex00.check_next_blocks, "next_blocks", [
@@ -571,11 +612,20 @@ WRONG = [
         (lambda q, b: next(le for le, c in b if c >= q * b[-1][1]) if b[-1][1] else float("nan"),
          "interpolate linearly"),
         (lambda q, b: b[-1][0], "cumulative"),
+        (_quantile(lower_of="last non-empty"), "even when that bucket is empty) to its own le"),
+        (_quantile(position="cumulative"), "(rank - count below) / (its own observations)"),
+        (_quantile(off_scale="last non-empty"), "gives the largest finite bound"),
+        (_quantile(q1_off_scale=True), "the first whose count >= rank"),
     ]),
     ("09_metrics", ex09.check_increase, "increase", [
         (lambda s: s[-1][1] - s[0][1] if len(s) > 1 else None, "is a reset"),
         (lambda s: sum(b[1] - a[1] if b[1] > a[1] else b[1] for a, b in zip(s, s[1:])) if len(s) > 1 else None,
          "an equal value is not a reset"),
+        (_increase(reset="first"), "is a reset"),
+        (_increase(reset="max so far"), "is a reset"),
+        (_increase(first_pair=False), "is a reset"),
+        (lambda s: sum(b[1] - a[1] if b[1] >= a[1] else 0.0 for a, b in zip(s, s[1:])) if len(s) > 1 else None,
+         "is a reset"),  # a drop adds nothing: the restarted counter's first count is lost
     ]),
     ("10_serving", ex10.check_retry_ceilings, "retry_ceilings", [
         (_ceilings(first_exponent=1), "the first retry waits up to initial_backoff"),
