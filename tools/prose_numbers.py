@@ -3,7 +3,9 @@
 A number in a markdown cell followed by the marker ``<!--out-->`` (invisible when rendered, on GitHub and in
 JupyterLab) claims to be a value that the code cell next to it printed — the nearest code cell above or below
 the markdown cell. ``<!--out:above-->`` (for a summary that recalls a result) widens that to every code cell
-above the markdown cell. The check reads the committed ``.ipynb`` (nbval re-runs it in CI, so its outputs are the code's
+above the markdown cell, and ``<!--out:03-->`` (for a figure quoted from an earlier chapter) to every code cell of
+notebook 03 — so a chapter that recalls another's result is caught when that result changes. The check reads the
+committed ``.ipynb`` (nbval re-runs it in CI, so its outputs are the code's
 outputs) and accepts the claim when some number in those outputs, rounded to the decimals the prose shows, equals
 it: ``30 %<!--out-->`` agrees with a printed ``30.08``, ``~135×<!--out-->`` does not agree with ``134×``.
 
@@ -16,6 +18,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 MARKER = "<!--out-->"
 MARKER_ABOVE = "<!--out:above-->"
@@ -24,8 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 # a number as prose or a printout writes it: 1,702 · 0.25 · 12.5 · -3 (thousands commas allowed)
 _NUMBER = r"[-−]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-−]?\d+(?:\.\d+)?"
 _UNIT = r"(?:%|×|x|µs|us|ms|s|KiB|MiB|GB|tokens?)?"
-_CLAIM = re.compile(rf"({_NUMBER})\s*{_UNIT}\s*(<!--out(?::above)?-->)")
-_ANY_MARKER = re.compile(r"<!--out(?::[a-z]*)?-->")
+_CLAIM = re.compile(rf"({_NUMBER})\s*{_UNIT}\s*<!--out(?::(above|\d\d))?-->")
+_ANY_MARKER = re.compile(r"<!--out(?::[a-z0-9]*)?-->")
 _ANY_NUMBER = re.compile(_NUMBER)
 
 
@@ -37,10 +40,11 @@ def _decimals(text: str) -> int:
     return len(text.split(".", 1)[1]) if "." in text else 0
 
 
-def claims(markdown: str) -> list[tuple[str, bool]]:
-    """The numbers a markdown cell ties to an output, as written, each with whether it may come from any cell
-    above (``[("30", False), ("1,702", True)]``)."""
-    return [(m.group(1), m.group(2) == MARKER_ABOVE) for m in _CLAIM.finditer(markdown)]
+def claims(markdown: str) -> list[tuple[str, str]]:
+    """The numbers a markdown cell ties to an output, as written, each with where it may come from: ``"beside"``
+    (the neighbouring code cells), ``"above"`` (any code cell above) or a notebook's number
+    (``[("30", "beside"), ("1,702", "above"), ("21.1", "03")]``)."""
+    return [(m.group(1), m.group(2) or "beside") for m in _CLAIM.finditer(markdown)]
 
 
 def output_text(cell: dict) -> str:
@@ -60,8 +64,9 @@ def agrees(claim: str, printed: str) -> bool:
     return any(abs(round(_value(n), d) - want) < 1e-9 for n in _ANY_NUMBER.findall(printed))
 
 
-def disagreements(cells: list[dict]) -> tuple[list[str], int]:
-    """``(problems, number of claims checked)`` for one notebook's cells (nbformat JSON dicts)."""
+def disagreements(cells: list[dict], other: Callable[[str], list[dict]] | None = None) -> tuple[list[str], int]:
+    """``(problems, number of claims checked)`` for one notebook's cells (nbformat JSON dicts); ``other(NN)`` gives
+    notebook NN's cells, for claims marked ``<!--out:NN-->``."""
     problems, checked = [], 0
     for i, cell in enumerate(cells):
         if cell.get("cell_type") != "markdown":
@@ -74,10 +79,17 @@ def disagreements(cells: list[dict]) -> tuple[list[str], int]:
         below = next((c for c in cells[i + 1:] if c.get("cell_type") == "code"), None)
         beside = "\n".join(output_text(c) for c in (above, below) if c is not None)
         everything_above = "\n".join(output_text(c) for c in cells[:i] if c.get("cell_type") == "code")
-        for claim, from_above in found:
+        for claim, scope in found:
             checked += 1
-            if not agrees(claim, everything_above if from_above else beside):
-                where = "no code cell above" if from_above else "neither neighbouring code cell"
+            if scope == "beside":
+                printed, where = beside, "neither neighbouring code cell"
+            elif scope == "above":
+                printed, where = everything_above, "no code cell above"
+            else:
+                quoted = (other(scope) if other is not None else None) or []
+                printed = "\n".join(output_text(c) for c in quoted if c.get("cell_type") == "code")
+                where = f"no code cell of notebook {scope}" if quoted else f"notebook {scope}, which was not found"
+            if not agrees(claim, printed):
                 line = next(ln for ln in text.splitlines() if claim in ln and "<!--out" in ln)
                 problems.append(f"markdown cell {i}: {claim!r} is printed by {where} — {line.strip()[:120]}")
     # a marker not right after a number is a typo that would check nothing
@@ -89,9 +101,16 @@ def disagreements(cells: list[dict]) -> tuple[list[str], int]:
     return problems, checked
 
 
+def _cells(path: Path) -> list[dict]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
+
+
 def check_notebook(path: Path) -> tuple[list[str], int]:
-    cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
-    problems, checked = disagreements(cells)
+    def other(number: str) -> list[dict]:  # a sibling notebook NN_*.ipynb, or nothing
+        found = sorted(Path(path).parent.glob(f"{number}_*.ipynb"))
+        return _cells(found[0]) if found else []
+
+    problems, checked = disagreements(_cells(path), other)
     return [f"{Path(path).name}: {p}" for p in problems], checked
 
 

@@ -77,3 +77,17 @@ def test_a_marker_that_follows_no_number_is_reported():
     cells = _cells("the ratio<!--out--> is large", "134x")
     problems, checked = prose.disagreements([nbformat.from_dict(c) for c in cells])
     assert checked == 0 and problems and "does not follow a number" in problems[0]
+
+
+def test_a_figure_quoted_from_another_notebook_is_checked_against_that_notebook():
+    """``<!--out:03-->``: 04 recalls 03's utilisation figures; when 03's output changes, 04's prose is caught."""
+    notebook_03 = _cells("", "reserve max length   21.1 %   oracle 38.9 %   paged 97.0 %")[:1]
+    here = _cells("", "11.4% hold token states")[:1]
+    md = nbformat.v4.new_markdown_cell("03 left 21.1 %<!--out:03--> holding token states; paged 97.0 %<!--out:03-->")
+    assert prose.claims(md.source) == [("21.1", "03"), ("97.0", "03")]
+    assert prose.disagreements(here + [md], {"03": notebook_03}.get) == ([], 2)
+    changed = _cells("", "reserve max length   20.9 %   oracle 38.9 %   paged 97.0 %")[:1]
+    problems, checked = prose.disagreements(here + [md], {"03": changed}.get)
+    assert checked == 2 and len(problems) == 1 and "no code cell of notebook 03" in problems[0]
+    problems, _ = prose.disagreements(here + [md], {}.get)  # no such notebook: reported, never passed
+    assert len(problems) == 2 and "not found" in problems[0]
