@@ -20,9 +20,9 @@
 # ## The problem, with a number
 #
 # In [notebook 03](03_kv_memory.ipynb), on a ShareGPT-like workload in the paper's 15.7 K token slots, reserving
-# the maximum length per request left **21.1 %** of the KV memory holding real token states (paper: 20.4 %); even
-# an oracle that knew every output length reached only 38.9 % (paper: 38.2 %), while paging reached **97.0 %**
-# (paper: 96.3 %). Here is the same effect on four requests and the bundled model's 1024-token context:
+# the maximum length per request left **21.1 %<!--out:03-->** of the KV memory holding real token states (paper:
+# 20.4 %); even an oracle that knew every output length reached only 38.9 %<!--out:03--> (paper: 38.2 %), while
+# paging reached **97.0 %<!--out:03-->** (paper: 96.3 %). Here is the same effect on four requests and the bundled model's 1024-token context:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -38,6 +38,7 @@ print(f"paged, block size {B}:  {paged_slots} slots -> {sum(lengths) / paged_slo
 print(f"worst case per request in the last block: {B - 1} wasted slots")
 
 # %% [markdown]
+# Reserving 1024 slots each, 11.4 %<!--out--> of the slots hold token states; with blocks of 16, 94.0 %<!--out-->.
 # The contiguous scheme does not know how long a request will get, so it must reserve for the worst case; the
 # paged scheme takes one block at a time, as the request grows. The price is that a request's K/V is no longer
 # contiguous: attention must find token `t`'s K and V wherever its block landed.
@@ -294,12 +295,16 @@ assert table_a.slot_mapping().tolist() == [int(ids[t // DEMO_B] * DEMO_B + t % D
 # batches, block sizes 1/2/16/64, GQA ratios, shared blocks).
 #
 # **Proof 1: one layer, a random batch.** Four sequences with different cached lengths; two prefill chunks that
-# start mid-sequence and two decodes in the same step; blocks handed out interleaved. Compare with the model's
-# dense attention (`minienv.model.attention.causal_attention`) on each sequence's contiguous K/V.
+# start mid-sequence and two decodes in the same step; blocks handed out interleaved. Each kernel installed here,
+# named (not `"auto"`), is compared with the model's dense attention (`minienv.model.attention.causal_attention`)
+# on each sequence's contiguous K/V.
 
 # %%
 from minienv.kv import PagedAttentionMetadata, paged_attention
+from minienv.kv.paged_attention import NUMBA_MISSING
 from minienv.model.attention import causal_attention
+
+KERNELS = ["numpy"] + ([] if NUMBA_MISSING else ["numba"])  # numba: the `lab` extra installs it
 
 rng = np.random.default_rng(4)
 P_B, HKV, GROUP, D = 16, 2, 2, 32
@@ -321,7 +326,7 @@ meta = PagedAttentionMetadata.from_block_tables(p_tables, new_tokens)
 q = rng.standard_normal((meta.num_tokens, HKV * GROUP, D), dtype=np.float32)
 p_kv.write(0, meta.slot_mapping, np.concatenate([k[c:] for k, c in zip(dense_k, context)]),
            np.concatenate([v[c:] for v, c in zip(dense_v, context)]))
-paged_out = paged_attention(q, p_kv.kv_cache[0], meta)  # mixed prefill + decode, auto's kernel
+paged_outs = {k: paged_attention(q, p_kv.kv_cache[0], meta, k) for k in KERNELS}  # mixed prefill + decode
 dense_out = np.concatenate([
     causal_attention(q[meta.query_start_loc[s]:meta.query_start_loc[s + 1]], dense_k[s], dense_v[s],
                      np.arange(context[s], context[s] + new_tokens[s]))
@@ -329,10 +334,12 @@ dense_out = np.concatenate([
 ])
 print("block tables:", [t.block_ids for t in p_tables])
 print("positions of the step's tokens:", meta.positions.tolist())
-print(f"max |paged - dense| = {np.abs(paged_out - dense_out).max():.1e}")
+for k, paged_out in paged_outs.items():
+    print(f"kernel={k!r}: max |paged - dense| = {np.abs(paged_out - dense_out).max():.1e}")
 
 # %%
-assert np.abs(paged_out - dense_out).max() < 1e-5
+for paged_out in paged_outs.values():
+    assert np.abs(paged_out - dense_out).max() < 1e-5
 assert not any(np.all(np.diff(t.block_ids) == 1) for t in p_tables if t.num_blocks > 2)  # really scattered
 
 # %% [markdown]
@@ -346,7 +353,6 @@ assert not any(np.all(np.diff(t.block_ids) == 1) for t in p_tables if t.num_bloc
 #
 # %%
 from minienv.kv import PagedAttentionBackend
-from minienv.kv.paged_attention import NUMBA_MISSING
 from minienv.model import load_model
 from minienv.tokenizer import load_tokenizer
 
@@ -392,7 +398,6 @@ def dense_logits(model, prompt, generated):
     return model.forward(list(prompt) + list(generated[:-1]))[len(prompt) - 1:]
 
 
-KERNELS = ["numpy"] + ([] if NUMBA_MISSING else ["numba"])  # numba: the `lab` extra installs it
 runs = {k: generate_paged(model, prompts, NEW_TOKENS, MODEL_B, CHUNK, kernel=k) for k in KERNELS}
 paged_ids = runs["numpy"][0]
 dense = [dense_logits(model, p, ids_) for p, ids_ in zip(prompts, paged_ids)]
@@ -422,7 +427,9 @@ for _, pls in runs.values():  # 1e-5 absolute + 1e-6 relative: float32 at logits
 # `benchmarks/bench_paged.py` times a decode step (attention only) at batch {1, 8, 32} × context
 # {128, 512, 2048} against the fastest of four dense numpy variants over contiguous slabs, and reports every path
 # against the machine's *read* bandwidth (a large `np.sum`: the floor for anything that reads all of K and V once).
-# One point, timed here (timings are not checked: they depend on the machine and its load):
+# One point, timed here for each kernel **by name** — `kernel="numpy"` (the gather this section is about), then
+# `kernel="numba"` (the block walk, which is what `kernel="auto"` picks when numba is installed) — against the best
+# dense variant (timings are not checked: they depend on the machine and its load):
 # %%
 import time
 
@@ -463,6 +470,11 @@ for k in KERNELS:
                        batched_attention(qd[:, None], k_slab, v_slab).reshape(S, 4, 64), atol=1e-5)
 
 # %% [markdown]
+# The numpy line is the gather's price: the copy of every block before the attention. The numba line is the walk's:
+# no copy, but a per-block loop with an online softmax instead of one large matmul — so at 512 keys it gains
+# little over the gather. It pays off with longer contexts: at batch 8 and 32 × 2048 keys `bench_paged.py` measured
+# the walk at 0.90–0.98× the strongest dense numpy variant, the gather at 2.7–5.3× (`docs/BENCHMARKS.md`).
+#
 # On a GPU the paper's kernel reads the blocks in place (no copy) and was 20–26 % slower than FasterTransformer's
 # contiguous kernel; the memory it saves lets the batch grow 2–4×, which is where the throughput comes from.
 #
@@ -502,15 +514,16 @@ check_gather(my_gather)
 # token `j * B + s`. Then cut with `[:num_tokens]`.
 # </details>
 #
-# A common wrong answer takes the blocks in *physical* order (sorted ids), which is right only if the pool handed
-# them out in order — the check names the rule it breaks:
+# A common wrong answer reads token `t` from block `t // B` of the *pool* instead of block `table[t // B]` — right
+# only for a request that happens to own the pool's first blocks, in order. The check names the rule it breaks:
 
 # %%
 from minienv.exercises import ExerciseFailed
 
 
-def wrong_gather(k_layer, block_table, num_tokens):
-    return np.take(k_layer, np.sort(block_table), axis=0).reshape(-1, *k_layer.shape[2:])[:num_tokens]
+def wrong_gather(k_layer, block_table, num_tokens):  # forgets the block table
+    B = k_layer.shape[1]
+    return np.stack([k_layer[t // B, t % B] for t in range(num_tokens)])
 
 
 try:
@@ -587,7 +600,8 @@ check_new_blocks_needed(new_blocks_needed)
 #
 # * A **block table** maps a request's logical blocks to physical blocks; token `t` lives in slot
 #   `table[t // B] * B + t % B`. A new block is taken exactly when a token crosses a block boundary, so a request
-#   wastes at most `B − 1` slots — notebook 03's 97 % utilisation against 21–39 % for contiguous reservation.
+#   wastes at most `B − 1` slots — notebook 03's 97.0 %<!--out:03--> utilisation against 21.1 %<!--out:03-->–38.9 %<!--out:03-->
+#   for contiguous reservation.
 # * The **block pool** keeps a refcount per block and a **free queue** with O(1) pop-head, append-tail and
 #   remove-from-middle; allocation is all-or-nothing and every error leaves the pool exactly as it was.
 # * **Paged attention** writes new K/V through the slot mapping and reads them back through the block tables —

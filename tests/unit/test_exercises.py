@@ -541,6 +541,8 @@ WRONG = [
         (lambda k, t, n: np.take(k, t, axis=0).reshape(-1, k.shape[2] * k.shape[3])[:n], "[num_tokens, kv_heads"),
         (lambda k, t, n: np.take(k, t, axis=0).transpose(1, 0, 2, 3).reshape(-1, *k.shape[2:])[:n],
          "take the blocks in the table's"),
+        (lambda k, t, n: np.stack([k[i // k.shape[1], i % k.shape[1]] for i in range(n)]),
+         "take the blocks in the table's"),  # the pool's blocks 0, 1, ... instead of the table's (notebook 04's slip)
     ]),
     ("04_paged_attention", ex04.check_new_blocks_needed, "new_blocks_needed", [
         (lambda n, k, b: -(-k // b), "fits in the last block's free slots"),
