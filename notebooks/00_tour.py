@@ -130,6 +130,8 @@ assert list(MODULES) == [s.name for s in ENGINE_MAP]
 # | **12 speculative decoding** | draft-model and n-gram proposals, exact verification | drafts kept and rejected, their KV slots given back |
 # | **13 block size** | a sweep from 1 to 256, a dynamic scheme, a tuner | fragmentation, hits and time as the block size changes |
 # | **14 capstone** | your own KV cache manager | it runs the real engine and is graded by the series' proofs |
+# | **15 real model** | SmolLM2-135M-Instruct read from its GGUF file, its tokenizer and chat template | a real instruct model chatting through minienv's own engine and paged KV cache |
+# | **16 at scale** | minienv's scheduler and KV manager on a simulated GPU clock (a roofline per step) | latency–throughput curves; the shape of the vLLM paper's result (paged vs reservation vs static batching) |
 #
 # ## How to use the live views
 #
@@ -317,8 +319,9 @@ print(f"paged + shared, as above: at most {peak_in_use} of {pool.num_blocks} blo
 assert (reserve_up_front, peak_in_use) == (10, 7)
 
 # %% [markdown]
-# Paging (take a block only when a request crosses a block boundary) and sharing (C reuses A's first block)
-# are the two savings; notebook 03 measures the first on a realistic workload, notebook 05 the second.
+# Reserving up front would need 10<!--out--> blocks of a pool of 8; paged and shared, the demo never held more
+# than 7<!--out-->. Paging (take a block only when a request crosses a block boundary) and sharing (C reuses A's
+# first block) are the two savings; notebook 03 measures the first on a realistic workload, notebook 05 the second.
 #
 # ## The live view
 #
