@@ -5,6 +5,14 @@ which reserve one *contiguous* chunk per request keep real token states in only 
 (vLLM) reaches 96.3 %. This module replays a workload (``minienv.lab.workload``) through a fixed KV memory of
 ``kv_slots`` token slots under each allocation scheme and measures the same four parts.
 
+The bookkeeping is two small memories with one interface — :class:`ContiguousMemory` (Orca's reserved chunks)
+and :class:`PagedMemory` (vLLM's blocks): ``admit`` a request (or ``None``), ``grow`` it by one token (``False``
+when a paged request needs a block and none is free), ``free`` it, and ``slots``: every slot in one category at
+the end of a step. Notebook 03 serves the workload through them in a loop of its own (steps 1-4 below, all
+requests waiting at t = 0) and averages the steps with :func:`average_slots`; :func:`simulate` is the same loop
+with arrivals over time, a recorded timeline and a closed-form fast-forward, and gives the notebook's numbers
+exactly (the notebook asserts it).
+
 The model
 ---------
 Time advances in *steps* (one decode iteration). In step ``t``:
@@ -76,7 +84,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from minienv.kv.block_pool import BlockPool
 from minienv.lab.workload import RequestSpec
@@ -89,7 +97,13 @@ __all__ = [
     "FirstFitAllocator",
     "BuddyAllocator",
     "MemoryBreakdown",
+    "StepSlots",
     "SimulationResult",
+    "RunningRequest",
+    "ContiguousMemory",
+    "PagedMemory",
+    "kv_memory",
+    "average_slots",
     "next_pow2",
     "contiguous_reservation",
     "blocks_needed",
@@ -283,6 +297,18 @@ class BuddyAllocator:
 
 
 # ------------------------------------------------------------------------------------- results
+class StepSlots(NamedTuple):
+    """One step's slots per category (they sum to ``kv_slots``), with how many requests run and wait."""
+
+    token_states: int
+    reservation: int
+    internal_frag: int
+    external_frag: int
+    free: int
+    running: int
+    waiting: int
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Average slots per category (see the module docstring); they sum to ``kv_slots``."""
@@ -332,14 +358,174 @@ class SimulationResult:
         return self.breakdown.percent(include_free)
 
 
-@dataclass
-class _Running:
+@dataclass(eq=False)
+class RunningRequest:
+    """One admitted request: its length so far and the memory it holds (the memory object keeps the totals).
+    Compared by identity, as the requests in a running list are (``r in running`` is a fast identity test)."""
+
     spec: RequestSpec
     length: int  # tokens whose K/V are stored
     alloc: int  # slots held (chunk size, or blocks * block_size)
     internal: int  # alloc - min(alloc, final length)
     start: int = -1  # chunk start address (contiguous schemes)
     blocks: list[int] = field(default_factory=list)  # block ids held in the real BlockPool (paged)
+
+    @property
+    def generated(self) -> int:
+        """Output tokens so far (what a preempted request keeps and recomputes on resume)."""
+        return self.length - self.spec.prompt_len
+
+    @property
+    def done(self) -> bool:
+        return self.length >= self.spec.total_len
+
+
+class _KVMemory:
+    """What both kinds of memory share: running totals over the requests they hold, and the per-step accounting.
+
+    The totals move only in ``admit``/``grow``/``free``, so ``slots`` is O(1) whatever the number of requests.
+    """
+
+    def __init__(self, kv_slots: int) -> None:
+        self.kv_slots = kv_slots
+        self.tokens = self.alloc = self.internal = 0
+        self.slack = 0  # buddy rounding of live chunks (contiguous only): held by no request's reservation
+        self.unusable = 0  # slots too few to form a block (paged only)
+
+    def _hold(self, r: RunningRequest, sign: int) -> None:
+        self.tokens += sign * r.length
+        self.alloc += sign * r.alloc
+        self.internal += sign * r.internal
+
+    def slots(self, running: Sequence[RunningRequest], waiting: Sequence) -> StepSlots:
+        """Every slot of the memory in exactly one category at the end of a step (see the module docstring)."""
+        free_now = self.kv_slots - self.alloc - self.slack
+        if waiting:  # memory exists, but the queued work cannot have it
+            external, idle = free_now + self.slack, 0
+        else:
+            external = self.unusable + self.slack
+            idle = self.kv_slots - self.alloc - external
+        return StepSlots(self.tokens, self.alloc - self.tokens - self.internal, self.internal, external, idle,
+                         len(running), len(waiting))
+
+
+class ContiguousMemory(_KVMemory):
+    """Orca's schemes: one chunk per request, reserved at admission (``contiguous_reservation``) and placed by a
+    buddy or first-fit allocator; it never grows, so decoding never needs memory."""
+
+    def __init__(self, scheme: str, kv_slots: int, *, max_len: int = 2048, allocator: str = "buddy") -> None:
+        contiguous_reservation(scheme, 1, 1, max_len)  # validates the scheme
+        if allocator not in ("first_fit", "buddy"):
+            raise ValueError(f"allocator must be 'first_fit' or 'buddy', got {allocator!r}")
+        super().__init__(kv_slots)
+        self.scheme, self.max_len = scheme, max_len
+        self.space = (FirstFitAllocator if allocator == "first_fit" else BuddyAllocator)(kv_slots)
+
+    def reservation(self, spec: RequestSpec) -> int:
+        return contiguous_reservation(self.scheme, spec.prompt_len, spec.output_len, self.max_len)
+
+    def admit(self, spec: RequestSpec, generated: int = 0, busy: bool = False) -> RunningRequest | None:
+        """Reserve the request's whole chunk, or ``None`` (nothing changed) when no hole holds it."""
+        size = self.reservation(spec)
+        start = self.space.allocate(size)
+        if start is None:
+            return None
+        self.slack += self.space.block_size(size) - size
+        r = RunningRequest(spec, spec.prompt_len + generated, size, size - spec.total_len, start)
+        self._hold(r, +1)
+        return r
+
+    def grow(self, r: RunningRequest) -> bool:
+        """One more token, in the chunk reserved for it: always room."""
+        r.length += 1
+        self.tokens += 1
+        return True
+
+    def advance(self, running: Sequence[RunningRequest], k: int) -> None:
+        """``k`` steps of ``grow`` for every request at once (``simulate``'s fast-forward)."""
+        for r in running:
+            r.length += k
+        self.tokens += len(running) * k
+
+    def free(self, r: RunningRequest) -> None:
+        self._hold(r, -1)
+        self.space.free(r.start, r.alloc)
+        self.slack -= self.space.block_size(r.alloc) - r.alloc
+
+    def hole_blocked(self, spec: RequestSpec) -> bool:
+        """The free memory in total would hold this request's chunk, but no single hole does."""
+        return self.space.free_slots >= self.space.block_size(self.reservation(spec))
+
+
+class PagedMemory(_KVMemory):
+    """vLLM: blocks of ``block_size`` slots from minienv's own :class:`BlockPool`, taken one at a time as a request
+    grows. Admission keeps ``watermark`` of the blocks free while others run (vLLM v0's default 1 %)."""
+
+    def __init__(self, kv_slots: int, *, block_size: int = 16, watermark: float = 0.01) -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+        if kv_slots // block_size < 1:
+            raise ValueError(f"kv_slots={kv_slots} holds no block of {block_size} slots")
+        if not 0 <= watermark < 1:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
+        super().__init__(kv_slots)
+        self.block_size = block_size
+        self.pool = BlockPool(kv_slots // block_size)
+        self.unusable = kv_slots - self.pool.num_blocks * block_size  # too few to form a block: always external
+        self.watermark_blocks = int(watermark * self.pool.num_blocks)
+
+    def admit(self, spec: RequestSpec, generated: int = 0, busy: bool = False) -> RunningRequest | None:
+        """Blocks for the prompt (and the recomputed output of a resumed request), or ``None`` (nothing changed)."""
+        length = spec.prompt_len + generated
+        nb, free_blocks = blocks_needed(length, self.block_size), self.pool.num_free_blocks
+        if nb > free_blocks or (busy and nb + self.watermark_blocks > free_blocks):
+            return None  # (the watermark never blocks a request that would run alone)
+        alloc = nb * self.block_size
+        r = RunningRequest(spec, length, alloc, max(0, alloc - spec.total_len), blocks=self.pool.allocate(nb))
+        self._hold(r, +1)
+        return r
+
+    def grow(self, r: RunningRequest) -> bool:
+        """One more token; a full last block first takes a new one. ``False`` (nothing changed): no block is free."""
+        if r.length == r.alloc:
+            if self.pool.num_free_blocks == 0:
+                return False
+            r.blocks += self.pool.allocate(1)
+            r.alloc += self.block_size
+            self.alloc += self.block_size
+            new_internal = max(0, r.alloc - r.spec.total_len)
+            self.internal += new_internal - r.internal
+            r.internal = new_internal
+        r.length += 1
+        self.tokens += 1
+        return True
+
+    def free(self, r: RunningRequest) -> None:
+        self._hold(r, -1)
+        self.pool.free(r.blocks[::-1])  # last block first, as the engine frees
+        r.blocks = []
+
+
+def kv_memory(scheme: str, kv_slots: int, *, max_len: int = 2048, block_size: int = 16, allocator: str = "buddy",
+              watermark: float = 0.01) -> ContiguousMemory | PagedMemory:
+    """An empty KV memory of ``kv_slots`` slots that places requests the way ``scheme`` does."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; choose one of {SCHEMES}")
+    if scheme == "paged":
+        return PagedMemory(kv_slots, block_size=block_size, watermark=watermark)
+    return ContiguousMemory(scheme, kv_slots, max_len=max_len, allocator=allocator)
+
+
+def average_slots(steps: Sequence[StepSlots]) -> tuple[MemoryBreakdown, float]:
+    """The time average of per-step slot counts, and of the running requests, over the loaded window: up to the
+    step of the last admission, which is the step after the last one that ended with a request waiting (all
+    requests waiting from the start, as in ``simulate``'s ``measure="loaded"``)."""
+    if not steps:
+        raise ValueError("average_slots needs at least one step")
+    n = 1 + max((i + 1 for i, st in enumerate(steps) if st.waiting), default=0)
+    window = steps[:n]
+    breakdown = MemoryBreakdown(**{c: sum(getattr(st, c) for st in window) / n for c in CATEGORIES})
+    return breakdown, sum(st.running for st in window) / n
 
 
 # ------------------------------------------------------------------------------------ simulation
@@ -400,10 +586,8 @@ def simulate(
         num_blocks = kv_slots // block_size
         if num_blocks < 1:
             raise ValueError(f"kv_slots={kv_slots} holds no block of {block_size} slots")
-        unusable = kv_slots - num_blocks * block_size  # too few to form a block: always external
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
-        watermark_blocks = int(watermark * num_blocks)
     for r in requests:
         if r.prompt_len < 1 or r.output_len < 1:
             raise ValueError(f"request {r.request_id}: prompt_len and output_len must be >= 1")
@@ -423,11 +607,10 @@ def simulate(
     order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
     waiting: deque[tuple[RequestSpec, int]] = deque()  # (spec, generated tokens so far)
     arrivals = deque(order)
-    running: list[_Running] = []
-    space = None if paged else (FirstFitAllocator if allocator == "first_fit" else BuddyAllocator)(kv_slots)
-    pool = BlockPool(num_blocks) if paged else None  # paged: the engine's block pool does the bookkeeping
+    running: list[RunningRequest] = []
+    mem = kv_memory(scheme, kv_slots, max_len=max_len, block_size=block_size, allocator=allocator,
+                    watermark=watermark)
 
-    tokens = alloc = internal = slack = 0  # running totals over `running`; slack: buddy rounding
     sums = dict.fromkeys(CATEGORIES, 0)
     timeline = {c: [] for c in CATEGORIES} if record_timeline else None
     window_sums = None
@@ -436,57 +619,25 @@ def simulate(
     last_admit_step = 0
     step = 0
 
-    def release(r: _Running) -> None:
-        nonlocal tokens, alloc, internal, slack
-        tokens -= r.length
-        alloc -= r.alloc
-        internal -= r.internal
-        if paged:
-            pool.free(r.blocks[::-1])  # last block first, as the engine frees
-            r.blocks = []
-        else:
-            space.free(r.start, r.alloc)
-            slack -= space.block_size(r.alloc) - r.alloc
-
-    def preempt(r: _Running) -> None:
-        nonlocal preemptions, preempted_this_step
-        preempted_this_step = True
-        release(r)
-        preemptions += 1
-        waiting.appendleft((r.spec, r.length - r.spec.prompt_len))  # resumes first, recomputing its tokens
-
     while arrivals or waiting or running:
-        # 1. decode: every running request appends one token
+        # 1. decode: every running request appends one token; paged: no free block -> preempt the newest
         preempted_this_step = False
-        if paged:
-            i = 0
-            while i < len(running):
-                r = running[i]
-                if r.length == r.alloc:  # last block full: take a new one, preempting if needed
-                    while pool.num_free_blocks == 0 and running[-1] is not r:
-                        preempt(running.pop())  # the most recently admitted request
-                    if pool.num_free_blocks == 0:  # r is itself the most recent: it is preempted
-                        preempt(running.pop())
-                        continue
-                    r.blocks += pool.allocate(1)
-                    r.alloc += block_size
-                    alloc += block_size
-                    new_internal = max(0, r.alloc - r.spec.total_len)
-                    internal += new_internal - r.internal
-                    r.internal = new_internal
-                r.length += 1
-                tokens += 1
+        i = 0
+        while i < len(running):
+            if mem.grow(running[i]):
                 i += 1
-        else:
-            for r in running:
-                r.length += 1
-            tokens += len(running)
+                continue
+            victim = running.pop()  # the most recently admitted request (possibly running[i] itself)
+            mem.free(victim)
+            preempted_this_step = True
+            preemptions += 1
+            waiting.appendleft((victim.spec, victim.generated))  # resumes first, recomputing its tokens
         # 2. finish
         if running:
             still = []
             for r in running:
-                if r.length >= r.spec.total_len:
-                    release(r)
+                if r.done:
+                    mem.free(r)
                 else:
                     still.append(r)
             running = still
@@ -495,46 +646,22 @@ def simulate(
         while arrivals and arrivals[0].arrival_time <= now:
             waiting.append((arrivals.popleft(), 0))
         while waiting and not preempted_this_step:  # like vLLM: no new prefills in a step that preempted
-            spec, generated = waiting[0]
-            length = spec.prompt_len + generated
-            if paged:
-                nb = blocks_needed(length, block_size)
-                free_blocks = pool.num_free_blocks
-                if nb > free_blocks or (running and nb + watermark_blocks > free_blocks):
-                    break  # (the watermark never blocks a request that would run alone)
-                r = _Running(spec, length, nb * block_size, max(0, nb * block_size - spec.total_len),
-                             blocks=pool.allocate(nb))
-            else:
-                size = contiguous_reservation(scheme, spec.prompt_len, spec.output_len, max_len)
-                start = space.allocate(size)
-                if start is None:
-                    break
-                slack += space.block_size(size) - size
-                r = _Running(spec, length, size, size - spec.total_len, start)
+            r = mem.admit(*waiting[0], busy=bool(running))
+            if r is None:
+                break
             waiting.popleft()
             running.append(r)
-            tokens += r.length
-            alloc += r.alloc
-            internal += r.internal
             last_admit_step = step
         if not (arrivals or waiting or running):
             break  # the last request finished in this step: nothing left to account
         # 4. account
-        free_now = kv_slots - alloc - slack
-        always_unusable = unusable if paged else slack
+        counts = mem.slots(running, waiting)
         hole = False
         if waiting:
-            external, idle = free_now + slack, 0
             blocked_steps += 1
             if not paged:
-                spec = waiting[0][0]
-                size = contiguous_reservation(scheme, spec.prompt_len, spec.output_len, max_len)
-                hole = space.free_slots >= space.block_size(size)
+                hole = mem.hole_blocked(waiting[0][0])
                 hole_blocked += hole
-        else:
-            external = always_unusable
-            idle = kv_slots - alloc - external
-        counts = (tokens, alloc - tokens - internal, internal, external, idle)
         for c, v in zip(CATEGORIES, counts):
             sums[c] += v
             if timeline is not None:
@@ -556,7 +683,7 @@ def simulate(
             k = min(until) - step if until else 0
             if k > 0:
                 tri = n * k * (k + 1) // 2  # sum over the k steps of the tokens added since now
-                reserved = alloc - tokens - internal
+                tokens, reserved, internal, external, idle = counts[:5]
                 for c, v in zip(CATEGORIES, (k * tokens + tri, k * reserved - tri, k * internal, k * external,
                                              k * idle)):
                     sums[c] += v
@@ -564,9 +691,7 @@ def simulate(
                     for j in range(1, k + 1):
                         for c, v in zip(CATEGORIES, (tokens + n * j, reserved - n * j, internal, external, idle)):
                             timeline[c].append(v)
-                for r in running:
-                    r.length += k
-                tokens += n * k
+                mem.advance(running, k)
                 running_sum += n * k
                 if waiting:
                     blocked_steps += k
@@ -607,8 +732,9 @@ def figure2(
     return {s: simulate(requests, s, kv_slots, max_len=max_len, block_size=block_size, **kwargs) for s in schemes}
 
 
-def format_figure2_table(results: dict[str, SimulationResult], paper: dict = PAPER_FIGURE2) -> str:
-    """A fixed-width text table: our category percentages, and token states ours vs the paper's."""
+def format_figure2_table(results: dict[str, SimulationResult | MemoryBreakdown], paper: dict = PAPER_FIGURE2) -> str:
+    """A fixed-width text table: our category percentages, and token states ours vs the paper's (``results``: per
+    scheme, anything with ``percent()`` — a :class:`SimulationResult` or an :func:`average_slots` breakdown)."""
     head = (f"{'scheme':<14}{'token':>7}{'reserv':>8}{'int.frag':>9}{'ext.frag':>9}{'free':>6}"
             f"{'paper token':>13}{'ours/paper':>11}")
     lines = [head, "-" * len(head)]

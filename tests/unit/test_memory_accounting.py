@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import deque
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,11 +13,16 @@ from minienv.lab.memory_accounting import (
     CATEGORIES,
     SCHEMES,
     BuddyAllocator,
+    ContiguousMemory,
     FirstFitAllocator,
+    PagedMemory,
+    StepSlots,
+    average_slots,
     blocks_needed,
     contiguous_reservation,
     figure2,
     format_figure2_table,
+    kv_memory,
     next_pow2,
     paged_internal_fragmentation,
     simulate,
@@ -271,3 +279,69 @@ def test_allocators_never_overlap_and_count_free_slots(cls, size, ops):
             start = sorted(live)[n % len(live)]
             a.free(start, live.pop(start)[0])
         assert a.free_slots == size - sum(k for _, k in live.values())
+
+
+# ------------------------------------------------------------------ notebook 03's loop
+def _notebook_serve():
+    """The `serve` loop notebook 03 shows its reader, taken from the notebook itself (so this tests what they read)."""
+    src = (Path(__file__).resolve().parents[2] / "notebooks" / "03_kv_memory.py").read_text(encoding="utf-8")
+    start = src.index("def serve(requests, memory):")
+    end = src.index("\n\n\n", start)
+    namespace = {"deque": deque}
+    exec(src[start:end], namespace)  # noqa: S102 - the repository's own notebook
+    return namespace["serve"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests_st, st.sampled_from(SCHEMES), st.integers(0, 60), st.sampled_from([1, 4, 16]),
+       st.sampled_from(["buddy", "first_fit"]))
+def test_notebook_loop_gives_simulate_step_by_step(reqs, scheme, extra, block_size, allocator):
+    # all at t = 0, the notebook's setting; a small paged memory so that requests are preempted
+    reqs = [req(r.request_id, r.prompt_len, r.output_len) for r in reqs]
+    kv = 64 + extra
+    steps = list(_notebook_serve()(reqs, kv_memory(scheme, kv, max_len=40, block_size=block_size,
+                                                   allocator=allocator)))
+    ref = simulate(reqs, scheme, kv, max_len=40, block_size=block_size, allocator=allocator, measure="all",
+                   record_timeline=True)
+    # simulate does not account the step in which the last request finished; the loop yields it (all free)
+    assert [tuple(s)[:5] for s in steps[:-1]] == rows(ref)
+    assert steps[-1].running == steps[-1].waiting == 0 and steps[-1].free == kv - (
+        kv % block_size if scheme == "paged" else 0)
+    loaded = simulate(reqs, scheme, kv, max_len=40, block_size=block_size, allocator=allocator)
+    assert average_slots(steps) == (loaded.breakdown, loaded.mean_running)
+
+
+def test_figure2_loop_equals_simulate_and_preempts():
+    reqs = sharegpt_like(150, max_len=2048, seed=1)
+    for scheme in SCHEMES:
+        steps = list(_notebook_serve()(reqs, kv_memory(scheme, 4096)))
+        ref = simulate(reqs, scheme, 4096)
+        assert average_slots(steps) == (ref.breakdown, ref.mean_running)
+    assert simulate(reqs, "paged", 4096).preemptions > 0  # the loop's preemption branch ran
+
+
+def test_memories_change_nothing_when_they_refuse():
+    paged = PagedMemory(32, block_size=8, watermark=0.0)
+    a = paged.admit(req(0, 8, 4))
+    b = paged.admit(req(1, 24, 4))
+    assert a is not None and b is not None and paged.pool.num_free_blocks == 0
+    before = (paged.slots([a, b], []), a.length, a.alloc, list(a.blocks))
+    assert paged.grow(a) is False  # a's block is full and none is free
+    assert (paged.slots([a, b], []), a.length, a.alloc, list(a.blocks)) == before
+    assert paged.admit(req(2, 1, 1)) is None and paged.slots([a, b], []) == before[0]
+    paged.free(b)
+    assert paged.grow(a) is True and a.alloc == 16 and a.generated == 1
+    with_watermark = PagedMemory(64, block_size=8, watermark=0.25)  # 2 of 8 blocks kept free while others run
+    first = with_watermark.admit(req(0, 40, 1), busy=False)
+    assert first is not None and with_watermark.admit(req(1, 16, 1), busy=True) is None  # 2 + 2 > 3 free
+    assert with_watermark.admit(req(1, 16, 1), busy=False) is not None  # alone, the watermark does not apply
+
+    chunks = ContiguousMemory("orca_max", 20, max_len=8, allocator="first_fit")
+    x, y = chunks.admit(req(0, 2, 2)), chunks.admit(req(1, 2, 2))
+    assert chunks.admit(req(2, 1, 1)) is None  # 4 slots left, a reservation of 8
+    assert chunks.slots([x, y], [req(2, 1, 1)]) == StepSlots(4, 4, 8, 4, 0, 2, 1)
+    assert chunks.hole_blocked(req(2, 1, 1)) is False
+    with pytest.raises(ValueError, match="unknown scheme"):
+        kv_memory("orca_min", 16)
+    with pytest.raises(ValueError, match="at least one step"):
+        average_slots([])
