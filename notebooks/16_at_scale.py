@@ -51,7 +51,7 @@ print(f"64 streams:  {many * 1e3:.2f} ms per step -> {64 / many:,.0f} tokens/s "
 assert many / one < 1.5
 
 # %% [markdown]
-# Sixty-four times the work for well under twice the time: at batch 1 the GPU spends the step *reading the
+# Sixty-four times the work for well under twice the time (1.24×<!--out-->): at batch 1 the GPU spends the step *reading the
 # weights*, and 64 requests read them once, together. (On this course's CPU, notebook 07's batches did not come
 # nearly this cheap: a CPU has far less arithmetic per byte of bandwidth to spare.)
 #
@@ -124,9 +124,9 @@ for model, gpu, tp in (("Llama-3-8B", "H100-SXM", 1), ("Llama-3-8B", "L4", 1), (
           f"{tokens // 16:>7,} blocks of 16 = {tokens // 500:>5,} ShareGPT-sized requests")
 
 # %% [markdown]
-# OPT-13B on a 40 GB A100 — the vLLM paper's setting — has room for only a few dozen conversations: that is why
-# memory management decided its results. Llama-3's grouped-query attention (8 KV heads for 32 query heads) makes
-# a token's KV 6x smaller than OPT-13B's, on a GPU with twice the memory.
+# OPT-13B on a 40 GB A100 — the vLLM paper's setting — has room for only 28<!--out--> ShareGPT-sized conversations: that
+# is why memory management decided its results. Llama-3's grouped-query attention (8 KV heads for 32 query heads)
+# keeps 128<!--out--> KiB per token against OPT-13B's 800<!--out--> KiB — 6× smaller — on a GPU with twice the memory.
 #
 # ## The central experiment: slide the request rate
 #
@@ -151,9 +151,9 @@ assert curve[-1]["output_throughput"] > curve[0]["output_throughput"]
 
 # %% [markdown]
 # With only 150 requests a run is mostly ramp-up and drain, so the throughput column lags the offered load
-# (rate × the mean output length). What the table shows is the GPU's side: eight times the arrival rate, and
-# the time between a stream's tokens (ITL) hardly moves — a bigger batch costs the H100 little — while the KV pool
-# stays far from full. The widget below runs the same trace at the rate you choose and draws the
+# (rate × the mean output length). What the table shows is the GPU's side: eight times the arrival rate (5<!--out-->
+# to 40<!--out--> requests/s), and the time between a stream's tokens (ITL) hardly moves, 6.9<!--out--> to 7.6<!--out--> ms —
+# a bigger batch costs the H100 little — while the KV pool stays far from full (peak 5.9 %<!--out-->). The widget below runs the same trace at the rate you choose and draws the
 # KV pool filling over (simulated) time and the tokens each step computed.
 
 # %%
@@ -185,7 +185,7 @@ draw()
 show(live, widgets.VBox([rate_slider, caption, live]))
 
 # %% [markdown]
-# Even at the sweep's highest rate the KV peak printed above stays far from 100 %: with an 8B model on an 80 GB
+# Even at the sweep's highest rate the KV peak printed above (5.9 %<!--out:above-->) stays far from 100 %: with an 8B model on an 80 GB
 # H100 the batch is capped by `max_num_seqs` (256) and by compute, not by memory. Memory decides when the KV per token
 # is large and the GPU small — the vLLM paper's case.
 #
@@ -244,7 +244,7 @@ for name, (lo, hi) in PAPER_FACTORS.items():
 
 # %% [markdown]
 # The paper reports vLLM sustaining 1.7–2.7x the request rate of Orca (Oracle) and 2.7–8x Orca (Max) at the same
-# latency. The cell above prints this small sweep's factors (100 requests per point; the full sweep, 400
+# latency. The cell above prints this small sweep's factors (1.5×<!--out--> against Orca (Oracle); 100 requests per point; the full sweep, 400
 # requests per point over seven rates, is recorded in `docs/BENCHMARKS.md`). Why ours differ: (1) our "Orca" already has minienv's continuous batching
 # and chunked prefill, so only the memory policy differs; (2) the roofline has no kernel-level penalty for paging
 # (the paper measured 20–26 % slower attention kernels for PagedAttention); (3) our lengths are synthetic, with the
@@ -264,6 +264,10 @@ for caching in (False, True):
           f"median TTFT {r['median_ttft_ms']:6.1f} ms, mean e2e {r['mean_e2el_ms'] / 1e3:.2f} s")
 
 # %% [markdown]
+# One shared system prompt lifts the hit rate to 96.0 %<!--out--> and cuts the median time to the first token from
+# 8,624<!--out--> ms to 87<!--out--> ms: without the cache every request computes the 512 shared tokens again, and
+# at 20 requests a second the L4 falls behind.
+#
 # And the block size, where memory binds (OPT-13B on an A100-40GB, 120 ShareGPT-like requests at once): a
 # larger block leaves more of every request's last block empty, so the same tokens take more of the pool.
 
@@ -283,8 +287,9 @@ assert by_size[256]["kv_usage_mean"] > by_size[16]["kv_usage_mean"]
 assert by_size[256]["output_throughput"] < by_size[16]["output_throughput"]
 
 # %% [markdown]
-# At 16 tokens the empty tails are a few percent of the pool; at 256 they are a sizeable share, and throughput
-# drops. (Fewer preemptions at 256 is not a win: fewer requests were admitted in the first place.)
+# The same requests hold 56.7 %<!--out--> of the pool on average at block size 16 and 66.7 %<!--out--> at 256: the
+# difference is empty tails, and throughput drops from 630<!--out--> to 608<!--out--> output tokens/s. (Fewer
+# preemptions at 256, 50<!--out--> against 83<!--out-->, is not a win: fewer requests were admitted in the first place.)
 #
 # ## How good is the clock?
 #
@@ -331,6 +336,15 @@ check_decode_prediction(predict_decode_ms)
 #
 # `seconds = bytes / (gpu.bandwidth_gbs * 1e9 * mbu) + overhead_s`; then multiply by 1000.
 # </details>
+#
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if the GPU had twice the memory bandwidth and the same FLOPs? Which numbers of this chapter would move — a
+#   lone stream's step, the 64-stream step, the ridge point — and which would not?
+# * What if Llama-3-8B had no grouped-query attention (32 KV heads, one per query head)? How many ShareGPT-sized
+#   requests would the H100's pool hold, and would memory management start to decide the results?
 #
 # ## Where it lives in vLLM and in simulators
 #
