@@ -584,8 +584,8 @@ check_new_blocks_needed(new_blocks_needed)
 # > * [`vllm/v1/attention/backends/flash_attn.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/attention/backends/flash_attn.py) — `FlashAttentionMetadata` (`query_start_loc`, `seq_lens`,
 # >   `block_table`, `slot_mapping`); K/V live in a `[2, num_blocks, block_size, kv_heads, head_dim]` tensor per
 # >   layer, the order in which minienv's `KVPool.kv_cache[layer]` is indexed (its memory keeps heads outermost
-# >   instead: numpy reads a head's keys fastest as one contiguous slab). `cpu_attn.py` is the CPU backend.
-# > * `csrc/attention/paged_attention_v1.cu` / `paged_attention_v2.cu` — the original PagedAttention CUDA kernels
+# >   instead: numpy reads a head's keys fastest as one contiguous slab). [`vllm/v1/attention/backends/cpu_attn.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/attention/backends/cpu_attn.py) is the CPU backend.
+# > * [`csrc/attention/paged_attention_v1.cu`](https://github.com/vllm-project/vllm/blob/v0.11.0/csrc/attention/paged_attention_v1.cu) / [`csrc/attention/paged_attention_v2.cu`](https://github.com/vllm-project/vllm/blob/v0.11.0/csrc/attention/paged_attention_v2.cu) — the original PagedAttention CUDA kernels
 # >   from the paper, which read blocks in place instead of gathering them; minienv's `kv/block_walk.py` is v1's
 # >   walk (per sequence, per block of its table, online softmax) on a CPU, in physical-block order.
 # >

@@ -18,6 +18,7 @@ from pathlib import Path
 #: path prefix -> (repository URL, pinned release) — the pins the notebooks state
 PINS = {
     "vllm/": ("https://github.com/vllm-project/vllm", "v0.11.0"),
+    "csrc/": ("https://github.com/vllm-project/vllm", "v0.11.0"),  # vLLM's C++/CUDA kernels (SGLang's: sgl-kernel/)
     "python/sglang/": ("https://github.com/sgl-project/sglang", "v0.5.3"),
     "sgl-router": ("https://github.com/sgl-project/sglang", "v0.5.3"),
     "nanovllm/": ("https://github.com/GeeeekExplorer/nano-vllm", "bb823b3"),
@@ -28,7 +29,7 @@ NOT_IN_RELEASE = {"vllm/v1/spec_decode/draft_model.py"}
 
 _SECTION = re.compile(r"^# ## (Where (this|it) lives|The map: every)")
 _NEXT_SECTION = re.compile(r"^# ## ")
-_PLAIN = re.compile(r"(?<!\[)`((?:vllm/|python/sglang/|sgl-router|nanovllm/|lmcache/)[A-Za-z0-9_./-]*)`(?!\]\()")
+_PLAIN = re.compile(r"(?<!\[)`((?:vllm/|csrc/|python/sglang/|sgl-router|nanovllm/|lmcache/)[A-Za-z0-9_./-]*)`(?!\]\()")
 
 
 def url(path: str) -> str:

@@ -41,3 +41,9 @@ def test_paths_outside_the_section_or_after_the_release_stay_plain():
             "# `vllm/v1/spec_decode/draft_model.py` (added after v0.11.0)\n# ## Summary\n# `vllm/outputs.py`\n")
     linked, kept = links.link(text)
     assert linked == text and kept == ["vllm/v1/spec_decode/draft_model.py"]
+
+
+def test_a_vllm_kernel_path_links_to_the_vllm_release():
+    text = "# ## Where this lives in vLLM / SGLang\n# > * `csrc/attention/paged_attention_v1.cu` — the CUDA kernel\n"
+    linked, _ = links.link(text)
+    assert "](https://github.com/vllm-project/vllm/blob/v0.11.0/csrc/attention/paged_attention_v1.cu)" in linked
