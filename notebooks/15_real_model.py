@@ -18,7 +18,7 @@
 #
 # Every chapter so far ran a 2 M-parameter model trained on Shakespeare: right for seeing every block, wrong for
 # costs — a step of it lasts ~2 ms and is mostly Python overhead. Here the same engine serves a real instruct
-# model, SmolLM2-135M-Instruct (Apache-2.0; 30 layers, 9 query / 3 KV heads, vocabulary 49,152), read from the
+# model, SmolLM2-135M-Instruct (Apache-2.0; 30<!--out--> layers, 9<!--out--> query / 3<!--out--> KV heads, vocabulary 49,152<!--out-->), read from the
 # GGUF file llama.cpp uses, through minienv's own numpy Llama, tokenizer and paged KV cache.
 #
 # **Learning goals.** After this notebook you can
@@ -126,7 +126,7 @@ for text in ["It costs 1999 euros.", "naïve café — 東京 🙂"]:
 # %% [markdown]
 # ## KV bytes per token, and what a budget means
 #
-# Each token keeps K and V, in every layer, for every **KV** head (3 here, shared by 9 query heads), in float32.
+# Each token keeps K and V, in every layer, for every **KV** head (3<!--out:above--> here, shared by 9<!--out:above--> query heads), in float32.
 
 # %% [markdown]
 # ### Exercise 1: KV bytes per token
@@ -194,7 +194,8 @@ print(f"the bundled toy keeps {toy:,} bytes per token: SmolLM2 keeps {per_token 
 
 # %% [markdown]
 # A budget is counted in tokens, but users arrive in conversations: the same memory holds an order of magnitude
-# fewer of them on a real model than on the toy (the ratio above), and a 7 B model keeps more again.
+# fewer of them on a real model than on the toy (15×<!--out--> the bytes per token: a 2,048-token budget holds
+# 10<!--out:above--> of the 194<!--out:above-->-token conversations above), and a 7 B model keeps more again.
 #
 # ## One system prompt, many users
 #
@@ -261,8 +262,8 @@ assert predicted == hits[True][0] and hits[False][0] == 0
 # ## Speculation: grounded vs free, on a memory-bound model
 #
 # Notebook 12 found speculation *slower* on the toy: a toy step is per-call overhead, so verifying 4 drafts cost
-# about as much as 4 steps. A real model's decode step is different: it reads every float32 weight (the MB printed
-# below) to produce one token. How much more does a step of five tokens (a verify of four drafts) cost than a step of one?
+# about as much as 4 steps. A real model's decode step is different: it reads every float32 weight (538<!--out--> MB,
+# printed below) to produce one token. How much more does a step of five tokens (a verify of four drafts) cost than a step of one?
 # %%
 from minienv.model import NoCache
 
@@ -314,9 +315,10 @@ grounded = spec_rows["grounded (copy a passage)"]
 assert grounded["ngram"][1] < grounded["plain"][1] / 2 and grounded["ngram"][3] > 0.8
 
 # %% [markdown]
-# On the grounded task every draft is accepted and the model steps fall by the factor printed above; the wall time
-# falls less, because each verify step costs several decode steps on this CPU. On free text n-gram lookup finds
-# few matches, and the verify steps it adds cost more than the drafts it gets accepted. Both verdicts are measured
+# On the grounded task every draft is accepted (100 %<!--out:above-->) and the model steps fall from 24<!--out:above-->
+# to 6<!--out:above-->; the wall time falls far less, if at all (the seconds above are one run on a shared CPU), because
+# each verify step costs several decode steps here. On free text n-gram lookup finds few matches (11 %<!--out:above-->
+# of the drafts accepted), and the verify steps it adds cost more than the drafts it gets accepted. Both verdicts are measured
 # in paired, interleaved rounds by `benchmarks/bench_real_model.py`.
 #
 # ## The OpenAI client against `serve --model`
@@ -375,16 +377,25 @@ assert replies == ["The capital of France is Paris."]
 box.value = ""
 
 # %% [markdown]
+# ## What if…?
+#
+# Open questions, with no check and no single answer — try them in a cell of your own:
+#
+# * What if the cache kept K and V in bfloat16 instead of float32? How many more of the conversations above would
+#   the same 90 MiB<!--out:above--> hold, and what could change in the answers?
+# * What if the system prompt came *after* each user's question? Which prefix hits survive, and why do chat
+#   templates put it first?
+#
 # ## Where it lives in vLLM and SGLang
 #
-# * **GGUF loading**: vLLM v0.10.0 [`vllm/model_executor/model_loader/gguf_loader.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/model_loader/gguf_loader.py) (`GGUFModelLoader`, which maps
+# * **GGUF loading**: vLLM v0.11.0 [`vllm/model_executor/model_loader/gguf_loader.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/model_loader/gguf_loader.py) (`GGUFModelLoader`, which maps
 #   llama.cpp names to HF ones and keeps the quantized blocks for its GGUF kernels instead of dequantizing);
-#   SGLang v0.4.9 [`python/sglang/srt/model_loader/loader.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/model_loader/loader.py) (`GGUFModelLoader`). The Q/K un-permutation is in
+#   SGLang v0.5.3 [`python/sglang/srt/model_loader/loader.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/model_loader/loader.py) (`GGUFModelLoader`). The Q/K un-permutation is in
 #   transformers v5 `src/transformers/modeling_gguf_pytorch_utils.py` (`LlamaTensorProcessor`), the inverse of
 #   llama.cpp's `convert_hf_to_gguf.py` `LlamaModel.permute`.
-# * **Chat templates**: vLLM v0.10.0 [`vllm/entrypoints/chat_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/chat_utils.py) (`apply_hf_chat_template`) behind
-#   `LLM.chat` in [`vllm/entrypoints/llm.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/llm.py); SGLang v0.4.9 [`python/sglang/srt/entrypoints/openai/serving_chat.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/entrypoints/openai/serving_chat.py).
-# * **n-gram speculation**: vLLM v0.10.0 [`vllm/v1/spec_decode/ngram_proposer.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/spec_decode/ngram_proposer.py).
+# * **Chat templates**: vLLM v0.11.0 [`vllm/entrypoints/chat_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/chat_utils.py) (`apply_hf_chat_template`) behind
+#   `LLM.chat` in [`vllm/entrypoints/llm.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/llm.py); SGLang v0.5.3 [`python/sglang/srt/entrypoints/openai/serving_chat.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/entrypoints/openai/serving_chat.py).
+# * **n-gram speculation**: vLLM v0.11.0 [`vllm/v1/spec_decode/ngram_proposer.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/spec_decode/ngram_proposer.py).
 #
 # ## Summary
 #
@@ -392,7 +403,7 @@ box.value = ""
 #   float32, and **undoes llama.cpp's Q/K permutation** — skipped, it changes the logits silently.
 # * The tokenizer is only right behind the **pre-tokenizer its merges were learned with**; the chat template is
 #   the file's own Jinja program, rendered as transformers renders it; generation stops at `<|im_end|>`.
-# * A real model keeps **45 KiB of KV per token**: a budget in tokens is a handful of conversations.
+# * A real model keeps **45 KiB<!--out:above--> of KV per token**: a budget in tokens is a handful of conversations.
 # * A shared **system prompt** is paid once: every later user hits its full blocks.
 # * A verify step reads the weights once, so on a memory-bound model **speculation pays when drafts are accepted**
 #   — grounded tasks with n-gram lookup — and not on free text; on one CPU core a multi-row step still costs
