@@ -1,4 +1,8 @@
-"""Notebook 04's exercises: gathering a sequence's K through its block table, and when a new block is taken."""
+"""Notebook 04's exercises: gathering a sequence's K through its block table, and when a new block is taken.
+
+The gather's process rule (no Python loop over tokens) is checked by handing the student's function a pool that
+counts how often it is indexed: a loop over tokens indexes it once per token, a gather of whole blocks a few times.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +38,40 @@ def check_gather(fn) -> str:
             if np.array_equal(got, np.take(k_layer, np.sort(table), axis=0).reshape(-1, 2, 3)[:num_tokens]):
                 rule += " — you took them in physical (sorted) order"
             fail(rule, f"{where}: values differ")
-    return "my_gather reads every token's K through the block table"
+    # the process rule: whole blocks, not token by token. A loop over tokens indexes the pool once per token; one
+    # np.take on the block axis (or a loop over the table's blocks) indexes it a handful of times.
+    block_size, num_tokens = 16, 40
+    pool = rng.standard_normal((12, block_size, 2, 3), dtype=np.float32).view(_CountingPool)
+    table = np.array([7, 2, 9])
+    pool.reads = 0
+    fn.rule = "no Python loop over tokens: read the pool block by block"
+    got = np.asarray(fn(pool, table, num_tokens))
+    require(got.shape == (num_tokens, 2, 3) and np.array_equal(
+        got, np.take(np.asarray(pool), table, axis=0).reshape(-1, 2, 3)[:num_tokens]),
+        "token t is slot t % block_size of block table[t // block_size]",
+        f"block size {block_size}, {num_tokens} tokens, table {table.tolist()}: values differ")
+    require(pool.reads <= len(table) + 2, "no Python loop over tokens: read the pool block by block (one np.take "
+                                          "on the block axis gathers them all)",
+            f"block size {block_size}, {num_tokens} tokens in {len(table)} blocks: your function indexed the pool "
+            f"{pool.reads} times")
+    return "my_gather reads every token's K through the block table, a block at a time"
+
+
+class _CountingPool(np.ndarray):
+    """The K pool, counting how often the student's code indexes it (``pool[...]``); views share the count."""
+
+    reads = 0
+
+    def __getitem__(self, index):
+        root = self._root()
+        root.reads += 1
+        return super().__getitem__(index)
+
+    def _root(self) -> "_CountingPool":
+        base = self
+        while isinstance(base.base, _CountingPool):
+            base = base.base
+        return base
 
 
 @exercise("write new_blocks_needed(num_tokens, num_new, block_size): blocks a request must take to grow")

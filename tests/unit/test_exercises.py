@@ -542,7 +542,9 @@ WRONG = [
         (lambda k, t, n: np.take(k, t, axis=0).transpose(1, 0, 2, 3).reshape(-1, *k.shape[2:])[:n],
          "take the blocks in the table's"),
         (lambda k, t, n: np.stack([k[i // k.shape[1], i % k.shape[1]] for i in range(n)]),
-         "take the blocks in the table's"),  # the pool's blocks 0, 1, ... instead of the table's (notebook 04's slip)
+         "take the blocks in the table's"),  # the pool's blocks 0, 1, ... instead of the table's
+        (lambda k, t, n: np.stack([k[t[i // k.shape[1]], i % k.shape[1]] for i in range(n)]),
+         "no Python loop over tokens"),  # right values, token by token: the rule the exercise states
     ]),
     ("04_paged_attention", ex04.check_new_blocks_needed, "new_blocks_needed", [
         (lambda n, k, b: -(-k // b), "fits in the last block's free slots"),
