@@ -31,7 +31,9 @@
 # 2. index full blocks by chain hash **at commit**, and explain why not at allocation;
 # 3. free a request's blocks last-first and explain what that buys eviction;
 # 4. keep allocation all-or-nothing, so the scheduler can preempt and retry;
-# 5. find each of these pieces in vLLM's `kv_cache_manager.py` / `block_pool.py`.
+# 5. find each of these pieces in vLLM's `kv_cache_manager.py` / `block_pool.py`;
+# 6. serve requests with an engine built from your own pieces: this class, and your chain hashes (05), victim
+#    choice (06), preemption policy and step planning (07).
 #
 # **Before you start**: notebooks 04–08 (block tables, chain hashes, the free queue, preemption). About 60–90
 # minutes. The reference solution is in `solutions/14_capstone.py`; read it after you pass, or when stuck past the
@@ -161,15 +163,15 @@ assert mgr.lookup(A_PROMPT).num_cached_tokens == 4  # the tail of a's chain went
 # First decide: `hit = self.lookup(token_ids)`; new blocks needed = `ceil((len(hit)·B + n) / B) − len(hit)`; the
 # hit blocks with refcount 0 count against the free ones too (taking them empties queue slots). If the sum exceeds
 # the free queue, return `None` *before touching anything*. Only then take the hit (refcount +1, out of the queue)
-# and then the new blocks from the head — hit first, so the new blocks cannot evict the hit. Your notebook-06
-# `safe_victims(list(free_queue), refcounts, n)` names exactly those head blocks.
+# and then the new blocks from the head — hit first, so the new blocks cannot evict the hit.
+# `self.take_from_head(n)` (your notebook-06 `safe_victims`) names exactly those head blocks.
 # </details>
 #
 # <details><summary>Hint 3: commit and free</summary>
 #
 # Commit: for each full block `j` from the first not yet hashed to `num_tokens // B − 1`, compute
-# `h = hash_block_tokens(previous hash or ROOT_HASH, tokens[j·B:(j+1)·B])` (or take `chain_hashes(tokens, B)[j]`,
-# your notebook-05 function, at the cost of rehashing the prefix); index `h -> table[j]` unless `h` is
+# `h = hash_block_tokens(previous hash or ROOT_HASH, tokens[j·B:(j+1)·B])` (or take `self.block_keys(tokens)[j]`,
+# your notebook-05 chain hashes, at the cost of rehashing the prefix); index `h -> table[j]` unless `h` is
 # already indexed (another request computed the same block at the same time: keep yours private). Free: walk the
 # table **reversed**, refcount −1, and append each block that reaches 0 to the queue's tail; leave the index alone.
 # </details>
@@ -178,10 +180,11 @@ assert mgr.lookup(A_PROMPT).num_cached_tokens == 4  # the tail of a's chain went
 #
 # Four functions you already wrote belong in this engine. Paste them here (from your notebooks 05, 06 and 07 —
 # the same names, the same signatures); any you leave as `None` falls back to minienv's, so the grading works
-# either way. `chain_hashes` gives every full block's key (use it in `lookup` and `commit`), `safe_victims` picks
-# the blocks an allocation takes from the free queue (use it in `allocate` / `append_slots`); `fewest_computed`
-# and `plan_step` are handed to the engine in grading 3, where one chooses whom the tight budget preempts and the
-# other sizes each step's prefill chunks.
+# either way. Two go into your class: `chain_hashes` gives every full block's key (the class calls it in
+# `block_keys`: use that in `lookup` and `commit`), `safe_victims` picks the blocks an allocation takes from the
+# free queue (the class calls it in `take_from_head`: use that in `allocate` and `append_slots`). Two go into the
+# engine around your class: `fewest_computed` chooses whom a full memory preempts and `plan_step` sizes each
+# step's prefill chunks — in grading 3, and in your engine at the end.
 
 # %%
 from minienv.kv.hashing import hash_block_chain
@@ -211,6 +214,15 @@ class MyKVCacheManager:
     def __init__(self, num_blocks, block_size, enable_prefix_caching=True):
         self.num_blocks, self.block_size, self.caching = num_blocks, block_size, enable_prefix_caching
         # your data structures here (see hint 1)
+
+    # your pieces from notebooks 05 and 06, plugged in: call these two from the methods below
+    def block_keys(self, token_ids):
+        """The chain hash of every full block of token_ids, in order: your notebook-05 `chain_hashes`."""
+        return chain_hashes(list(token_ids), self.block_size)
+
+    def take_from_head(self, n):
+        """The n blocks an allocation takes from the free queue's head: your notebook-06 `safe_victims`."""
+        return safe_victims(self.free_queue(), {b: self.ref_cnt(b) for b in range(self.num_blocks)}, n)
 
     def lookup(self, token_ids):
         raise NotImplementedError
@@ -309,6 +321,9 @@ print(f"8 requests, {sum(map(len, dense))} tokens: cache on ({hits_on} prompt to
 print("first request's output:", dense[0])
 
 # %% [markdown]
+# The same 8<!--out--> requests give the same 80<!--out--> tokens every way: 32<!--out--> prompt tokens come from the
+# cache when it is on, and a 48<!--out-->-token budget preempts 6<!--out--> times without changing a token.
+#
 # One rule the engine cannot check for you. Index a block at allocation and run grading 3 alone: it passes. A
 # request that hits a block reserved *in the same step* reads K/V that the same forward pass writes — each layer
 # stores the step's K/V before it attends — so the early hit is harmless here. vLLM relies on exactly that:
@@ -328,6 +343,50 @@ except ValueError as err:
     assert "kv_cache_manager_factory must be a callable" in str(err)
 
 # %% [markdown]
+# ## Your engine
+#
+# Everything you wrote now runs as one engine: your class holds the KV blocks — your notebook-05 chain hashes and
+# notebook-06 victim choice inside it — your notebook-07 `fewest_computed` chooses whom a full memory preempts, and
+# your `plan_step` splits each step's tokens into prefill chunks. It serves three requests whose prompts share
+# their first blocks, in a memory of only 6 blocks: the first request computes the shared prefix, the other two
+# find its blocks through your `lookup`, and one of them is preempted. Until the three gradings above pass (for
+# the class and functions as they are now), minienv's own pieces stand in, and the cell says so. Set
+# `REAL_MODEL = True` and the same engine serves SmolLM2-135M-Instruct, the real model of notebook 15 (downloaded
+# once, 93 MB; about 10 s more).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from minienv.model.pretrained import load_pretrained
+from minienv.sampling import SamplingParams
+
+REAL_MODEL = False  # True: SmolLM2-135M-Instruct (notebook 15) instead of the bundled model every chapter used
+model = load_pretrained("smollm2-135m-instruct") if REAL_MODEL else None
+yours = capstone.passed(MyKVCacheManager, victim_policy=fewest_computed, plan_step=plan_step)  # all 3 gradings
+engine = InferenceEngine(
+    model, kv_budget_tokens=96, max_num_batched_tokens=32,  # 6 blocks of 16; prompts prefilled in chunks
+    kv_cache_manager_factory=capstone.plug(MyKVCacheManager) if yours else None,  # your class, 05 and 06 inside
+    victim_policy=fewest_computed if yours else None,  # notebook 07: whom a full memory preempts
+    step_planner=plan_step if yours else None,  # notebook 07: how a step's tokens are split
+)
+prompts, GREEDY = capstone.serving_prompts(engine), SamplingParams(max_tokens=24, temperature=0.0)
+outputs = engine.generate(prompts[:1], GREEDY) + engine.generate(prompts[1:], GREEDY)  # the first pays the prefix
+hits, preempted = engine.kv_cache_manager.prefix_stats.hits, engine.scheduler.num_preemptions
+print("serving with", "your pieces" if yours else "minienv's pieces (yours once the three gradings above pass)")
+for out in outputs:
+    print(repr(out.text))
+print(f"{hits} prompt tokens served from the cache, {preempted} preemption(s)")
+
+# %%
+assert hits > 0 and preempted > 0 and all(out.finished for out in outputs)
+if yours:  # your engine answers exactly what minienv's answers: the grading's proof, on these requests
+    ref = InferenceEngine(model, kv_budget_tokens=96, max_num_batched_tokens=32)
+    assert [o.text for o in outputs] == [o.text for o in ref.generate(prompts[:1], GREEDY) + ref.generate(
+        prompts[1:], GREEDY)]
+
+# %% [markdown]
+# The second and third prompts found 128<!--out:above--> tokens in the cache — the shared blocks, found again after the
+# preemption too — and the 6-block memory preempted 1<!--out:above--> request without changing a token.
+#
 # ## What if…?
 #
 # Open questions, with no check and no single answer — try them in a cell of your own:

@@ -4,6 +4,9 @@ the notebook states — it subclasses nothing and imports only the chain hash.
 Data structures: a refcount per block, an ``OrderedDict`` free queue (head = least recently freed, O(1) removal
 of a prefix hit), ``hash -> block`` and ``block -> hash`` maps for the prefix index, and per request its block
 table, its tokens, how many are computed and the chain hashes of its committed full blocks.
+
+It hashes and takes head blocks inline, so that it stands alone; in the notebook the skeleton's ``block_keys``
+(your notebook-05 ``chain_hashes``) and ``take_from_head`` (your notebook-06 ``safe_victims``) do the same jobs.
 """
 
 from __future__ import annotations

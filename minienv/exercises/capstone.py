@@ -239,6 +239,18 @@ class PluggedManager:
         audit(self.core, self.num_blocks, {rid: self.request(rid).block_ids for rid in self._reqs})
 
 
+#: the check -> what it last passed with (the student's class, and for the engine check their 07 functions too)
+_PASSED: dict[str, tuple] = {}
+
+
+def passed(cls: type, victim_policy: Callable | None = None, plan_step: Callable | None = None) -> bool:
+    """Whether all three gradings passed, in this session, for this very class (and these notebook-07 functions):
+    what notebook 14 asks before it serves requests with the student's pieces. Redefining the class makes a new
+    class object, which has passed nothing yet."""
+    return (_PASSED.get("rules") == (cls,) and _PASSED.get("random_ops") == (cls,)
+            and _PASSED.get("in_engine") == (cls, victim_policy, plan_step))
+
+
 def plug(manager_class: type) -> Callable[[int, int, bool], PluggedManager]:
     """``InferenceEngine(..., kv_cache_manager_factory=plug(MyKVCacheManager))``: the student's class in the engine."""
     def factory(num_blocks: int, block_size: int, enable_prefix_caching: bool) -> PluggedManager:
@@ -288,6 +300,8 @@ def _admit(m: Any, rid: str, tokens: list[int], commit: bool = True) -> int:
 @exercise("implement MyKVCacheManager's methods (the contract above), then run this cell again")
 def check_rules(cls) -> str:
     """One scenario per rule; each classic bug breaks exactly one of them (tests/unit/test_capstone.py)."""
+    _PASSED.pop("rules", None)
+    student_class = cls.fn
     scene = _Scenario()
     cls = _make(cls, scene)
     with _student():
@@ -437,6 +451,7 @@ def check_rules(cls) -> str:
         m.free("a")
         require(m.lookup(a) == [], "with enable_prefix_caching=False nothing is ever found",
                 f"lookup gave {m.lookup(a)}")
+    _PASSED["rules"] = (student_class,)
     return "every rule of the contract holds on its scenario (refcounts, commit-time indexing, chain hashes, " \
            "last-first free, LRU eviction, cached-free hits, all-or-nothing allocation, one block per hash)"
 
@@ -453,6 +468,7 @@ def check_random_ops(cls, *, seed: int = 0, num_ops: int = 400, num_blocks: int 
     """Random admissions / appends / commits / frees over prompts that share prefixes. After every operation: the
     structural invariants; every block a lookup returns holds exactly the prompt's tokens and was computed; a prompt
     freed with nothing allocated since is found again in full."""
+    _PASSED.pop("random_ops", None)
     rng = np.random.default_rng(seed)
     # prompts start with 0-3 "words" of one block each from a vocabulary of 3, so equal blocks recur both as a
     # shared prefix and at different positions after different prefixes
@@ -525,6 +541,7 @@ def check_random_ops(cls, *, seed: int = 0, num_ops: int = 400, num_blocks: int 
             audit(m, num_blocks, {rid: r.table for rid, r in reqs.items()})
         require(found_again >= 5, "a freed request's full blocks stay cached (cached-free) and findable until evicted",
                 f"only {found_again} freed prompts had their blocks still indexed right after free")
+    _PASSED["random_ops"] = (cls.fn,)
     return (f"{num_ops} random operations: invariants after each, {hits} tokens of prefix hits all correct, "
             f"{found_again} freed prompts found again")
 
@@ -567,6 +584,24 @@ def run_engine(factory: Callable | None, *, enable_prefix_caching: bool = True, 
     return [outs[i] for i in ids], eng.scheduler.num_preemptions, eng.kv_cache_manager.prefix_stats.hits
 
 
+#: notebook 14's "your engine": a museum assistant's instructions, shared by three visitors' questions (chat model)
+MUSEUM = ("You are the assistant of the city museum. Answer in one short sentence. The museum opens at 10 am and "
+          "closes at 6 pm, every day but Monday; a ticket costs 12 euros.")
+VISITORS = ("When does the museum open?", "How much is a ticket?", "Can I visit on Monday?")
+#: the same for the bundled model, which continues Shakespeare: a scene's opening, then three speakers
+SCENE = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
+SPEAKERS = ("JULIET:\n", "NURSE:\n", "MERCUTIO:\n")
+
+
+def serving_prompts(engine: Any) -> list[str]:
+    """Three prompts whose first blocks are equal, for the engine's model: the museum's system prompt and a
+    visitor's question in the chat template of a chat model; a scene's opening and a speaker for the bundled one."""
+    if engine.chat_template is not None:
+        return [engine.chat_template.render([{"role": "system", "content": MUSEUM}, {"role": "user", "content": q}])
+                for q in VISITORS]
+    return [SCENE + speaker for speaker in SPEAKERS]
+
+
 def dense_outputs() -> list[list[int]]:
     """Each request generated alone by ``minienv.generate`` (a contiguous cache, no scheduler)."""
     from minienv.generate import generate_ids
@@ -585,6 +620,7 @@ def check_in_engine(cls, victim_policy: Callable | None = None, plan_step: Calla
     they wrote in notebook 07 choosing whom the tight budget preempts, and their 07 ``plan_step`` splitting each
     step's budget (a third run, at a small per-step budget, where prompts are prefilled in chunks beside decodes)."""
     from minienv.exercises.scheduling import plan_reference, plan_rule_broken
+    _PASSED.pop("in_engine", None)
     dense = dense_outputs()
     policy, broken = None, []
     planner, plan_broken, planned = None, [], []
@@ -647,6 +683,7 @@ def check_in_engine(cls, victim_policy: Callable | None = None, plan_step: Calla
         for i, (got, want) in enumerate(zip(mine_chunked, dense, strict=True)):
             require(got == want, "prompts prefilled in the chunks your plan_step chose give the same output",
                     f"request {i} at {CHUNKED_BATCH} tokens per step: yours {got}, dense {want}")
+    _PASSED["in_engine"] = (cls.fn, victim_policy, plan_step)
     yours = " chosen by your victim policy" if victim_policy is not None else ""
     if mine_chunked is not None:
         yours += f"; and at {CHUNKED_BATCH} tokens per step, {len(planned)} prefill chunks sized by your plan_step"

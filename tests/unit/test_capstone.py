@@ -15,7 +15,7 @@ import pytest
 from minienv.engine import InferenceEngine
 from minienv.exercises import NOT_IMPLEMENTED, PASSED, ExerciseFailed
 from minienv.exercises import capstone as cap
-from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
+from minienv.kv.hashing import ROOT_HASH, hash_block_chain, hash_block_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKS = (cap.check_rules, cap.check_random_ops, cap.check_in_engine)
@@ -394,3 +394,95 @@ def test_the_students_plan_step_from_07_sizes_the_engines_prefill_chunks(capsys)
 def test_a_plan_step_that_breaks_its_rule_in_the_engine_is_named(plan_step, words):
     with pytest.raises(ExerciseFailed, match=words):
         cap.check_in_engine(Good, plan_step=plan_step)
+
+
+# ---------------------------------------------------------------------------------------- the student's engine
+def _cell(source: str, first_line: str) -> str:
+    """The notebook code cell that contains ``first_line``, as written."""
+    cells = source.split("# %%")
+    [cell] = [c for c in cells if first_line in c]
+    return cell.split("\n", 1)[1]
+
+
+def test_passed_only_after_all_three_gradings_of_this_very_class(capsys):
+    fewest = _solution_of("07_scheduling", "fewest_computed")
+    plan = _solution_of("07_scheduling", "plan_step")
+
+    class Fresh(Good):  # a class object no check has seen
+        pass
+
+    assert not cap.passed(Fresh)
+    assert cap.check_rules(Fresh) == PASSED and not cap.passed(Fresh)
+    assert cap.check_random_ops(Fresh) == PASSED and not cap.passed(Fresh)
+    assert cap.check_in_engine(Fresh, victim_policy=fewest, plan_step=plan) == PASSED
+    assert cap.passed(Fresh, victim_policy=fewest, plan_step=plan)
+    assert not cap.passed(Fresh) and not cap.passed(Fresh, victim_policy=fewest)  # graded with other 07 pieces
+
+    class Redefined(Good):  # the student edits and re-runs the class cell: nothing passed yet
+        pass
+
+    assert not cap.passed(Redefined, victim_policy=fewest, plan_step=plan)
+    with pytest.raises(ExerciseFailed):
+        cap.check_rules(FreeHeadFirst)
+    with pytest.raises(ExerciseFailed):  # a failing run takes back an earlier pass
+        cap.check_in_engine(Fresh, victim_policy=lambda candidates: None, plan_step=plan)
+    assert not cap.passed(Fresh, victim_policy=fewest, plan_step=plan)
+
+
+def test_the_skeleton_plugs_the_students_05_and_06_pieces_into_the_class():
+    skeleton, _ = _skeleton()
+    seen = []
+
+    def chain_hashes(tokens, block_size):  # the student's notebook-05 function, as pasted
+        seen.append("chain_hashes")
+        return hash_block_chain(tokens, block_size)
+
+    def safe_victims(lru_order, refcount, n):  # the student's notebook-06 function, as pasted
+        seen.append("safe_victims")
+        return [b for b in lru_order if refcount[b] == 0][:n]
+
+    skeleton.block_keys.__globals__.update(chain_hashes=chain_hashes, safe_victims=safe_victims)
+
+    class Wired(Good):  # the reference's state, the skeleton's two plug-in methods
+        block_keys = skeleton.block_keys
+        take_from_head = skeleton.take_from_head
+
+    m = Wired(6, 4, True)
+    tokens = list(range(10, 23))
+    assert m.block_keys(tokens) == hash_block_chain(tokens, 4)  # 3 full blocks, chained from ROOT_HASH
+    m.allocate("a", tokens, len(tokens))
+    assert m.take_from_head(2) == m.free_queue()[:2] == [4, 5]
+    assert seen == ["chain_hashes", "safe_victims"]
+
+
+def test_your_engine_cell_serves_with_the_students_pieces_and_proves_them_equal(capsys):
+    """The notebook's last experiment, run as a student who passed all three gradings runs it: their class (05 and 06
+    inside), their 07 victim policy and plan_step in the engine; the cell after it asserts minienv's answers."""
+    source = (REPO / "notebooks" / "14_capstone.py").read_text()
+    serve, proof = _cell(source, "REAL_MODEL = False"), _cell(source, "assert hits > 0 and preempted > 0")
+    ns = {"capstone": cap, "InferenceEngine": InferenceEngine, "MyKVCacheManager": Good,
+          "fewest_computed": _solution_of("07_scheduling", "fewest_computed"),
+          "plan_step": _solution_of("07_scheduling", "plan_step")}
+    calls = []
+    policy = ns["fewest_computed"]
+    ns["fewest_computed"] = lambda candidates: calls.append(len(candidates)) or policy(candidates)
+    for check in (cap.check_rules, cap.check_random_ops):
+        assert check(Good) == PASSED
+    assert cap.check_in_engine(Good, victim_policy=ns["fewest_computed"], plan_step=ns["plan_step"]) == PASSED
+    calls.clear()
+    exec(serve, ns)  # noqa: S102 - the repository's own notebook
+    assert ns["yours"] and isinstance(ns["engine"].kv_cache_manager, cap.PluggedManager)
+    assert "serving with your pieces" in capsys.readouterr().out
+    assert calls, "the student's victim policy chose whom the 6-block memory preempted"
+    exec(proof, ns)  # noqa: S102 - its asserts: hits, a preemption, and minienv's answers, token for token
+    assert ns["hits"] > 0 and ns["preempted"] > 0
+
+
+def test_your_engine_cell_falls_back_to_minienvs_pieces_until_the_gradings_pass(capsys):
+    source = (REPO / "notebooks" / "14_capstone.py").read_text()
+    skeleton, _ = _skeleton()
+    ns = {"capstone": cap, "InferenceEngine": InferenceEngine, "MyKVCacheManager": skeleton,
+          "fewest_computed": None, "plan_step": None}
+    exec(_cell(source, "REAL_MODEL = False"), ns)  # noqa: S102
+    assert not ns["yours"] and not isinstance(ns["engine"].kv_cache_manager, cap.PluggedManager)
+    assert "minienv's pieces (yours once the three gradings above pass)" in capsys.readouterr().out
