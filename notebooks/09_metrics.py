@@ -211,8 +211,7 @@ from minienv.viz.static import show  # every figure: live, with a PNG of it for 
 budget_choice = widgets.ToggleButtons(options=[("160 tokens (tight)", 160), ("1024 tokens (roomy)", 1024)],
                                       value=160, description="KV budget")
 shared_choice = widgets.Checkbox(value=True, description="prompts share a scene heading")
-live_box = widgets.VBox()
-live = {}  # the engine, its traffic and its panel since the last reset
+live = {}  # the engine and its traffic since the last reset, and the panel that watches it
 
 
 def live_reset():
@@ -220,9 +219,11 @@ def live_reset():
     shared = shared_choice.value
     title = (f"KV budget {budget_choice.value} tokens, {'shared' if shared else 'distinct'} prompts, "
              f"2 arrivals per step")
-    live.update(engine=engine, steps=traffic(engine, prompts(24, shared_prefix=shared)),
-                panel=MetricsPanel(metrics_of(engine), title=title))  # attached before the traffic
-    live_box.children = [widgets.HBox([budget_choice, shared_choice]), live_stepper.widget, live["panel"].widget]
+    live.update(engine=engine, steps=traffic(engine, prompts(24, shared_prefix=shared)))
+    if "panel" in live:
+        live["panel"].attach(metrics_of(engine), title=title)  # the same charts, emptied: attached before traffic
+    else:
+        live["panel"] = MetricsPanel(metrics_of(engine), title=title)
 
 
 def live_step(i):
@@ -237,6 +238,7 @@ live_stepper = Stepper(live_step, live_reset, n_steps=None, interval_ms=250, des
 for choice in (budget_choice, shared_choice):
     choice.observe(lambda change: live_stepper.reset(), names="value")
 live_stepper.reset()
+live_box = widgets.VBox([widgets.HBox([budget_choice, shared_choice]), live_stepper.widget, live["panel"].widget])
 live_stepper.run()  # the whole run, so the picture below shows it; Reset and ▶ replay it
 show(live["panel"].widget, live=live_box)
 

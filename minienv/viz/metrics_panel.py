@@ -5,6 +5,7 @@
     while engine.has_unfinished_requests():
         engine.step()
         panel.update()         # one sample per call, read from the registry (what a scrape would return)
+    panel.attach(metrics_of(new_engine))   # a reset: the same charts, emptied, now watching another engine
     panel.static()             # the same five charts as one SVG, for readers without a kernel
 
 The charts: requests running / waiting; KV usage in blocks (``vllm:kv_cache_usage_perc``) and in token slots
@@ -99,6 +100,17 @@ class MetricsPanel(View):
         upto = min(len(counts), max(last + 2, 4))
         return [_bucket_label(le) for le, _ in buckets[:upto]], counts[:upto]
 
+    def attach(self, metrics: Any, *, title: str | None = None) -> None:
+        """Watch another registry from now on (a reset: a new engine behind the same charts). The samples start
+        again and the live figure is emptied in place — the same widget, so a view already on screen (and its
+        controls) stays where it is."""
+        self.metrics, self.samples = metrics, []
+        if title is not None:
+            self.title = title
+        if self.widget is not None:
+            self.widget.layout.title.text = self.title
+            self.redraw()
+
     def update(self) -> MetricsSample:
         """Take one sample (and redraw the live charts every ``redraw_every`` samples); return the sample."""
         sample = self.read()
@@ -117,10 +129,26 @@ class MetricsPanel(View):
                   [s.hit_rate for s in self.samples], [s.preemptions for s in self.samples],
                   [s.evicted_blocks for s in self.samples]]
         labels, counts = self.ttft_bars()
+        ranges = self._ranges(counts)
         with self.widget.batch_update():
             for trace, ys in zip(self.widget.data[:7], series, strict=True):
                 trace.x, trace.y = xs, ys
             self.widget.data[7].x, self.widget.data[7].y = labels, counts
+            for axis, rng in ranges.items():
+                self.widget.layout[axis].range = rng
+
+    def _ranges(self, counts: list[float]) -> dict[str, list[float]]:
+        """Every axis range, from the samples alone (the SVG's scales too).
+
+        NOTE: set, not left to plotly's autorange — with no data (after ``attach``) autorange keeps the previous
+        range, so the same samples would draw differently depending on what was drawn before."""
+        n = max(1, len(self.samples) - 1)
+        most_requests = max([1.0] + [max(s.running, s.waiting) for s in self.samples])
+        most_events = max([1.0] + [max(s.preemptions, s.evicted_blocks) for s in self.samples])
+        # make_subplots numbers the axes row by row: (1,1) xaxis, (1,2) xaxis2, (1,3) xaxis3, (2,1) xaxis4, (2,2) 5
+        return {"xaxis": [0, n], "xaxis2": [0, n], "xaxis3": [0, n], "xaxis4": [0, n],
+                "yaxis": [0, 1.05 * most_requests], "yaxis4": [0, 1.05 * most_events],
+                "yaxis5": [0, 1.1 * max([1.0] + list(counts))]}
 
     # ------------------------------------------------------------------ static picture
     def to_svg(self) -> str:

@@ -80,3 +80,31 @@ def test_redraw_every_and_a_panel_without_a_live_figure(engine_factory):
         quiet.redraw()
     with pytest.raises(ValueError, match="redraw_every must be an int >= 1"):
         MetricsPanel(metrics_of(e), redraw_every=0)
+
+
+def test_attach_empties_the_same_figure_and_watches_the_new_registry(engine_factory):
+    """A reset (notebook 09's widget) keeps the FigureWidget a view is showing: the browser tier clicks Reset on it."""
+    first, second = engine_factory(), engine_factory()
+    panel = MetricsPanel(metrics_of(first), title="first")
+    widget = panel.widget
+    first.add_request("The quick brown fox", SamplingParams(max_tokens=6, temperature=0))
+    while first.has_unfinished_requests():
+        first.step()
+        panel.update()
+    assert len(panel.samples) > 0 and len(widget.data[0].x) == len(panel.samples)
+    panel.attach(metrics_of(second), title="second")
+    assert panel.widget is widget and panel.samples == [] and panel.metrics is metrics_of(second)
+    assert widget.layout.title.text == "second" and all(len(t.x) == 0 for t in widget.data[:7])
+    fresh = MetricsPanel(metrics_of(second), title="second")
+    fresh.redraw()  # the same (no) samples on a new figure: the reset figure must be drawn exactly like it
+    axes = ("xaxis", "xaxis2", "xaxis3", "xaxis4", "yaxis", "yaxis4", "yaxis5")
+    assert [tuple(widget.layout[a].range) for a in axes] == [tuple(fresh.widget.layout[a].range) for a in axes]
+    assert tuple(widget.layout.xaxis.range) == (0, 1)  # not the range of the run drawn before the reset
+    assert sum(widget.data[7].y) == 0  # the TTFT bars of the new, idle engine
+    second.add_request("To be, or not", SamplingParams(max_tokens=4, temperature=0))
+    second.step()
+    s = panel.update()
+    assert s.index == 0 and s.running == metrics_of(second).value("vllm:num_requests_running") == 1
+    quiet = MetricsPanel(metrics_of(first), live=False)
+    quiet.attach(metrics_of(second))  # no live figure: only the samples start again
+    assert quiet.samples == [] and quiet.widget is None
