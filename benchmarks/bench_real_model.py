@@ -139,7 +139,7 @@ def _timed(fn) -> float:
 def weight_bytes_per_token(model) -> int:
     """fp32 bytes a decode step reads: every layer's matrices and norms, the final norm, the LM head."""
     total = sum(a.nbytes for layer in model.layers for a in vars(layer).values())
-    return total + model.norm.nbytes + model.lm_head_t.nbytes + model.embed_tokens[0].nbytes
+    return total + model.norm.nbytes + model.lm_head.nbytes + model.embed_tokens[0].nbytes
 
 
 def main() -> int:

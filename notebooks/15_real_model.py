@@ -99,7 +99,7 @@ def llama_cpp_order(rows: np.ndarray, heads: int) -> np.ndarray:
 
 saved = [layer.w_qkv.copy() for layer in smol.model.layers]
 for layer in smol.model.layers:  # put every layer's Q and K rows back in the file's order, as a naive loader would
-    w = layer.w_qkv.T  # [out, hidden] rows: Q heads, then K heads, then V heads
+    w = layer.w_qkv  # [out, hidden] rows: Q heads, then K heads, then V heads
     w[: hq * d] = llama_cpp_order(w[: hq * d].copy(), hq)
     w[hq * d: (hq + hkv) * d] = llama_cpp_order(w[hq * d: (hq + hkv) * d].copy(), hkv)
 bad = smol.model.forward(ids)[-1]
@@ -109,7 +109,7 @@ top = lambda logits: [smol.tokenizer.id_to_token(int(i)) for i in np.argsort(log
 print(f"top 5 next tokens, Q/K rows un-permuted:      {top(good)}")
 print(f"top 5 next tokens, rows in llama.cpp's order: {top(bad)}")
 print(f"largest logit change: {np.abs(good - bad).max():.1f}")
-q = saved[0][:, : hq * d].T
+q = saved[0][: hq * d]
 assert np.array_equal(unpermute(llama_cpp_order(q.copy(), hq), hq), q)
 assert np.array_equal(smol.model.forward(ids)[-1], good)  # restored
 
@@ -276,7 +276,7 @@ for n in (1, 5):  # n tokens after the prompt in one model call (the attention o
         times.append(time.perf_counter() - t0)
     cost[n] = min(times)
 weight_mb = sum(a.nbytes for layer in smol.model.layers for a in vars(layer).values()) / 1e6
-print(f"{weight_mb + smol.model.lm_head_t.nbytes / 1e6:.0f} MB of float32 weights read per step")
+print(f"{weight_mb + smol.model.lm_head.nbytes / 1e6:.0f} MB of float32 weights read per step")
 print(f"one model step: 1 token {cost[1] * 1e3:.0f} ms, 5 tokens {cost[5] * 1e3:.0f} ms "
       f"({cost[5] / cost[1]:.2f}x the time for 5x the tokens)")
 

@@ -116,7 +116,7 @@ def model_fingerprint(model, block_size: int, dtype: str = "float32") -> bytes:
         for name in ("input_norm", "w_qkv", "w_o", "post_norm", "w_gate_up", "w_down"):
             _digest_array(h, f"layers.{i}.{name}", getattr(layer, name))
     _digest_array(h, "norm", model.norm)
-    _digest_array(h, "lm_head_t", model.lm_head_t)
+    _digest_array(h, "lm_head", model.lm_head)
     return h.digest()
 
 

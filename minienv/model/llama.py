@@ -19,27 +19,32 @@ from minienv.model.attention import AttentionBackend, NoCache
 from minienv.model.checkpoint import check_weights, load_weights
 from minienv.model.config import LlamaConfig
 from minienv.model.kv_cache import ContiguousKVCache
+from minienv.model.linear import linear
 
 
 # Constants made once: a np.float32 built inside a hot function costs a constructor call every time.
 _HALF, _ONE = np.float32(0.5), np.float32(1.0)
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
-    """``weight * x / sqrt(mean(x²) + eps)`` over the last axis (float32, like HF's ``LlamaRMSNorm``).
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None,
+             axis: int = -1) -> np.ndarray:
+    """``weight * x / sqrt(mean(x²) + eps)`` over ``axis`` (float32, like HF's ``LlamaRMSNorm``).
 
+    The model's activations are feature-major (``[hidden, tokens]``: one column per token), so it norms over
+    ``axis=0`` with ``weight`` as a column ``[hidden, 1]``; the default is HF's row-major form.
     ``out`` (same shape as ``x``, not ``x`` itself) receives the result and, first, ``x²``: at decode sizes each numpy
     call costs more than its arithmetic, so a caller that norms every layer passes one buffer and skips allocations.
     """
     # np.mean's own arithmetic (a float32 sum, then a division by the count) without its Python wrapper, which
     # costs more than the sum at decode sizes; the bits are np.mean's.
     squares = np.multiply(x, x, out=out)
-    if x.size == x.shape[-1]:  # one row (a decode): float32 *scalar* arithmetic — the same operations, the same
+    size = x.shape[axis]
+    if x.size == size:  # one token (a decode): float32 *scalar* arithmetic — the same operations, the same
         # bits, at a fraction of the cost of three ufunc calls on a [1, 1] array
-        rms = np.sqrt(np.add.reduce(squares, axis=None) / np.float32(x.shape[-1]) + np.float32(eps))
+        rms = np.sqrt(np.add.reduce(squares, axis=None) / np.float32(size) + np.float32(eps))
     else:
-        rms = np.add.reduce(squares, axis=-1, keepdims=True)
-        rms /= x.shape[-1]
+        rms = np.add.reduce(squares, axis=axis, keepdims=True)
+        rms /= size
         rms += np.float32(eps)
         np.sqrt(rms, out=rms)
     out = np.divide(x, rms, out=out)  # x² is no longer needed: overwrite it
@@ -52,17 +57,22 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * (_HALF * (_ONE + np.tanh(_HALF * x)))
 
 
-def silu_and_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``silu(gate) * up`` for ``gate_up = [gate | up]`` (vLLM's ``SiluAndMul``), bit for bit, one operation fewer.
+def silu_and_mul(gate_up: np.ndarray, out: np.ndarray | None = None, axis: int = -1) -> np.ndarray:
+    """``silu(gate) * up`` for ``gate_up = [gate | up]`` along ``axis`` (vLLM's ``SiluAndMul``), bit for bit, one
+    operation fewer. (The model's activations are feature-major, ``[2I, tokens]``: it passes ``axis=0``.)
 
     :func:`silu` computes ``gate * (0.5 * (1 + t))`` with ``t = tanh(0.5 * gate)``; here it is
     ``(0.5 * gate) * (1 + t)``, reusing the ``0.5 * gate`` that tanh needed anyway. Both round the same real
     product ``gate * (1 + t) / 2`` once, because each halving is exact: ``1 + t`` is 0 or at least 2⁻²⁴ (never
     subnormal), and ``gate`` loses a bit when halved only below 2⁻¹²⁵, where ``1 + t`` is exactly 1 and both forms
-    give ``0.5 * gate``. ``out`` ``[..., I]`` receives the result.
+    give ``0.5 * gate``. ``out`` (``gate``'s shape) receives the result.
     """
-    inter = gate_up.shape[-1] // 2
-    gate, up = gate_up[..., :inter], gate_up[..., inter:]
+    if axis == 0:
+        inter = gate_up.shape[0] // 2
+        gate, up = gate_up[:inter], gate_up[inter:]
+    else:
+        inter = gate_up.shape[-1] // 2
+        gate, up = gate_up[..., :inter], gate_up[..., inter:]
     half_gate = gate * _HALF
     out = np.tanh(half_gate, out=out)
     out += _ONE
@@ -105,14 +115,16 @@ def rotate_in_place(x: np.ndarray, cos: np.ndarray, signed_sin: np.ndarray) -> N
 
 @dataclass
 class LlamaLayer:
-    """One decoder layer's weights, pre-transposed (and Q|K|V, gate|up fused) so each is one ``x @ W``."""
+    """One decoder layer's weights in the checkpoint's ``[out, in]`` layout (Q|K|V and gate|up fused, as vLLM's
+    ``QKVParallelLinear`` and ``MergedColumnParallelLinear`` fuse them), so each projection is one ``W @ X``;
+    the norms' weights are columns, to scale feature-major activations."""
 
-    input_norm: np.ndarray  # [H]
-    w_qkv: np.ndarray  # [H, (Hq + 2*Hkv) * D]
-    w_o: np.ndarray  # [Hq*D, H]
-    post_norm: np.ndarray  # [H]
-    w_gate_up: np.ndarray  # [H, 2*I]
-    w_down: np.ndarray  # [I, H]
+    input_norm: np.ndarray  # [H, 1]
+    w_qkv: np.ndarray  # [(Hq + 2*Hkv) * D, H]
+    w_o: np.ndarray  # [H, Hq*D]
+    post_norm: np.ndarray  # [H, 1]
+    w_gate_up: np.ndarray  # [2*I, H]
+    w_down: np.ndarray  # [H, I]
 
 
 class RopeTable:
@@ -182,18 +194,19 @@ class LlamaModel:
             p = f"model.layers.{i}."
             w = lambda name: np.asarray(weights[p + name], dtype=np.float32)  # noqa: E731
             self.layers.append(LlamaLayer(
-                input_norm=w("input_layernorm.weight"),
+                input_norm=np.ascontiguousarray(w("input_layernorm.weight")[:, None]),
                 w_qkv=np.ascontiguousarray(np.concatenate(
-                    [w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")]).T),
-                w_o=np.ascontiguousarray(w("self_attn.o_proj.weight").T),
-                post_norm=w("post_attention_layernorm.weight"),
-                w_gate_up=np.ascontiguousarray(np.concatenate([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]).T),
-                w_down=np.ascontiguousarray(w("mlp.down_proj.weight").T),
+                    [w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")])),
+                w_o=np.ascontiguousarray(w("self_attn.o_proj.weight")),
+                post_norm=np.ascontiguousarray(w("post_attention_layernorm.weight")[:, None]),
+                w_gate_up=np.ascontiguousarray(np.concatenate([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])),
+                w_down=np.ascontiguousarray(w("mlp.down_proj.weight")),
             ))
-        self.norm = np.asarray(weights["model.norm.weight"], dtype=np.float32)
+        self.norm = np.ascontiguousarray(np.asarray(weights["model.norm.weight"], dtype=np.float32)[:, None])
         self.rope = RopeTable(config.head_dim, config.rope_theta, config.max_position_embeddings)
-        head = self.embed_tokens if config.tie_word_embeddings else weights["lm_head.weight"]
-        self.lm_head_t = np.ascontiguousarray(np.asarray(head, dtype=np.float32).T)  # [H, vocab]
+        # [vocab, H]: with tied embeddings the LM head *is* the embedding table (one copy in memory, not two)
+        self.lm_head = (self.embed_tokens if config.tie_word_embeddings
+                        else np.ascontiguousarray(weights["lm_head.weight"], dtype=np.float32))
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -285,16 +298,19 @@ class LlamaModel:
         n, hq, hkv, d = len(ids), c.num_attention_heads, c.num_key_value_heads, c.head_dim
         cos, signed_sin = self.rope.rows(pos)  # rows of a table made once (rope_cos_sin's values, bit for bit)
 
-        # One set of buffers per call, reused by every layer: at decode sizes a numpy call's fixed cost dominates,
-        # so each allocation saved matters. (Per call, not per model: two threads may share one model.)
-        x = self.embed_tokens.take(ids, 0)  # [N, H]: this call's own copy of the rows (take: half of [ids]'s cost)
+        # Activations are feature-major — one column per token, ``x [H, N]`` — so each projection is ``W @ X`` with
+        # the weight as stored (:mod:`minienv.model.linear` says why). One set of buffers per call, reused by every
+        # layer: at decode sizes a numpy call's fixed cost dominates, so each allocation saved matters. (Per call,
+        # not per model: two threads may share one model.)
+        x = np.ascontiguousarray(self.embed_tokens.take(ids, 0).T)  # [H, N]: this call's own copy of the rows
         h = np.empty_like(x)  # each RMSNorm's output
         proj = np.empty_like(x)  # o_proj's and down_proj's outputs, before they are added to x
-        qkv = np.empty((n, (hq + 2 * hkv) * d), dtype=np.float32)
-        gate_up = np.empty((n, 2 * c.intermediate_size), dtype=np.float32)
-        act = np.empty((n, c.intermediate_size), dtype=np.float32)
+        qkv_cols = np.empty(((hq + 2 * hkv) * d, n), dtype=np.float32)
+        qkv = np.empty((n, (hq + 2 * hkv) * d), dtype=np.float32)  # the same, token-major, for RoPE and attention
+        gate_up = np.empty((2 * c.intermediate_size, n), dtype=np.float32)
+        act = np.empty((c.intermediate_size, n), dtype=np.float32)
         # Views into qkv, made once: RoPE rotates Q and K in place (halves on their own axis), and the backend
-        # reads Q, K, V where the matmul wrote them. Backends must not keep them past attend (the next layer
+        # reads Q, K, V where the copy put them. Backends must not keep them past attend (the next layer
         # overwrites qkv) — every backend copies K and V into its cache.
         heads = qkv.reshape(n, hq + 2 * hkv, d)  # Q heads, then K heads, then V heads
         q, k, v = heads[:, :hq], heads[:, hq:hq + hkv], heads[:, hq + hkv:]
@@ -303,17 +319,20 @@ class LlamaModel:
 
         backend.begin_step(pos)
         for layer_idx, layer in enumerate(self.layers):
-            np.matmul(rms_norm(x, layer.input_norm, eps, out=h), layer.w_qkv, out=qkv)
+            linear(layer.w_qkv, rms_norm(x, layer.input_norm, eps, out=h, axis=0), qkv_cols)
+            np.copyto(qkv, qkv_cols.T)  # token-major: each token's heads side by side
             rotate_in_place(qk_halves, cos, signed_sin)  # Q and K heads rotated at once
             attn = backend.attend(layer_idx, q, k, v)  # [N, Hq, D]
-            x += np.matmul(attn.reshape(n, hq * d), layer.w_o, out=proj)
-            np.matmul(rms_norm(x, layer.post_norm, eps, out=h), layer.w_gate_up, out=gate_up)
-            x += np.matmul(silu_and_mul(gate_up, out=act), layer.w_down, out=proj)
+            x += linear(layer.w_o, attn.reshape(n, hq * d).T, proj)
+            linear(layer.w_gate_up, rms_norm(x, layer.post_norm, eps, out=h, axis=0), gate_up)
+            x += linear(layer.w_down, silu_and_mul(gate_up, out=act, axis=0), proj)
         backend.end_step()
 
         if logits_indices is not None:
-            x = x[np.asarray(logits_indices, dtype=np.int64)]
-        return rms_norm(x, self.norm, eps) @ self.lm_head_t
+            x = x[:, np.asarray(logits_indices, dtype=np.int64)]
+        h = rms_norm(x, self.norm, eps, axis=0)
+        logits = linear(self.lm_head, h, np.empty((len(self.lm_head), h.shape[1]), dtype=np.float32))
+        return np.ascontiguousarray(logits.T)  # [rows, vocab]
 
 
 def load_model(path: str | Path | None = None) -> LlamaModel:

@@ -15,13 +15,14 @@ import pytest
 
 from minienv.engine import InferenceEngine
 from minienv.model import ContiguousBatch, ContiguousKVCache, LlamaConfig, LlamaModel, NoCache, random_weights
+from minienv.model.linear import linear
 from minienv.model.llama import apply_rope, rms_norm, rope_cos_sin, silu, silu_and_mul
 from minienv.sampling import SamplingParams
 
 
 # ---------------------------------------------------------------------- the plain forward pass (frozen)
-def plain_rms_norm(x, weight, eps):
-    variance = np.mean(x * x, axis=-1, keepdims=True)
+def plain_rms_norm(x, weight, eps, axis=-1):
+    variance = np.mean(x * x, axis=axis, keepdims=True)
     return weight * (x / np.sqrt(variance + np.float32(eps)))
 
 
@@ -35,27 +36,34 @@ def plain_apply_rope(x, cos, sin):
     return x * cos + rotated * sin
 
 
+def project(w, x):
+    """``w @ x`` through the model's own :func:`~minienv.model.linear.linear` (BLAS, or the numba row-dot kernel
+    for one token): the products are the same calls on both sides; the elementwise work around them is under test."""
+    return linear(w, x, np.empty((w.shape[0], x.shape[1]), dtype=np.float32))
+
+
 def plain_forward_step(model: LlamaModel, token_ids, positions, backend, logits_indices=None) -> np.ndarray:
-    """``LlamaModel.forward_step`` before its elementwise work was optimized: one fresh array per operation."""
+    """``LlamaModel.forward_step`` without its elementwise optimizations: one fresh array per operation.
+    Feature-major like the model (``x [H, N]``, one column per token)."""
     c = model.config
     ids, pos = np.asarray(token_ids, dtype=np.int64), np.asarray(positions)
     n, hq, hkv, d, inter = len(ids), c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size
     k_end = (hq + hkv) * d
     cos, sin = rope_cos_sin(pos, d, c.rope_theta)
-    x = model.embed_tokens[ids]
+    x = np.ascontiguousarray(model.embed_tokens[ids].T)  # [H, N]
     backend.begin_step(pos)
     for layer_idx, layer in enumerate(model.layers):
-        h = plain_rms_norm(x, layer.input_norm, c.rms_norm_eps)
-        qkv = h @ layer.w_qkv
+        h = plain_rms_norm(x, layer.input_norm, c.rms_norm_eps, axis=0)
+        qkv = project(layer.w_qkv, h).T  # [N, (Hq + 2 Hkv) D]
         qk = plain_apply_rope(qkv[:, :k_end].reshape(n, hq + hkv, d), cos, sin)
         attn = backend.attend(layer_idx, qk[:, :hq], qk[:, hq:], qkv[:, k_end:].reshape(n, hkv, d))
-        x = x + attn.reshape(n, hq * d) @ layer.w_o
-        gate_up = plain_rms_norm(x, layer.post_norm, c.rms_norm_eps) @ layer.w_gate_up
-        x = x + (plain_silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ layer.w_down
+        x = x + project(layer.w_o, attn.reshape(n, hq * d).T)
+        gate_up = project(layer.w_gate_up, plain_rms_norm(x, layer.post_norm, c.rms_norm_eps, axis=0))
+        x = x + project(layer.w_down, plain_silu(gate_up[:inter]) * gate_up[inter:])
     backend.end_step()
     if logits_indices is not None:
-        x = x[np.asarray(logits_indices, dtype=np.int64)]
-    return plain_rms_norm(x, model.norm, c.rms_norm_eps) @ model.lm_head_t
+        x = x[:, np.asarray(logits_indices, dtype=np.int64)]
+    return project(model.lm_head, plain_rms_norm(x, model.norm, c.rms_norm_eps, axis=0)).T
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
