@@ -281,9 +281,10 @@ print(f"one model step: 1 token {cost[1] * 1e3:.0f} ms, 5 tokens {cost[5] * 1e3:
       f"({cost[5] / cost[1]:.2f}x the time for 5x the tokens)")
 
 # %% [markdown]
-# Less than five decode steps — the weights are read once — but not one either: for a single row numpy calls
-# OpenBLAS's matrix-*vector* kernel, which streams the weights at memory speed, while five rows go through the
-# matrix-*matrix* kernel, which repacks the weights and, on one core, is far from the memory floor. (On a GPU the
+# Less than five decode steps — the weights are read once — but not one either: a single row goes through
+# minienv's row-dot loop (`minienv/model/row_dot.py`), which streams the weights at the machine's read bandwidth,
+# while five rows go through BLAS's matrix-*matrix* kernel, which repacks the weights and, on one core, is bound by
+# arithmetic, far from the memory floor. (On a GPU the
 # verify step costs about one decode step: that is where the papers' 2–3× come from.) So on this CPU speculation
 # pays only when drafts are accepted often. n-gram (prompt lookup) proposes the tokens that followed the last few
 # tokens earlier in the context: that works when the answer copies the prompt (editing, quoting, extracting), not
