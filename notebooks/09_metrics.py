@@ -239,7 +239,8 @@ for choice in (budget_choice, shared_choice):
     choice.observe(lambda change: live_stepper.reset(), names="value")
 live_stepper.reset()
 live_box = widgets.VBox([widgets.HBox([budget_choice, shared_choice]), live_stepper.widget, live["panel"].widget])
-live_stepper.run()  # the whole run, so the picture below shows it; Reset and ▶ replay it
+with live["panel"].batch():  # driven from code: the charts are drawn once at the end (a click draws every step)
+    live_stepper.run()  # the whole run, so the picture below shows it; Reset and ▶ replay it
 show(live["panel"].widget, live=live_box)
 
 # %%

@@ -6,6 +6,7 @@
         engine.step()
         panel.update()         # one sample per call, read from the registry (what a scrape would return)
     panel.attach(metrics_of(new_engine))   # a reset: the same charts, emptied, now watching another engine
+    with panel.batch(): ...    # a run driven from code: samples every step, one redraw at the end
     panel.static()             # the same five charts as one SVG, for readers without a kernel
 
 The charts: requests running / waiting; KV usage in blocks (``vllm:kv_cache_usage_perc``) and in token slots
@@ -16,6 +17,8 @@ histogram, one bar per vLLM bucket. Nothing here reads the engine: only the regi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +113,18 @@ class MetricsPanel(View):
         if self.widget is not None:
             self.widget.layout.title.text = self.title
             self.redraw()
+
+    @contextmanager
+    def batch(self) -> Iterator["MetricsPanel"]:
+        """Take samples without drawing each one; draw them all once on the way out (like plotly's
+        ``batch_update``). For a run driven from code: a notebook's Run All redraws once, not once per step."""
+        every, self.redraw_every = self.redraw_every, 2**62
+        try:
+            yield self
+        finally:
+            self.redraw_every = every
+            if self.widget is not None:
+                self.redraw()
 
     def update(self) -> MetricsSample:
         """Take one sample (and redraw the live charts every ``redraw_every`` samples); return the sample."""

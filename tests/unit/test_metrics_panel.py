@@ -108,3 +108,27 @@ def test_attach_empties_the_same_figure_and_watches_the_new_registry(engine_fact
     quiet = MetricsPanel(metrics_of(first), live=False)
     quiet.attach(metrics_of(second))  # no live figure: only the samples start again
     assert quiet.samples == [] and quiet.widget is None
+
+
+def test_batch_draws_once_at_the_end_what_step_by_step_drawing_draws(engine_factory):
+    drawn = {}
+    for batched in (False, True):
+        e = engine_factory()
+        panel = MetricsPanel(metrics_of(e))
+        redraws = []
+        original = panel.redraw
+        panel.redraw = lambda: (redraws.append(len(panel.samples)), original())  # count the draws
+        e.add_request("The quick brown fox", SamplingParams(max_tokens=6, temperature=0))
+        if batched:
+            with panel.batch():
+                while e.has_unfinished_requests():
+                    e.step()
+                    panel.update()
+            assert redraws == [len(panel.samples)] and panel.redraw_every == 1  # one draw, on the way out
+        else:
+            while e.has_unfinished_requests():
+                e.step()
+                panel.update()
+            assert redraws == list(range(1, len(panel.samples) + 1))  # one draw per sample
+        drawn[batched] = [(tuple(t.x), tuple(t.y)) for t in panel.widget.data]
+    assert drawn[True] == drawn[False]
