@@ -130,5 +130,7 @@ def test_batch_draws_once_at_the_end_what_step_by_step_drawing_draws(engine_fact
                 e.step()
                 panel.update()
             assert redraws == list(range(1, len(panel.samples) + 1))  # one draw per sample
-        drawn[batched] = [(tuple(t.x), tuple(t.y)) for t in panel.widget.data]
+        # the TTFT histogram's buckets depend on the wall clock (a loaded machine moves a first token to a later
+        # bucket between the two runs): compare its total count; every other trace is the engine's own counters
+        drawn[batched] = [(tuple(t.x), tuple(t.y)) if t.type != "bar" else sum(t.y) for t in panel.widget.data]
     assert drawn[True] == drawn[False]
