@@ -254,7 +254,8 @@ for name, rows in res.items():
     fixed = {r.block_size: r for r in rows if r.scheme == "fixed"}
     print(f"{name + ', attention':<34}" + "".join(f"{fixed[b].extra['attn_us_min']:>6.0f}" for b in bs.BLOCK_SIZES))
     print(f"{name + ', manager':<34}" + "".join(f"{fixed[b].extra['manager_us_min']:>6.0f}" for b in bs.BLOCK_SIZES))
-#
+
+# %% [markdown]
 # ## The curves
 
 # %%
@@ -648,7 +649,8 @@ else:
 # * In minienv the attention kernel does not get faster with larger blocks: its per-block cost is tiny and large
 #   blocks add padded keys. The per-entry cost lives in the scheduler and manager.
 # * Best three by `J`: 16, 8, 32 on ShareGPT-like; 4, 8, 2 on Alpaca-like; 8, 16, 4 with shared system prompts
-#   — vLLM's 16 is first or second on two of three. Timings are shown as what they are: noisy, and not ranked. Blocks of 128+ lose most prefix hits and preempt more.
+#   — vLLM's 16 is first or second on two of three. Blocks of 128+ lose most prefix hits and preempt more.
+# * The CPU timings are shown as what they are — noisy, from a shared machine — and nothing is ranked by them.
 # * The dynamic scheme (one physical block, runs of contiguous blocks past a threshold) keeps the hits, runs in
 #   the real engine with outputs equal to each request alone, and costs reserved slots and run searches; its
 #   overall score is worse than the best fixed size's on every trace.
