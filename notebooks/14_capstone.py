@@ -187,8 +187,8 @@ assert mgr.lookup(A_PROMPT).num_cached_tokens == 4  # the tail of a's chain went
 # step's prefill chunks — in grading 3, and in your engine at the end.
 
 # %%
+from minienv.exercises.lru_eviction import safe_victims_reference
 from minienv.kv.hashing import hash_block_chain
-from minienv.kv.errors import OutOfBlocksError
 
 chain_hashes = None  # notebook 05: chain_hashes(tokens, block_size) -> [hash of each full block]
 safe_victims = None  # notebook 06: safe_victims(lru_order, refcount, n) -> the first n blocks nobody holds
@@ -198,11 +198,7 @@ plan_step = None  # notebook 07: plan_step(needs, budget) -> tokens each running
 if chain_hashes is None:
     chain_hashes = hash_block_chain  # minienv's: the same chain, from ROOT_HASH
 if safe_victims is None:
-    def safe_victims(lru_order, refcount, n):
-        victims = [b for b in lru_order if refcount[b] == 0][:n]
-        if len(victims) < n:
-            raise OutOfBlocksError(n, len(victims), len(lru_order))
-        return victims
+    safe_victims = safe_victims_reference  # minienv's: the rule notebook 06's check grades against
 
 # %%
 from collections import OrderedDict

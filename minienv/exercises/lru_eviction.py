@@ -54,6 +54,16 @@ def check_evictions(fn) -> str:
     return f"my_evictions predicts the manager's evictions in all {tried} cases"
 
 
+def safe_victims_reference(lru_order: list[int], refcount: dict[int, int], n: int) -> list[int]:
+    """The rule ``check_safe_victims`` grades: the first ``n`` blocks of ``lru_order`` nobody holds, in that order;
+    ``OutOfBlocksError`` when fewer than ``n`` are free. Notebook 14 plugs it in when a student has not pasted their
+    own ``safe_victims``."""
+    victims = [b for b in lru_order if refcount[b] == 0][:n]
+    if len(victims) < n:
+        raise OutOfBlocksError(n, len(victims), len(lru_order))
+    return victims
+
+
 @exercise("write safe_victims(lru_order, refcount, n): the first n blocks of lru_order with refcount 0, or "
           "raise OutOfBlocksError")
 def check_safe_victims(fn) -> str:

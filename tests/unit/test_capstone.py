@@ -486,3 +486,17 @@ def test_your_engine_cell_falls_back_to_minienvs_pieces_until_the_gradings_pass(
     exec(_cell(source, "REAL_MODEL = False"), ns)  # noqa: S102
     assert not ns["yours"] and not isinstance(ns["engine"].kv_cache_manager, cap.PluggedManager)
     assert "minienv's pieces (yours once the three gradings above pass)" in capsys.readouterr().out
+
+
+def test_your_pieces_cell_shows_no_other_chapters_answer(capsys):
+    """The cell where a student pastes their 05/06/07 functions defines none itself: a piece left as None is replaced
+    by minienv's, named (the fallback used to print notebook 06's exercise-2 answer as code)."""
+    from minienv.exercises.lru_eviction import check_safe_victims, safe_victims_reference
+
+    source = (REPO / "notebooks" / "14_capstone.py").read_text()
+    cell = _cell(source, "safe_victims = None")
+    assert not [n for n in ast.walk(ast.parse(cell)) if isinstance(n, (ast.FunctionDef, ast.Lambda))], cell
+    ns: dict = {}
+    exec(cell, ns)  # noqa: S102 - the repository's own notebook
+    assert ns["safe_victims"] is safe_victims_reference and ns["chain_hashes"] is hash_block_chain
+    assert check_safe_victims(safe_victims_reference) == PASSED  # minienv's piece is the rule 06's check grades
