@@ -370,8 +370,8 @@ assert round(kv_4k / 2**30, 1) == 3.1 and round(weights / 2**30, 1) == 24.2 and 
 # A single 4k-token Llama-2-13B conversation holds 3.1 GiB of KV state — about an eighth of the 13 B
 # model's own fp16 weights (26 GB = 24.2 GiB) for *one* request; eight such conversations weigh about as much as
 # the model. KV memory, not compute, is what limits how many requests a GPU serves: notebook 16 counts it for real
-# GPUs — an H100 holding Llama-3-8B has room for 459,099 tokens of KV (about 918 ShareGPT-sized requests), an
-# A100-40GB holding OPT-13B for 14,494 (28 requests).
+# GPUs — an H100 holding Llama-3-8B has room for 459,099<!--out:16--> tokens of KV (about 918<!--out:16-->
+# ShareGPT-sized requests), an A100-40GB holding OPT-13B for 14,494<!--out:16--> (28<!--out:16--> requests).
 #
 # ### Live: context length vs KV memory
 # Drag the slider: the bars show one request's KV cache at that context length.

@@ -149,8 +149,8 @@ assert metrics["static"]["tpot_mean"] == metrics["continuous"]["tpot_mean"] == 1
 # ### What a static step computes: padding
 #
 # On this CPU a step's cost grows with its tokens (on a GPU a decode step reads the weights once for the whole
-# batch, so it barely grows: notebook 16's roofline clock gives 6.63 ms for one Llama-3-8B stream on an H100 and
-# 8.21 ms for 64), so count tokens *computed*. A padded static batch (`transformers.generate`;
+# batch, so it barely grows: notebook 16's roofline clock gives 6.63 ms<!--out:16--> for one Llama-3-8B stream
+# on an H100 and 8.21 ms<!--out:16--> for 64), so count tokens *computed*. A padded static batch (`transformers.generate`;
 # minienv's default `static_padding=True`) computes a thrown-away token for each finished member until the longest
 # ends (`stats.num_padding_tokens`); the *charitable* `static_padding=False` stops finished members at once:
 
