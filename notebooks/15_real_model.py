@@ -128,35 +128,6 @@ for text in ["It costs 1999 euros.", "naïve café — 東京 🙂"]:
 #
 # Each token keeps K and V, in every layer, for every **KV** head (3<!--out:above--> here, shared by 9<!--out:above--> query heads), in float32.
 
-# %% [markdown]
-# ### Exercise 1: KV bytes per token
-#
-# Write `kv_bytes_per_token(config)` for a float32 cache. Rules: (1) store K and V; (2) every layer keeps its own;
-# (3) only the KV heads are cached (grouped-query attention), not every query head; (4) count bytes (4 per number).
-
-# %%
-from minienv.exercises.real_model import check_kv_bytes_per_token, check_prefix_hit_tokens
-
-
-def kv_bytes_per_token(config) -> int:
-    """float32 K/V bytes one token occupies in the cache."""
-    raise NotImplementedError("your code here")
-
-
-# %%
-check_kv_bytes_per_token(kv_bytes_per_token)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# The fields are `num_hidden_layers`, `num_key_value_heads` and `head_dim`.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `2 * layers * kv_heads * head_dim * 4`.
-# </details>
-
 # %%
 per_token = c.kv_bytes_per_token()
 conversation_tokens = len(smol.tokenizer.encode(engine.chat_template.render(
@@ -224,12 +195,63 @@ print(f"prefix caching on:  {hits[True][0]} tokens served from the cache ({hits[
 print(f"prefix caching off: {hits[False][0]} tokens, prefill {hits[False][1]:.2f} s")
 
 # %% [markdown]
+# ### Exercise 1: conversations per budget, the system prompt paid once
+#
+# (How exercises work — stubs, checks, hints, solutions — is explained in notebook 00.)
+#
+# The budget figure above divided tokens by a conversation's length. The engine does better and worse than that:
+# worse, because memory comes in blocks; better, because prefix caching stores a shared system prompt once. Write
+# `conversations_that_fit(num_blocks, block_size, system_len, conversation_len)`: how many conversations of
+# `conversation_len` tokens each, the first `system_len` of them the same system prompt (and different after),
+# fit in the pool at once. Rules: (1) memory is handed out in **whole blocks**: a conversation's partly filled last
+# block takes a whole block; (2) the system prompt's **full** blocks are stored **once**, shared by every
+# conversation — but they take room in the pool too; (3) only full blocks are shared: a partly filled last block
+# of the system prompt is each conversation's own; (4) count whole conversations only: 0 when not even one fits.
+
+# %%
+from minienv.exercises.real_model import check_conversations_that_fit, check_prefix_hit_tokens
+
+
+def conversations_that_fit(num_blocks: int, block_size: int, system_len: int, conversation_len: int) -> int:
+    """Conversations of conversation_len tokens (the first system_len shared by all) the pool holds at once."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+check_conversations_that_fit(conversations_that_fit)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Draw one conversation as a row of blocks. Which of its blocks are the same for every conversation — found by
+# hash, so stored once? A block gets a hash only when it is full: where does the system prompt end in its row?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# The pool pays for the shared blocks once, before any conversation; what is left is divided among the
+# conversations' own blocks. Try your function on a pool too small for the shared blocks alone, and on a system
+# prompt that ends exactly at a block boundary.
+# </details>
+
+# %%
+from minienv.exercises.real_model import conversations_that_fit_reference
+
+n_blocks = 2048 // engine.block_size
+with_sharing = conversations_that_fit_reference(n_blocks, engine.block_size, shared_len, conversation_tokens)
+print(f"a 2,048-token budget ({n_blocks} blocks): {2048 // conversation_tokens} conversations of "
+      f"{conversation_tokens} tokens counted in tokens, {with_sharing} in blocks with the museum's {shared_len}-token "
+      f"system prompt stored once")
+assert with_sharing > 2048 // conversation_tokens
+
+# %% [markdown]
 # ### Exercise 2: the hits, predicted
 #
 # Write `prefix_hit_tokens(shared_len, prompt_lens, block_size)`: the prompt tokens served from the cache when
-# requests whose first `shared_len` tokens are equal run one after another. Rules: (1) the first request finds
-# nothing cached; (2) only whole blocks are hits; (3) the prompt's last token is never a hit (its logits are
-# needed). The cell after the check compares the reference with the engine's count above.
+# requests whose first `shared_len` tokens are equal (and differ after) run one after another, as the four users
+# above did. Rules: (1) the first request finds nothing cached; (2) only whole blocks are hits; (3) the prompt's
+# last token is never a hit (its logits are needed); (4) every later request hits — sum over all of them; (5) count
+# tokens, not blocks. The cell after the check compares the reference with the engine's count above.
 
 # %%
 def prefix_hit_tokens(shared_len: int, prompt_lens: list, block_size: int) -> int:
@@ -243,12 +265,14 @@ check_prefix_hit_tokens(prefix_hit_tokens)
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Each later request hits `shared_len // block_size` full blocks — unless its own prompt is shorter than that.
+# Take one later request alone and draw its prompt in blocks: which blocks hold only shared tokens *and* are
+# full? Try a 40-token shared prefix in blocks of 16 by hand.
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# `min(shared_len // B, (n - 1) // B) * B` for every prompt length `n` after the first, summed.
+# The engine must compute at least a prompt's last token to sample the next one. What does that leave cached for
+# a request whose whole prompt is the shared prefix — 48 tokens, blocks of 16?
 # </details>
 
 # %%
@@ -345,37 +369,74 @@ server.stop(grace=0)
 assert reply.choices[0].message.content == outs[0].text
 
 # %% [markdown]
-# ## Chat live
+# ## Chat live: the engine answering, step by step
 #
-# Type a question (greedy, up to 64 tokens; a few seconds on a laptop CPU).
+# Ask the museum's assistant a question. Your conversation starts with the same system prompt as every visitor's,
+# and an earlier visitor has just asked theirs (step 1, one prefill: when it finishes, its full blocks stay in the
+# pool, cached). Then your prompt arrives (step 2): its first blocks are found by hash — labelled **hit** — and
+# only the rest is computed. Every step after that is one decode step: a token appears in the answer, and each
+# time the tokens fill a block your request takes a new one. Press **Ask**, then **Step** or ▶ (a few seconds for
+# a whole answer on a laptop CPU).
 
 # %%
 import ipywidgets as widgets
-from IPython.display import display
 
-box, button, answer = widgets.Text(placeholder="Ask SmolLM2…"), widgets.Button(description="Ask"), widgets.Output()
+from minienv.lab.live_answer import LiveAnswer, LiveAnswerView
+from minienv.viz import Stepper
 
-
-replies = []  # every answer, also kept here (a widget's output area lives in the browser)
-
-
-def ask(_):
-    with answer:
-        answer.clear_output()
-        [o] = engine.chat([{"role": "user", "content": box.value or "Hello!"}],
-                          SamplingParams(max_tokens=64, temperature=0.0))
-        replies.append(o.text)
-        print(o.text)
+EARLIER_QUESTION = "When do you open?"
+question_box = widgets.Text(value="How much is a ticket?", description="You:", layout=widgets.Layout(width="420px"))
+ask_button = widgets.Button(description="Ask", icon="comment")
+live = {}  # the engine answering the current question, and what it did so far
 
 
-button.on_click(ask)
-display(widgets.VBox([widgets.HBox([box, button]), answer]))
+def chat_ids(question):
+    return smol.tokenizer.encode(engine.chat_template.render([SYSTEM, {"role": "user", "content": question}]))
+
+
+def live_reset():
+    e = InferenceEngine(smol, kv_budget_tokens=768)  # 48 blocks of 16 tokens, prefix caching on
+    live["answer"] = LiveAnswer(e, chat_ids(EARLIER_QUESTION), chat_ids(question_box.value or "Hello!"),
+                                max_tokens=48)
+    if "view" not in live:
+        live["view"] = LiveAnswerView(e.num_blocks, smol.tokenizer, title="KV pool: 768 tokens = 48 blocks of 16")
+    live["view"].reset()
+
+
+def live_step(i):
+    caption = live["answer"].step()  # one engine.step()
+    if caption is None:  # the answer is complete
+        return False
+    live["view"].update(live["answer"], caption)
+    return caption
+
+
+def ask(_=None):
+    live_stepper.reset()
+    live_stepper.play.playing = True  # in a browser: ▶ starts at once
+
+
+live_stepper = Stepper(live_step, live_reset, n_steps=None, interval_ms=400, description="engine step")
+ask_button.on_click(ask)
+live_stepper.reset()
+live_box = widgets.VBox([widgets.HBox([question_box, ask_button]), live_stepper.widget, live["view"].widget])
+live_stepper.run()  # the whole answer, as ▶ plays it
+steps = live_stepper.position
+# live; and for readers without a kernel a PNG of the last step before the answer ended (your blocks still held)
+show(live["view"].figure(step=steps - 1), live=live_box)
 
 # %%
-box.value = "What is the capital of France?"
-button.click()  # what a click does: the engine answers into the output area
-assert replies == ["The capital of France is Paris."]
-box.value = ""
+ans, B = live["answer"], engine.block_size
+print(f"A: {ans.text}")
+print(f"step 2: {ans.hit_tokens} of your {len(ans.your_ids)} prompt tokens from the cache "
+      f"({len(ans.hit_blocks)} blocks of the system prompt), {len(ans.your_ids) - ans.hit_tokens} computed")
+print("blocks your request holds, step by step:", [h.your_blocks for h in ans.history[1:-1]],
+      f"then {ans.history[-1].your_blocks} (its answer is done)")
+assert ans.hit_tokens == shared_len // B * B and ans.hit_blocks == tuple(range(len(ans.hit_blocks)))
+for h in ans.history[1:-1]:  # the pool holds the KV of every token but the newest (computed in the next step)
+    assert h.your_blocks == -(-(len(ans.your_ids) + h.output_tokens - 1) // B)
+assert ans.history[-1].finished and ans.history[-1].your_blocks == 0  # freed: the full ones stay cached
+assert "12 euros" in ans.text and steps == len(ans.token_ids) + 2
 
 # %% [markdown]
 # ## What if…?
@@ -392,7 +453,7 @@ box.value = ""
 # * **GGUF loading**: vLLM v0.11.0 [`vllm/model_executor/model_loader/gguf_loader.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/model_loader/gguf_loader.py) (`GGUFModelLoader`, which maps
 #   llama.cpp names to HF ones and keeps the quantized blocks for its GGUF kernels instead of dequantizing);
 #   SGLang v0.5.3 [`python/sglang/srt/model_loader/loader.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/model_loader/loader.py) (`GGUFModelLoader`). The Q/K un-permutation is in
-#   transformers v5 `src/transformers/modeling_gguf_pytorch_utils.py` (`LlamaTensorProcessor`), the inverse of
+#   transformers v5.24.0 [`src/transformers/modeling_gguf_pytorch_utils.py`](https://github.com/huggingface/transformers/blob/v5.24.0/src/transformers/modeling_gguf_pytorch_utils.py) (`LlamaTensorProcessor`), the inverse of
 #   llama.cpp's `convert_hf_to_gguf.py` `LlamaModel.permute`.
 # * **Chat templates**: vLLM v0.11.0 [`vllm/entrypoints/chat_utils.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/chat_utils.py) (`apply_hf_chat_template`) behind
 #   `LLM.chat` in [`vllm/entrypoints/llm.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/llm.py); SGLang v0.5.3 [`python/sglang/srt/entrypoints/openai/serving_chat.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/entrypoints/openai/serving_chat.py).

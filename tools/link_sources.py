@@ -23,13 +23,15 @@ PINS = {
     "sgl-router": ("https://github.com/sgl-project/sglang", "v0.5.3"),
     "nanovllm/": ("https://github.com/GeeeekExplorer/nano-vllm", "bb823b3"),
     "lmcache/": ("https://github.com/LMCache/LMCache", "v0.3.8"),
+    # the release pyproject.toml pins for the realmodel tier (tests/unit/test_source_links.py checks they agree)
+    "src/transformers/": ("https://github.com/huggingface/transformers", "v5.24.0"),
 }
 #: cited as coming *after* the pinned release (the text says so): no link to a file the release does not have
 NOT_IN_RELEASE = {"vllm/v1/spec_decode/draft_model.py"}
 
 _SECTION = re.compile(r"^# ## (Where (this|it) lives|The map: every)")
 _NEXT_SECTION = re.compile(r"^# ## ")
-_PLAIN = re.compile(r"(?<!\[)`((?:vllm/|csrc/|python/sglang/|sgl-router|nanovllm/|lmcache/)[A-Za-z0-9_./-]*)`(?!\]\()")
+_PLAIN = re.compile(r"(?<!\[)`((?:vllm/|csrc/|python/sglang/|sgl-router|nanovllm/|lmcache/|src/transformers/)[A-Za-z0-9_./-]*)`(?!\]\()")
 
 
 def url(path: str) -> str:

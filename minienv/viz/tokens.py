@@ -23,7 +23,7 @@ from typing import Any
 from ._style import FONT, PALETTE, esc, require, text_color
 from ._view import View
 
-__all__ = ["TokenSpan", "TokenView", "token_spans", "tokens_html"]
+__all__ = ["TokenSpan", "TokenView", "id_spans", "ids_html", "token_spans", "tokens_html"]
 
 _VISIBLE = {" ": "·", "\n": "⏎", "\t": "→", "\r": "␍"}
 
@@ -59,7 +59,11 @@ def _label(raw: bytes, special: bool) -> str:
 
 def token_spans(tokenizer: Any, text: str) -> list[TokenSpan]:
     """Encode ``text`` and describe each token (works with any tokenizer offering ``encode``/``id_to_bytes``)."""
-    ids = tokenizer.encode(text)
+    return id_spans(tokenizer, tokenizer.encode(text))
+
+
+def id_spans(tokenizer: Any, ids: Any) -> list[TokenSpan]:
+    """Describe each of the token ``ids`` (e.g. what a model generated, which need not re-encode to the same ids)."""
     specials = set(getattr(tokenizer, "special_tokens", {}).values())
     spans = []
     for k, i in enumerate(ids):
@@ -80,6 +84,26 @@ def _span_html(s: TokenSpan) -> str:
     )
 
 
+def _spans_html(spans: list[TokenSpan], max_tokens: int) -> str:
+    parts = []
+    for s in spans[:max_tokens]:
+        parts.append(_span_html(s))
+        if s.raw.endswith(b"\n") and not s.special:
+            parts.append("<br>")
+    if len(spans) > max_tokens:
+        parts.append(f"<span> … {len(spans) - max_tokens} more</span>")
+    return "".join(parts)
+
+
+def ids_html(tokenizer: Any, ids: Any, *, max_tokens: int = 2000) -> str:
+    """Static HTML of the token ``ids`` as they are (one coloured span per id, id below it), e.g. a model's output
+    token by token."""
+    spans = id_spans(tokenizer, ids)
+    head = f'<div style="font-size:12px;color:#444;margin-bottom:4px"><b>{len(spans)} tokens</b></div>'
+    return (f'<div class="mnv-tokens" style="font-family:{FONT};font-size:13px;line-height:1.2">{head}'
+            f'<div>{_spans_html(spans, max_tokens)}</div></div>')
+
+
 def tokens_html(tokenizer: Any, text: str, *, max_tokens: int = 2000) -> str:
     """Static HTML: a stats line, then one coloured span per token (id below it).
 
@@ -92,15 +116,8 @@ def tokens_html(tokenizer: Any, text: str, *, max_tokens: int = 2000) -> str:
     ratio = f"{len(spans) / len(text):.2f}" if text else "–"
     head = (f'<div style="font-size:12px;color:#444;margin-bottom:4px">{len(text)} characters · {n_bytes} bytes · '
             f'<b>{len(spans)} tokens</b> · {ratio} tokens per character</div>')
-    parts = []
-    for s in spans[:max_tokens]:
-        parts.append(_span_html(s))
-        if s.raw.endswith(b"\n") and not s.special:
-            parts.append("<br>")
-    if len(spans) > max_tokens:
-        parts.append(f"<span> … {len(spans) - max_tokens} more</span>")
     return (f'<div class="mnv-tokens" style="font-family:{FONT};font-size:13px;line-height:1.2">{head}'
-            f'<div>{"".join(parts)}</div></div>')
+            f'<div>{_spans_html(spans, max_tokens)}</div></div>')
 
 
 class TokenView(View):

@@ -25,6 +25,7 @@ from minienv.exercises import lru_eviction as ex06
 from minienv.exercises import model as ex02
 from minienv.exercises import paged_attention as ex04
 from minienv.exercises import prefix_sharing as ex05
+from minienv.exercises import real_model as ex15
 from minienv.exercises import scheduling as ex07
 from minienv.exercises import serving as ex10
 from minienv.exercises import tokenizer as ex01
@@ -479,6 +480,47 @@ def _increase(reset="previous", first_pair=True):
     return fn
 
 
+# notebook 15: conversations per budget with a shared system prompt, and the hits it earns
+def _ceil(a, b):
+    return -(-a // b)
+
+
+def _fit(shared="full", own="ceil", zero=True, whole=True, room=True):
+    """conversations_that_fit with one rule broken: ``shared`` full / none / ceil / round blocks; ``own`` ceil (whole
+    blocks) / floor (the last partial block dropped) / rest (ceil of the tokens after the system prompt) / tokens."""
+    def fn(nb, b, s, n):
+        sh = {"full": s // b, "none": 0, "ceil": _ceil(s, b), "round": round(s / b)}[shared]
+        if own == "tokens":
+            return max(0, (nb - sh) * b // (n - sh * b))
+        mine = {"ceil": _ceil(n, b) - sh, "floor": n // b - sh, "rest": _ceil(n - s, b)}[own]
+        if mine <= 0:
+            mine = 1
+        if zero and nb < sh + mine:
+            return 0
+        return ((nb - sh) // mine if whole else _ceil(nb - sh, mine)) if room else nb // mine
+    return fn
+
+
+def _fit_raises_on_a_block_multiple(nb, b, s, n):
+    sh = s // b + 1 // (s % b)  # "the partial block is s % b tokens": ZeroDivisionError when there is none
+    return (nb - sh) // (_ceil(n, b) - sh)
+
+
+def _hits15(first=False, per="right", only_second=False, unit="tokens"):
+    def fn(s, lens, b):
+        rule = {"right": lambda n: min(s // b, (n - 1) // b) * b,
+                "partial": lambda n: min(s, n - 1),
+                "ceil": lambda n: min(_ceil(s, b), (n - 1) // b) * b,
+                "nocap": lambda n: s // b * b,
+                "cap at n": lambda n: min(s // b, n // b) * b,
+                "cap on shared": lambda n: (s - 1) // b * b,
+                "tokens cap": lambda n: min(s // b * b, n - 1)}[per]
+        later = lens if first else (lens[1:2] if only_second else lens[1:])
+        total = sum(rule(n) for n in later)
+        return total // b if unit == "blocks" else total
+    return fn
+
+
 # notebook, check, solution / stub name, [(wrong answer, words its failure must contain), ...]
 WRONG = [
     ("00_tour", ex00.check_next_blocks, "next_blocks", [
@@ -689,6 +731,32 @@ WRONG = [
         (_cost_with(combine=lambda c: c[-1]), "summed over all the requests"),
         (_cost_with(combine=lambda c: [sum(c)]), "return one number"),
     ]),
+    ("15_real_model", ex15.check_conversations_that_fit, "conversations_that_fit", [
+        (_fit(shared="none"), "full blocks are stored once"),
+        (_fit(room=False), "but they take room in the pool too"),
+        (_fit(shared="ceil"), "only full blocks are shared"),
+        (_fit(shared="round"), "only full blocks are shared"),
+        (_fit(own="rest"), "only full blocks are shared"),
+        (_fit(own="tokens"), "whole blocks"),
+        (_fit(own="floor"), "whole blocks"),
+        (_fit(zero=False), "0 when not even one fits"),
+        (_fit(whole=False), "count whole conversations only"),
+        (lambda nb, b, s, n: (nb - s // b) / (_ceil(n, b) - s // b), "return one int"),
+        (_fit_raises_on_a_block_multiple, "only full blocks are shared"),
+    ]),
+    ("15_real_model", ex15.check_prefix_hit_tokens, "prefix_hit_tokens", [
+        (_hits15(first=True), "the first request finds nothing cached"),
+        (_hits15(per="partial"), "only whole blocks are hits"),
+        (_hits15(per="ceil"), "only whole blocks are hits"),
+        (_hits15(per="tokens cap"), "only whole blocks are hits"),
+        (_hits15(per="nocap"), "the prompt's last token is never a hit"),
+        (_hits15(per="cap at n"), "the prompt's last token is never a hit"),
+        (_hits15(per="cap on shared"), "the prompt's last token is never a hit"),
+        (_hits15(only_second=True), "every later request hits"),
+        (_hits15(unit="blocks"), "count tokens"),
+        (lambda s, lens, b: _hits15()(s, lens, b) if len(lens) > 1 else lens[1], "the first request finds nothing"),
+        (lambda s, lens, b: [min(s // b, (n - 1) // b) * b for n in lens[1:]], "return one int"),
+    ]),
 ]
 
 CASES = [(nb, check, name, wrong, words) for nb, check, name, wrongs in WRONG for wrong, words in wrongs]
@@ -737,7 +805,7 @@ def test_notebook_calls_this_check_on_the_stub(notebook, check, name):
 
 def test_every_notebook_has_two_exercises_and_hints():
     per_notebook = Counter(nb for nb, _, _ in EXERCISES)
-    for nb in sorted({p.stem for p in (REPO / "notebooks").glob("0[0-9]_*.py")} | {"10_serving"}):
+    for nb in sorted({p.stem for p in (REPO / "notebooks").glob("0[0-9]_*.py")} | {"10_serving", "15_real_model"}):
         assert per_notebook[nb] >= 2, f"{nb} has {per_notebook[nb]} exercises"
         source = (REPO / "notebooks" / f"{nb}.py").read_text()
         assert source.count("<details>") >= 2 * per_notebook[nb], f"{nb}: fewer than two hints per exercise"
@@ -842,3 +910,39 @@ def test_tokens_to_load_reference_is_what_a_restarted_engine_loads(tmp_path):
     again = serve_with_tier(model, tok, prompt, tmp_path)  # block 2 was recomputed and stored again
     assert again.loaded_tokens == ex11.num_tokens_to_load_reference(prompt, 0, stored, 16, fingerprint) == 96
     assert again.token_ids == refused.token_ids
+
+
+def test_conversations_that_fit_reference_is_what_the_manager_holds():
+    """The rule exercise 15.1 states is what KVCacheManager does: conversations sharing a system prompt are allocated
+    (and committed, so the next finds the prompt by hash) until the pool is out of blocks."""
+    from minienv.kv.kv_cache_manager import KVCacheManager
+
+    for num_blocks, b, s, n in [c for c, _ in ex15.FIT_CASES if c[0] * c[1] <= 20_000]:
+        mgr = KVCacheManager(num_blocks, b)
+        system = list(range(s))
+        held = 0
+        while True:
+            conv = system + [10_000 + held] * (n - s)
+            try:
+                if mgr.allocate(held, conv) is None:
+                    break
+            except OutOfBlocksError:
+                break
+            mgr.commit(held)
+            held += 1
+        assert held == ex15.conversations_that_fit_reference(num_blocks, b, s, n), (num_blocks, b, s, n)
+
+
+def test_prefix_hit_tokens_reference_is_what_the_engine_serves():
+    """Exercise 15.2's rule against the engine's own count, on the bundled model: requests sharing a prefix, one
+    after another."""
+    from engine_harness import bundled
+    from minienv.engine import InferenceEngine
+    from minienv.sampling import SamplingParams
+
+    model, tok = bundled()
+    for shared, lens, b in [c for c, _ in ex15.HIT_CASES]:
+        eng = InferenceEngine(model, tok, kv_budget_tokens=1024, block_size=b, max_num_seqs=1)
+        prompts = [list(range(1, shared + 1)) + [500 + i] * (n - shared) for i, n in enumerate(lens)]
+        eng.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))
+        assert eng.stats.prefix_cache_hits_tokens == ex15.prefix_hit_tokens_reference(shared, lens, b), (shared, lens)

@@ -47,3 +47,13 @@ def test_a_vllm_kernel_path_links_to_the_vllm_release():
     text = "# ## Where this lives in vLLM / SGLang\n# > * `csrc/attention/paged_attention_v1.cu` — the CUDA kernel\n"
     linked, _ = links.link(text)
     assert "](https://github.com/vllm-project/vllm/blob/v0.11.0/csrc/attention/paged_attention_v1.cu)" in linked
+
+
+def test_a_transformers_path_links_to_the_release_the_realmodel_tier_pins():
+    text = "# ## Where it lives in vLLM and SGLang\n# * transformers `src/transformers/modeling_gguf_pytorch_utils.py`\n"
+    linked, _ = links.link(text)
+    pinned = re.search(r'"transformers==([0-9.]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    assert ("](https://github.com/huggingface/transformers/blob/v" + pinned
+            + "/src/transformers/modeling_gguf_pytorch_utils.py)") in linked
+    notebook = (REPO / "notebooks" / "15_real_model.py").read_text()
+    assert "transformers/blob/v" + pinned + "/src/transformers/modeling_gguf_pytorch_utils.py" in notebook
