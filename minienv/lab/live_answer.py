@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from minienv.sampling import SamplingParams
 
 EARLIER, YOU = "earlier", "you"
+#: the two requests' colours in the pool (from the series' palette: pink for the earlier visitor, blue for you)
+OWNER_COLORS = {EARLIER: "#ff9da7", YOU: "#4e79a7"}
 
 
 @dataclass(frozen=True)
@@ -127,11 +129,10 @@ class LiveAnswerView:
         import ipywidgets as w
 
         from minienv.viz import BlockGrid, StatsView
-        from minienv.viz._style import PALETTE
 
         self.tokenizer = tokenizer
-        self._grid_args = dict(columns=columns, title=title, cell_px=cell_px,
-                               owner_colors={EARLIER: PALETTE[7], YOU: PALETTE[0]})
+        # fixed colours, so a step redrawn in a grid of its own (figure(step)) looks as it did live
+        self._grid_args = dict(columns=columns, title=title, cell_px=cell_px, owner_colors=OWNER_COLORS)
         self.grid = BlockGrid(num_blocks, **self._grid_args)
         self.frames: list[tuple] = []  #: (cells, caption) drawn at each step since the last reset
         self.stats = StatsView(title="your request")
