@@ -203,6 +203,73 @@ def test_max_concurrency_caps_the_streams():
     assert res.steps[:, 3].max() == 4
 
 
+
+def _client_between_steps(trace, cfg: SimConfig, cap: int) -> dict:
+    """A reference benchmark client: step, read the clock, send what has arrived (the listener only charges)."""
+    import numpy as np
+
+    from minienv.engine import InferenceEngine
+    from minienv.sampling import SamplingParams
+    from minienv.sim.simulated_model import SimTokenizer, SimulatedModel
+
+    clock = RooflineClock(cfg.model, cfg.gpu)
+    blocks = clock.kv_budget_tokens(cfg.gpu_memory_utilization) // cfg.block_size
+    eng = InferenceEngine(SimulatedModel(clock.model.max_model_len), SimTokenizer(), block_size=cfg.block_size,
+                          kv_budget_tokens=blocks * cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+                          max_num_batched_tokens=cfg.max_num_batched_tokens, history_size=0)
+    now, first, done, sent, arrival = [0.0], {}, {}, 0, [r.arrival_s for r in trace]
+
+    def charge(record):
+        plan = record.scheduler_output
+        now[0] += clock.step_cost([(s.num_new_tokens, s.num_computed_tokens) for s in plan.scheduled],
+                                  sum(s.samples for s in plan.scheduled)).time_s
+        for rid in record.sampled:
+            first.setdefault(int(rid), now[0])
+        for rid in record.finished:
+            done[int(rid)] = now[0]
+    eng.add_step_listener(charge)
+    steps = 0
+    while sent < len(trace) or eng.has_unfinished_requests():
+        while sent < len(trace) and trace[sent].arrival_s <= now[0] and sent - eng.counters.finished < cap:
+            arrival[sent] = max(arrival[sent], now[0])
+            eng.add_request(trace[sent].prompt, SamplingParams(max_tokens=trace[sent].output_len, temperature=0.0),
+                            request_id=str(sent))
+            sent += 1
+        if not eng.has_unfinished_requests():
+            now[0] = max(now[0], trace[sent].arrival_s)
+            continue
+        eng.step()
+        steps += 1
+    ttft = [(first[i] - arrival[i]) * 1e3 for i in range(len(trace))]
+    e2e = [(done[i] - arrival[i]) * 1e3 for i in range(len(trace))]
+    return {"num_steps": steps, "mean_ttft_ms": float(np.mean(ttft)), "mean_e2el_ms": float(np.mean(e2e)),
+            "p99_ttft_ms": float(np.percentile(ttft, 99))}
+
+
+@pytest.mark.parametrize("cap", [None, 6])
+def test_the_client_on_the_clock_equals_a_client_between_steps(cap):
+    """simulate() sends arrivals from its step listener and runs the engine in one call per busy stretch: the same
+    steps, and so the same figures, as a client that steps the engine one step at a time and sends in between."""
+    trace = make_trace("sharegpt", 40, 25.0, seed=3)
+    cfg = _small(max_num_seqs=16)
+    m = simulate(trace, cfg, max_concurrency=cap).metrics
+    ref = _client_between_steps(trace, cfg, cap or len(trace))
+    assert {k: m[k] for k in ref} == ref
+
+
+def test_the_simulation_builds_each_request_output_once(monkeypatch):
+    """A client that reads no outputs must not pay for them every step (profiled: ~12 % of notebook 16's sweep
+    when every running request's output was built after every step)."""
+    import minienv.engine.outputs as outputs
+
+    built = []
+    real = outputs.make_output
+    monkeypatch.setattr(outputs, "make_output", lambda req, **kw: built.append(req.request_id) or real(req, **kw))
+    trace = make_trace("sharegpt", 30, 20.0, seed=2)
+    m = simulate(trace, _small()).metrics
+    assert m["num_steps"] > 100 and sorted(built, key=int) == [str(i) for i in range(30)]
+
+
 # ---------------------------------------------------------------------- the CLI
 def test_cli_prints_a_table_then_one_json_line(capsys):
     assert main(["simulate", "--num-prompts", "30", "--request-rate", "10", "--seed", "1"]) == 0
