@@ -342,27 +342,16 @@ check_merge_step(merge_step)
 # alone. Two different words never merge into the same tuple: the new id is fresh, so merging is reversible.
 # </details>
 #
-# The check names the rule a wrong answer breaks. Here is a tempting version that ignores how often each word
-# occurs:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-from minienv.exercises import ExerciseFailed
-
-
-def merge_step_unweighted(words):
-    counts = Counter(p for w in words for p in zip(w, w[1:]))  # forgot the word counts
-    if not counts:
-        return None
-    pair = min(counts, key=lambda p: (-counts[p], p))
-    new_id = max(256, max(max(w) for w in words) + 1)
-    return pair, new_id, {tuple(merge_pair(list(w), pair, new_id)): c for w, c in words.items()}
-
-
-try:
-    check_merge_step(merge_step_unweighted)
-except ExerciseFailed as err:
-    print("caught:", str(err).splitlines()[0])
+# **The trap.** The tempting count adds 1 per word instead of the word's count: it sees each *distinct* pre-token
+# once, as if "the" were as rare as "thistles". The check has a case for exactly that, and such an answer stops
+# with the rule it broke and the case that shows it:
+#
+# ```
+# ExerciseFailed: ✗ count pairs weighted by the word's count: (1, 2) occurs 5 times, (3, 4) only twice
+#   words={(1, 2): 5, (3, 4, 3, 4): 1}
+#   expected ((1, 2), 256, {(256,): 5, (3, 4, 3, 4): 1})
+#   got      ((3, 4), 256, {(1, 2): 5, (256, 256): 1})
+# ```
 
 # %% [markdown]
 # ### Exercise 2: encode one pre-token
