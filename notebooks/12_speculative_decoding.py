@@ -125,30 +125,35 @@ assert by_hand == reference and calls < 24
 #
 # Checked, not just derived: on two bigram "models" over 4 tokens (target `P`, draft `Q`), the joint distribution
 # of 3 generated tokens has 64 outcomes we can list exactly. 20,000 speculative samples against it, Pearson's
-# chi-square at significance 0.001 — and the same test with the residual forgotten (draw from `p` on rejection):
+# chi-square at significance 0.001 — for `verify`, and for a classic bug kept in `minienv/lab/speculation.py`
+# (`residual_forgotten`, broken on purpose): on rejection it draws the token from `p` instead of the residual. The
+# last rows set the first generated token's frequencies beside `p`, the distribution they should follow:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.lab.speculation import BigramWorld, chi_square_check
-from minienv.spec_decode.rejection import VerifyResult, _draw, verify
+from minienv.lab.speculation import BigramWorld, chi_square_check, residual_forgotten
+from minienv.spec_decode.rejection import verify
 
-
-def forget_the_residual(drafts, target_probs, draft_probs, rng, greedy):
-    """A classic bug: on rejection, draw from p. Tokens the draft likes get drawn twice as often as they should."""
-    for i, d in enumerate(drafts):
-        if rng.random() * draft_probs[i, d] < target_probs[i, d]:
-            continue
-        return VerifyResult(list(drafts[:i]) + [_draw(target_probs[i], rng)], len(drafts), i)
-    return VerifyResult(list(drafts) + [_draw(target_probs[-1], rng)], len(drafts), len(drafts))
-
-
+world = BigramWorld.make()  # the world chi_square_check samples by default; the first token follows token 0
 correct = chi_square_check(verify, k=2, seed=0)
-buggy = chi_square_check(forget_the_residual, k=2, seed=0)
+buggy = chi_square_check(residual_forgotten, k=2, seed=0)
 print("min(1, p/q) + residual + bonus:", correct)
 print("residual forgotten:            ", buggy)
+print(f"\n{'first token':>11} {'target p':>9} {'draft q':>8} {'verify':>7} {'residual forgotten':>19}")
+for t in range(world.vocab_size):
+    print(f"{t:>11} {world.P[0, t]:>9.3f} {world.Q[0, t]:>8.3f} {correct.first_token[t]:>7.3f} "
+          f"{buggy.first_token[t]:>19.3f}")
+
+# %% [markdown]
+# With the residual, the first token follows `p` to the third decimal. Without it, token 0 — the one the draft
+# over-proposes (q 0.594<!--out--> against p 0.395<!--out-->) — comes out 0.607<!--out--> of the time, and token 1, which the
+# draft rarely proposes, 0.373<!--out--> instead of 0.592<!--out-->: a rejected token 0 gets a second chance from `p`,
+# so the draft's preferences leak into the output. The residual is exactly the mass that `min(p, q)` leaves out.
 
 # %%
 assert correct.passed and not buggy.passed
+assert all(abs(correct.first_token[t] - world.P[0, t]) < 0.01 for t in range(world.vocab_size))
+assert buggy.first_token[0] > world.P[0, 0] + 0.15 and buggy.first_token[1] < world.P[0, 1] - 0.15
 
 # %% [markdown]
 # ## minienv's version: speculation inside continuous batching
@@ -374,13 +379,17 @@ for s in stats_by_t.values():
 # %% [markdown]
 # ## Exercises
 #
-# **1 · The acceptance step.** Write `accept_step(drafts, target_probs, draft_probs, rng)`: `drafts` are `k`
-# token ids, `target_probs` is `[k + 1, V]` (the target's `p` at each position), `draft_probs` is `[k, V]` (the
-# `q` each draft was drawn from); return the tokens to append. Rules: (1) return the kept drafts, a prefix of
-# `drafts`, followed by exactly **one** token of the target's; (2) keep draft `i` with probability
-# `min(1, p(d)/q(d))` (draw `rng.random()`); (3) on the first rejection draw the token from
-# `normalise(max(p − q, 0))` and stop; (4) if all are kept, draw a bonus token from `p` at position `k + 1`. The
-# check tries one case per rule, then grades the distribution with the chi-square test above.
+# (How they work — stubs, checks, hints, `solutions/12_speculative_decoding.py` — is explained in notebook 00.)
+#
+# ### Exercise 1: the acceptance step
+#
+# Write `accept_step(drafts, target_probs, draft_probs, rng)`: `drafts` are `k` token ids, `target_probs` is
+# `[k + 1, V]` (the target's `p` at each position), `draft_probs` is `[k, V]` (the `q` each draft was drawn from);
+# return the tokens to append. Rules: (1) return the kept drafts, a prefix of `drafts`, followed by exactly **one**
+# token of the target's; (2) keep draft `i` with probability `min(1, p(d)/q(d))`; (3) on the first rejection draw
+# the token from `normalise(max(p − q, 0))` and stop; (4) if all are kept — also when `k = 0` — draw a bonus token
+# from `p` at position `k + 1`; (5) draw only from `rng`, so the same seed gives the same tokens. The check tries
+# each rule's edges, then grades the distribution with the chi-square test above.
 
 # %%
 from minienv.exercises.speculative_decoding import check_accept_step, check_ngram
@@ -391,6 +400,7 @@ def accept_step(drafts, target_probs, draft_probs, rng):
     raise NotImplementedError("your code here")
 
 
+# %%
 check_accept_step(accept_step)
 
 # %% [markdown]
@@ -402,22 +412,24 @@ check_accept_step(accept_step)
 #
 # <details><summary>Hint 2</summary>
 #
-# To draw from a vector of non-negative weights `w`: `cdf = np.cumsum(w)`, then the first index where `cdf`
-# exceeds `rng.random() * cdf[-1]` (`np.searchsorted(cdf, u, side="right")`). The residual does not sum to 1 —
-# this handles that.
+# To draw from a vector of non-negative weights `w` that need not sum to 1 — the residual does not — take the
+# cumulative sums and find where `rng.random()` times their total falls (`np.searchsorted`). `rng.choice(V, p=w)`
+# refuses weights that do not sum to 1.
 # </details>
 #
 # <details><summary>Hint 3</summary>
 #
-# Loop over the drafts; `continue` while they are kept; on the first rejection `return` the kept ones plus the
-# residual draw. After the loop, every draft was kept: append the bonus from `target_probs[k]`.
+# One loop over the drafts, with one way out per rule: a kept draft goes on, a rejection returns at once. Where
+# does the loop end when nothing was rejected — and when there was nothing to judge?
 # </details>
 #
-# **2 · Prompt lookup.** Write `propose(token_ids, k, min_n, max_n)`: for `n` from `max_n` down to `min_n`, find
-# the **latest** earlier occurrence of the sequence's last `n` tokens (it may overlap the suffix but must end
-# before the last token, so something follows it) and return up to `k` tokens that followed it; `[]` if no `n`
-# matches. The check compares you with minienv's `NgramProposer` on hand-made cases (one per rule) and on 300
-# random sequences.
+# ### Exercise 2: prompt lookup
+#
+# Write `propose(token_ids, k, min_n, max_n)`: for `n` from `max_n` down to `min_n` (both included), find the
+# **latest** earlier occurrence of the sequence's last `n` tokens (it may overlap the suffix but must end before the
+# last token, so something follows it) and return up to `k` tokens that followed it; `[]` if no `n` matches (an
+# empty or one-token sequence included). The check compares you with minienv's `NgramProposer` on hand-made cases
+# (one per rule) and on 300 random sequences.
 
 # %%
 def propose(token_ids, k, min_n, max_n):
@@ -425,6 +437,7 @@ def propose(token_ids, k, min_n, max_n):
     raise NotImplementedError("your code here")
 
 
+# %%
 check_ngram(propose)
 
 # %% [markdown]
@@ -448,7 +461,7 @@ check_ngram(propose)
 # where the text is already in the prompt (a user pasting an earlier answer back, an edit, code with repeated
 # patterns). On a GPU, decoding is bound by reading the weights, the draft is truly cheap, and the verify call
 # costs about one decode step: that is where the papers' 2–3× come from (notebook 16's roofline clock: one
-# Llama-3-8B step on an H100 takes 6.63 ms for one token per sequence, and verifying more tokens in the same step
+# Llama-3-8B step on an H100 takes 6.63 ms<!--out:16--> for one token per sequence, and verifying more tokens in the same step
 # adds compute, not weight reads, until the step turns compute-bound).
 #
 # **On a real model the verdict moves, but on a CPU only partly** (notebook 15). SmolLM2-135M-Instruct is
@@ -491,17 +504,14 @@ check_ngram(propose)
 #
 # ## Summary
 #
-# * A cheap proposer guesses `k` tokens; the target scores all `k + 1` positions in **one** call; a prefix of the
-#   guesses is kept and the target adds one token of its own. Greedy: identical to plain decoding. Sampling:
-#   `min(1, p/q)`, the residual, the bonus — the output distribution is exactly the target's (derived, then
-#   checked by chi-square on an enumerable world and on the real model).
-# * In a paged, prefix-cached engine, rejection is a **truncate before the commit**: rejected slots go back, only
-#   verified full blocks are hashed. The draft's own cache follows by comparing with the real tokens.
-# * Rejection sampling's acceptance α is the overlap `1 − TV(p, q)` of the two models' distributions; it falls with
-#   the draft position and, here, is higher at temperature 2.0 than at 0.5 (flatter distributions overlap more) —
-#   though not at every temperature in between. The engine trades a little of it for text that never depends on
-#   the proposals (each position's noise fixed by the seed, shared by draft and target: Gumbel-max coupling), so a
-#   preempted or retried seeded request writes what it writes alone. Speculation trades target calls for proposer
-#   work: it
-#   pays when a target call is expensive and the proposer is nearly free — on a GPU, or with n-gram lookup on
+# * Propose `k` tokens cheaply; the target scores all `k + 1` positions in **one** call, keeps a prefix of the
+#   guesses and adds one token of its own.
+# * Greedy speculation is token-for-token plain decoding. Sampling with `min(1, p/q)`, the residual and the bonus
+#   is distributed exactly as the target (derived, then checked by chi-square); forget the residual and it is not.
+# * In a paged, prefix-cached engine rejection is a **truncate before the commit**: only verified blocks are hashed.
+# * Acceptance α is the overlap `1 − TV(p, q)`: it falls with the draft position, and is higher at temperature 2.0
+#   than at 0.5 — though not at every temperature in between.
+# * The engine's coupled rule (each position's noise fixed by the seed) keeps a little less than that, so a seeded
+#   request's text never depends on the proposals.
+# * Speculation pays when a target call is expensive and proposing is nearly free: on a GPU, or n-gram lookup on
 #   text the prompt already contains.

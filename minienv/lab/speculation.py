@@ -92,6 +92,9 @@ class ChiSquareResult:
     alpha: float
     num_samples: int
     target_calls_per_token: float
+    #: how often each token came out first, over the samples (``first_token[t]`` for token ``t``): set beside the
+    #: target's ``P[start]`` it shows *which* tokens a wrong verifier over- or under-produces
+    first_token: tuple[float, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -143,5 +146,25 @@ def chi_square_check(verifier: Verifier = verify, *, world: BigramWorld | None =
         counts[seq] += 1
         calls += c
     stat, dof = pearson_statistic(counts, joint, num_samples)
+    first = [0] * world.vocab_size
+    for seq, n in counts.items():
+        first[seq[0]] += n
     return ChiSquareResult(stat, dof, chi_square_critical(dof, alpha), alpha, num_samples,
-                           calls / (num_samples * length))
+                           calls / (num_samples * length), tuple(n / num_samples for n in first))
+
+
+def residual_forgotten(drafts: list[int], target_probs: np.ndarray, draft_probs: np.ndarray,
+                       rng: np.random.Generator, greedy: bool = False) -> VerifyResult:
+    """Broken on purpose, the classic bug notebook 12 shows by its output: on rejection it draws the fix-up token
+    from ``p`` instead of the residual ``normalise(max(p - q, 0))``. A token the draft proposes is then emitted both
+    as a kept draft and again from ``p``, so tokens with ``q > p`` come out too often."""
+    for i, d in enumerate(drafts):
+        if rng.random() * draft_probs[i, d] < target_probs[i, d]:
+            continue
+        return VerifyResult(list(drafts[:i]) + [_sample(target_probs[i], rng)], len(drafts), i)
+    return VerifyResult(list(drafts) + [_sample(target_probs[-1], rng)], len(drafts), len(drafts))
+
+
+def _sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    cdf = np.cumsum(probs)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))

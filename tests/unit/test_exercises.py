@@ -30,6 +30,7 @@ from minienv.exercises import scheduling as ex07
 from minienv.exercises import serving as ex10
 from minienv.exercises import tokenizer as ex01
 from minienv.exercises import tour as ex00
+from minienv.exercises import speculative_decoding as ex12
 from minienv.kv import OutOfBlocksError
 from minienv.kv.hashing import ROOT_HASH, hash_block_chain, hash_block_tokens
 
@@ -132,19 +133,21 @@ def _nonoverlapping_pairs(word):
 
 
 def _merge_step_with(pick=None, new_id=None, merge=None, nothing=None, mutate=False, weighted=True,
-                     overlapping=True, singletons=True):
+                     overlapping=True, singletons=True, distinct=False, keep_counts=True, floor_then_add=False):
     def fn(words):
         pairs = (lambda w: list(zip(w, w[1:]))) if overlapping else _nonoverlapping_pairs
         counts = Counter()
         for w, c in words.items():
-            for p in pairs(w):
+            for p in (set(pairs(w)) if distinct else pairs(w)):  # distinct: a pair counted once per word
                 counts[p] += c if weighted else 1
         if not counts:
+            if nothing == "raise":
+                return max(max(w) for w in words)  # no guard: max() of nothing raises on {}
             return nothing
         pair = (pick or (lambda c: min(c, key=lambda p: (-c[p], p))))(counts)
-        nid = new_id if new_id is not None else max(256, max(max(w) for w in words if w and (singletons or
-                                                                                             len(w) > 1)) + 1)
-        out = {tuple((merge or merge_pair)(list(w), pair, nid)): c for w, c in words.items()}
+        top = max(max(w) for w in words if w and (singletons or len(w) > 1))
+        nid = new_id if new_id is not None else (max(256, top) + 1 if floor_then_add else max(256, top + 1))
+        out = {tuple((merge or merge_pair)(list(w), pair, nid)): (c if keep_counts else 1) for w, c in words.items()}
         if mutate:
             words.clear()
         return pair, nid, out
@@ -160,6 +163,21 @@ def _merge_first_only(seq, pair, new_id):
         if (seq[i], seq[i + 1]) == pair:
             return seq[:i] + [new_id] + seq[i + 2:]
     return seq
+
+
+def _encode_with(offset=256, guard=True):
+    """``encode_word`` with one planted mistake: merge ``i`` made into id ``offset + i``, or no stop on an empty
+    list of pairs (``min()`` of nothing raises)."""
+    def fn(word, merges):
+        rank = {p: i for i, p in enumerate(merges)}
+        ids = list(word)
+        while True:
+            pairs = [p for p in zip(ids, ids[1:]) if p in rank]
+            if guard and not pairs:
+                return ids
+            best = min(pairs, key=rank.__getitem__)
+            ids = merge_pair(ids, best, offset + rank[best])
+    return fn
 
 
 def _encode_leftmost(word, merges):
@@ -522,6 +540,86 @@ def _hits15(first=False, per="right", only_second=False, unit="tokens"):
 
 
 # notebook, check, solution / stub name, [(wrong answer, words its failure must contain), ...]
+# ---- notebook 12: the acceptance step and prompt lookup
+def _draw(w, rng):
+    cdf = np.cumsum(w)
+    return int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+
+
+def _accept_with(keep="ratio", residual="clipped", bonus_at=0, stop=True, k0_bonus=True, source="given"):
+    """``accept_step`` with one planted mistake (the defaults are the right rule)."""
+    own = np.random.default_rng(123)
+
+    def fn(drafts, p, q, rng):
+        if source == "global":
+            rng = np.random  # the module's hidden generator: not the seed the engine handed in
+        elif source == "reset":
+            rng = np.random.default_rng(0)  # a fresh generator each call: every call draws the same numbers
+        elif source == "own":
+            rng = own
+        if not drafts and not k0_bonus:
+            return []
+        out = []
+        for i, d in enumerate(drafts):
+            if keep == "ratio":
+                kept = rng.random() * q[i, d] < p[i, d]
+            elif keep == "p_ge_q":  # "the larger probability wins", no coin
+                kept = p[i, d] >= q[i, d]
+            elif keep == "p_gt_q":
+                kept = p[i, d] > q[i, d]
+            elif keep == "prob_p":  # a coin at p instead of p/q
+                kept = rng.random() < p[i, d]
+            else:  # "no_min": p/q > 1 read as a coin at q/p
+                ratio = p[i, d] / q[i, d]
+                kept = rng.random() < (ratio if ratio <= 1 else 1 / ratio)
+            if kept:
+                out.append(d)
+                continue
+            if residual == "clipped":
+                fix = _draw(np.maximum(p[i] - q[i], 0), rng)
+            elif residual == "p":
+                fix = _draw(p[i], rng)
+            elif residual == "argmax":
+                fix = int(np.argmax(np.maximum(p[i] - q[i], 0)))
+            elif residual == "unclipped":
+                fix = _draw(p[i] - q[i], rng)
+            else:  # "choice": numpy's choice wants weights that sum to 1
+                fix = int(rng.choice(len(p[i]), p=np.maximum(p[i] - q[i], 0)))
+            if stop:
+                return out + [fix]
+            out.append(fix)  # carries on judging the later drafts
+        if len(out) > len(drafts):
+            return out[:len(drafts)]
+        return out + [_draw(p[len(drafts) - bonus_at], rng)]
+    return fn
+
+
+def _accept_no_bonus(drafts, p, q, rng):
+    out = _solutions("12_speculative_decoding").accept_step(drafts, p, q, rng)
+    return out[:-1] if len(out) == len(drafts) + 1 else out
+
+
+def _accept_keep_all(drafts, p, q, rng):
+    return list(drafts) + [_draw(p[len(drafts)], rng)]
+
+
+def _propose_with(order="longest", latest=True, lo_shift=0, hi_shift=0, overlap=True, k_cap=True, empty=list,
+                  guard=True, first=None):
+    """``propose`` with one planted mistake (the defaults are the right rule)."""
+    def fn(tokens, k, min_n, max_n):
+        if not guard:
+            tokens[-1]  # noqa: B018 - reads the last token before looking at the length
+        t = len(tokens)
+        ns = list(range(min(max_n + hi_shift, t - 1), min_n + lo_shift - 1, -1))
+        for n in (ns if order == "longest" else ns[::-1]):
+            starts = range(t - n - 1 if overlap else t - 2 * n, -1, -1)
+            for s in (starts if latest else reversed(starts)):
+                if tokens[s:s + n] == tokens[t - n:]:
+                    return tokens[s + n:s + n + (k if k_cap else len(tokens))]
+        return empty()
+    return fn
+
+
 WRONG = [
     ("00_tour", ex00.check_next_blocks, "next_blocks", [
         (lambda pool, n: list(pool.free)[-n:], "head of the free queue first"),
@@ -546,12 +644,20 @@ WRONG = [
         (_merge_step_with(mutate=True), "do not modify the input"),
         (_merge_step_with(overlapping=False), "overlapping ones too"),
         (_merge_step_with(singletons=False), "a one-token word's id counts too"),
+        (_merge_step_with(keep_counts=False), "keeps each word's count"),
+        (_merge_step_with(pick=lambda c: min(c)), "pick the most frequent pair"),
+        (_merge_step_with(distinct=True), "count every occurrence of a pair in a word"),
+        (_merge_step_with(pick=lambda c: min(c, key=lambda p: (-c[p], p[0]))), "compare whole tuples"),
+        (_merge_step_with(floor_then_add=True), "merge it into id 256"),
+        (_merge_step_with(nothing="raise"), "nothing to merge: return None"),
     ]),
     ("01_tokenizer", ex01.check_encode_word, "encode_word", [
         (_encode_leftmost, "lowest-rank merge present first"),
         (_encode_one_merge, "keep merging until no merge applies"),
         (_encode_first_occurrence, "replaces every occurrence"),
         (_encode_right_to_left, "merge left to right, without overlaps"),
+        (_encode_with(offset=257), "merge i of the list creates id 256 + i"),
+        (_encode_with(guard=False), "with no merge that applies, the ids are the bytes"),
     ]),
     ("02_model_and_kv_cache", ex02.check_decode_attention, "decode_attention", [
         (lambda q, K, V: _softmax_attend(q, K, V, scale=False), "q·k / sqrt(D)"),
@@ -757,6 +863,35 @@ WRONG = [
         (lambda s, lens, b: _hits15()(s, lens, b) if len(lens) > 1 else lens[1], "the first request finds nothing"),
         (lambda s, lens, b: [min(s // b, (n - 1) // b) * b for n in lens[1:]], "return one int"),
     ]),
+    ("12_speculative_decoding", ex12.check_accept_step, "accept_step", [
+        (_accept_no_bonus, "followed by exactly one token"),
+        (_accept_keep_all, "p = 0 means never"),
+        (_accept_with(keep="p_ge_q"), "p/q = 0.5 means half the time"),
+        (_accept_with(residual="p"), "not from p"),
+        (_accept_with(bonus_at=1), "bonus from p at position k + 1"),
+        (_accept_with(keep="no_min"), "p >= q means always"),
+        (_accept_with(keep="p_gt_q"), "p = q included"),
+        (_accept_with(keep="prob_p"), "p >= q means always"),
+        (_accept_with(residual="argmax"), "in proportion to max(p - q, 0)"),
+        (_accept_with(residual="unclipped"), "normalise(max(p - q, 0))"),
+        (_accept_with(residual="choice"), "normalise(max(p - q, 0))"),
+        (_accept_with(stop=False), "draw one token and stop"),
+        (_accept_with(k0_bonus=False), "with no drafts (k = 0)"),
+        (_accept_with(source="global"), "the rng you are given"),
+        (_accept_with(source="reset"), "the rng you are given"),
+        (_accept_with(source="own"), "the rng you are given"),
+    ]),
+    ("12_speculative_decoding", ex12.check_ngram, "propose", [
+        (_propose_with(order="shortest"), "longest n first"),
+        (_propose_with(latest=False), "most recent wins"),
+        (lambda tokens, k, lo, hi: _propose_with()(tokens, k, 1, hi), "below min_n"),
+        (_propose_with(k_cap=False), "at most k"),
+        (_propose_with(empty=lambda: None), "no match: propose nothing"),
+        (_propose_with(overlap=False), "may overlap the suffix"),
+        (_propose_with(lo_shift=1), "min_n included"),
+        (_propose_with(hi_shift=-1), "max_n (included)"),
+        (_propose_with(guard=False), "an empty sequence included"),
+    ]),
 ]
 
 CASES = [(nb, check, name, wrong, words) for nb, check, name, wrongs in WRONG for wrong, words in wrongs]
@@ -946,3 +1081,31 @@ def test_prefix_hit_tokens_reference_is_what_the_engine_serves():
         prompts = [list(range(1, shared + 1)) + [500 + i] * (n - shared) for i, n in enumerate(lens)]
         eng.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))
         assert eng.stats.prefix_cache_hits_tokens == ex15.prefix_hit_tokens_reference(shared, lens, b), (shared, lens)
+
+
+def test_01s_trap_quotes_what_the_check_prints_for_it():
+    """Notebook 01 describes its exercise-1 trap by the failure it gets (the code that made it was one edit from
+    the answer): the quoted message is the check's own for an unweighted count, so it cannot drift."""
+    source = (REPO / "notebooks" / "01_tokenizer.py").read_text()
+    assert "def merge_step_unweighted" not in source
+    quoted = source.split("# ```\n# ExerciseFailed: ", 1)[1].split("\n# ```", 1)[0]
+    with pytest.raises(ExerciseFailed) as info:
+        ex01.check_merge_step(_merge_step_with(weighted=False))
+    assert quoted.replace("\n# ", "\n") == str(info.value)
+
+
+def test_a_merge_step_answer_given_as_a_list_is_read_as_the_tuple(capsys):
+    sol = _solutions("01_tokenizer").merge_step
+    assert ex01.check_merge_step(lambda words: None if (got := sol(words)) is None else
+                                 [list(got[0]), got[1], got[2]]) == PASSED
+
+
+def test_12_shows_the_forgotten_residual_by_its_output_not_its_code():
+    """The acceptance-rule section used to print a verifier one edit from exercise 1's answer."""
+    source = (REPO / "notebooks" / "12_speculative_decoding.py").read_text()
+    defs = [n.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)]
+    assert "forget_the_residual" not in defs and "residual_forgotten" in source and "_draw" not in source
+    assert source.index("check_accept_step(accept_step)") > source.index("def accept_step")
+    cells = source.split("# %%")
+    stub = next(c for c in cells if "def accept_step" in c)
+    assert "check_accept_step(accept_step)" not in stub  # 00's format: the check has a cell of its own

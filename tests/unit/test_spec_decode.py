@@ -178,3 +178,19 @@ def test_draft_without_room_proposes_nothing_and_holds_nothing(draft_model):
     out = proposer.propose([DraftInput("mid", list(range(6)), 4, greedy)])
     assert out["mid"].token_ids == _plain_greedy(draft_model, list(range(6)), 3)
     proposer.kv.check_invariants()
+
+
+def test_the_labs_forgotten_residual_shows_in_the_first_tokens_frequencies():
+    """Notebook 12 shows the classic bug by its output, not its code: lab's ``residual_forgotten`` fails the test,
+    and ``first_token`` (the first generated token's frequencies) follows p for ``verify`` and not for the bug."""
+    from minienv.lab.speculation import residual_forgotten
+
+    world = BigramWorld.make()
+    good, bad = chi_square_check(verify, k=2, seed=0), chi_square_check(residual_forgotten, k=2, seed=0)
+    assert good.passed and not bad.passed
+    assert sum(good.first_token) == pytest.approx(1) and sum(bad.first_token) == pytest.approx(1)
+    assert max(abs(good.first_token[t] - world.P[0, t]) for t in range(world.vocab_size)) < 0.01
+    # the bug's first token: min(p, q) + P(reject) * p, in place of p
+    overlap = np.minimum(world.P[0], world.Q[0])
+    predicted = overlap + (1 - overlap.sum()) * world.P[0]
+    assert max(abs(bad.first_token[t] - predicted[t]) for t in range(world.vocab_size)) < 0.02
