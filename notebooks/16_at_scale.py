@@ -31,7 +31,8 @@
 # 4. read a latency–throughput curve and the KV pool filling as the request rate rises;
 # 5. reproduce the *shape* of the vLLM paper's result — paged vs reservation vs static batching — and say why the
 #    factor differs from the paper's;
-# 6. predict a lone stream's decode speed on any GPU from bytes alone.
+# 6. predict a lone stream's decode speed on any GPU from bytes alone, and the batch size from which a decode step
+#    stops being memory-bound.
 
 # %% [markdown]
 # ## The problem, with a number
@@ -301,9 +302,11 @@ assert by_size[256]["output_throughput"] < by_size[16]["output_throughput"]
 # simulator, while real clients drift apart. A calibration would measure a few real steps per GPU (a decode
 # sweep over batch sizes and a prefill sweep over lengths) and fit `mfu`, `mbu` and the overhead to them.
 #
-# ## Exercise: predict a lone stream's speed from bytes
+# ## Exercises
 #
 # (How exercises work — stubs, checks, hints, solutions — is explained in notebook 00.)
+#
+# ### Exercise 1: predict a lone stream's speed from bytes
 #
 # Write `predict_decode_ms(model, gpu, mbu, overhead_s)`: the time per output token, in **milliseconds**, of one
 # stream on `gpu` with a short context. Rules: (1) a step reads **bytes**: parameters × `model.dtype_bytes`;
@@ -313,8 +316,7 @@ assert by_size[256]["output_throughput"] < by_size[16]["output_throughput"]
 # is negligible. The check compares with the clock for seven models and GPUs within 0.5 %.
 
 # %%
-from minienv.exercises import PASSED, ExerciseFailed
-from minienv.exercises.at_scale import check_decode_prediction
+from minienv.exercises.at_scale import check_compute_bound_batch, check_decode_prediction
 
 
 def predict_decode_ms(model, gpu, mbu, overhead_s):
@@ -334,8 +336,61 @@ check_decode_prediction(predict_decode_ms)
 #
 # <details><summary>Hint 2</summary>
 #
-# `seconds = bytes / (gpu.bandwidth_gbs * 1e9 * mbu) + overhead_s`; then multiply by 1000.
+# Which parameter groups does one decode step read in full, and which only one row of? Count the bytes of those
+# it reads, then ask how long the GPU takes to stream them at the bandwidth a step really reaches (not the
+# datasheet's) — and what else every step costs, whatever it reads. Mind the unit the answer is asked in.
 # </details>
+#
+# ### Exercise 2: when does a decode step stop being memory-bound?
+#
+# The roofline figure's curves flatten when a step turns compute-bound. Write
+# `compute_bound_batch(model, gpu, context, mfu, mbu)`: the smallest batch of decode requests, each holding
+# `context` tokens, whose step is **compute-bound** on the clock (one GPU), or `None` if no batch is. Rules:
+# (1) the weights (layers, LM head, final norm; not the embedding) are read **once per step**, whatever the batch;
+# (2) every request adds the same work — its FLOPs (its layers, its LM-head row, attention over its `context + 1`
+# keys) and its bytes (its context's KV and its new token's, read, and the new token's KV written) — as in the
+# "Build it small" cell; (3) compute runs at `gpu.peak_tflops × 1e12 × mfu` FLOP/s, memory at
+# `gpu.bandwidth_gbs × 1e9 × mbu` bytes/s; (4) answer the smallest **whole** batch whose compute time reaches its
+# memory time (at least 1); (5) return `None` when no batch size gets there.
+
+# %%
+def compute_bound_batch(model, gpu, context, mfu, mbu):
+    """The smallest batch whose decode step is compute-bound on ``gpu``, or None if none is."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+check_compute_bound_batch(compute_bound_batch)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Write the step's compute time and its memory time as functions of the batch size. Each one is a fixed part plus
+# the batch times a per-request part — which of the two has a fixed part, and what does that fixed part stand for?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Two straight lines in the batch size: where do they cross, and on which side of the crossing is compute the
+# larger? A crossing between two whole numbers is not a batch size. And if a request's compute time is no larger
+# than its memory time, do the lines ever cross?
+# </details>
+#
+# The clock's answers for the chapter's model, at two contexts (`compute_bound_batch_reference` is the check's):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from minienv.exercises.at_scale import compute_bound_batch_reference
+
+for gpu in ("L4", "A100-80GB", "H100-SXM"):
+    at = {ctx: compute_bound_batch_reference("Llama-3-8B", gpu, ctx) for ctx in (128, 512, 4096)}
+    print(f"Llama-3-8B on {gpu:<9}: compute-bound from batch " + ", ".join(
+        f"{'never' if b is None else b} at context {ctx}" for ctx, b in at.items()))
+
+# %% [markdown]
+# A longer context moves the crossing out, then removes it: each request's KV read grows with its context,
+# faster than its attention FLOPs relative to the GPU's roofs, so at long contexts a decode step stays
+# memory-bound at every batch size — the KV read, not the weights, is then what batching cannot share.
 #
 # ## What if…?
 #

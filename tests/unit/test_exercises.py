@@ -25,6 +25,7 @@ from minienv.exercises import lru_eviction as ex06
 from minienv.exercises import model as ex02
 from minienv.exercises import paged_attention as ex04
 from minienv.exercises import prefix_sharing as ex05
+from minienv.exercises import at_scale as ex16
 from minienv.exercises import real_model as ex15
 from minienv.exercises import scheduling as ex07
 from minienv.exercises import serving as ex10
@@ -539,6 +540,44 @@ def _hits15(first=False, per="right", only_second=False, unit="tokens"):
     return fn
 
 
+# notebook 16: a lone stream's decode time, and the batch from which a decode step is compute-bound
+def _weights_read(m):
+    return m.num_layers * m.layer_params + m.lm_head_params + m.hidden_size
+
+
+def _decode_ms(read=_weights_read, nbytes=True, mbu_on=True, overhead=True, unit=1e3):
+    def fn(m, g, mbu, o):
+        return (read(m) * (m.dtype_bytes if nbytes else 1) / (g.bandwidth_gbs * 1e9 * (mbu if mbu_on else 1))
+                + (o if overhead else 0)) * unit
+    return fn
+
+
+def _batch16(kv_tokens=2, attn=True, head=True, mfu_on=True, mbu_on=True, weights="once", rounding=None,
+             never=None, embedding=False):
+    import math
+
+    def fn(m, g, ctx, mfu, mbu):
+        peak = g.peak_tflops * 1e12 * (mfu if mfu_on else 1)
+        bw = g.bandwidth_gbs * 1e9 * (mbu if mbu_on else 1)
+        w = (m.num_params if embedding else _weights_read(m)) * m.dtype_bytes / bw
+        f = (2 * m.num_layers * m.layer_params + (2 * m.hidden_size * m.vocab_size if head else 0)
+             + (4 * m.num_layers * m.num_heads * m.head_dim * (ctx + 1) if attn else 0)) / peak
+        k = (ctx + kv_tokens) * m.kv_bytes_per_token / bw if kv_tokens is not None else 0.0
+        if weights == "per request":
+            k += w
+        if f <= k:
+            return never
+        return max(1, (rounding or math.ceil)(w / (f - k)))
+    return fn
+
+
+def _batch16_raises_when_never(m, g, ctx, mfu, mbu):
+    b = _batch16()(m, g, ctx, mfu, mbu)
+    if b is None:
+        raise ValueError("never compute-bound")
+    return b
+
+
 # notebook, check, solution / stub name, [(wrong answer, words its failure must contain), ...]
 # ---- notebook 12: the acceptance step and prompt lookup
 def _draw(w, rng):
@@ -892,6 +931,31 @@ WRONG = [
         (_propose_with(hi_shift=-1), "max_n (included)"),
         (_propose_with(guard=False), "an empty sequence included"),
     ]),
+    ("16_at_scale", ex16.check_decode_prediction, "predict_decode_ms", [
+        (_decode_ms(unit=1), "answer in milliseconds"),
+        (_decode_ms(nbytes=False), "a step reads bytes"),
+        (_decode_ms(read=lambda m: m.num_params), "the embedding table is only gathered"),
+        (_decode_ms(mbu_on=False), "not the datasheet peak"),
+        (_decode_ms(overhead=False), "add the fixed per-step overhead"),
+        (lambda m, g, mbu, o: "6 ms", "return one number"),
+    ]),
+    ("16_at_scale", ex16.check_compute_bound_batch, "compute_bound_batch", [
+        (_batch16(weights="per request"), "read once per step, whatever the batch"),
+        (_batch16(embedding=True), "the embedding is only gathered"),
+        (_batch16(kv_tokens=None), "every request adds the same work"),
+        (_batch16(kv_tokens=1), "every request adds the same work"),  # the new token's KV write forgotten
+        (_batch16(kv_tokens=0), "every request adds the same work"),  # only the context's KV
+        (_batch16(attn=False), "every request adds the same work"),
+        (_batch16(head=False), "every request adds the same work"),
+        (_batch16(mfu_on=False), "peak_tflops × 1e12 × mfu"),
+        (_batch16(mbu_on=False), "peak_tflops × 1e12 × mfu"),
+        (_batch16(rounding=lambda x: int(x)), "the smallest whole batch size"),
+        (_batch16(rounding=round), "the smallest whole batch size"),
+        (_batch16(never=0), "return None when no batch size is compute-bound"),
+        (_batch16_raises_when_never, "return None when no batch size is compute-bound"),
+        (_batch16(rounding=lambda x: x), "return an int"),
+        (_batch16(never=float("inf")), "return an int"),
+    ]),
 ]
 
 CASES = [(nb, check, name, wrong, words) for nb, check, name, wrongs in WRONG for wrong, words in wrongs]
@@ -940,7 +1004,8 @@ def test_notebook_calls_this_check_on_the_stub(notebook, check, name):
 
 def test_every_notebook_has_two_exercises_and_hints():
     per_notebook = Counter(nb for nb, _, _ in EXERCISES)
-    for nb in sorted({p.stem for p in (REPO / "notebooks").glob("0[0-9]_*.py")} | {"10_serving", "15_real_model"}):
+    later = {"10_serving", "15_real_model", "16_at_scale"}
+    for nb in sorted({p.stem for p in (REPO / "notebooks").glob("0[0-9]_*.py")} | later):
         assert per_notebook[nb] >= 2, f"{nb} has {per_notebook[nb]} exercises"
         source = (REPO / "notebooks" / f"{nb}.py").read_text()
         assert source.count("<details>") >= 2 * per_notebook[nb], f"{nb}: fewer than two hints per exercise"
