@@ -110,3 +110,9 @@ def test_the_checks_see_what_they_should():
     assert "minienv.model.linear" in deps["minienv.model.llama"]
     assert "minienv.kv.block_pool" in deps["minienv.kv.kv_cache_manager"]
     assert any(d.startswith("minienv.engine") for d in deps["minienv.metrics"])
+
+
+def test_the_architecture_doc_stays_short():
+    """A contributor reads it in one sitting: the diagram, the rules, the invariants, the seams (<= 250 lines)."""
+    doc = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
+    assert len(doc.read_text(encoding="utf-8").splitlines()) <= 250, "docs/ARCHITECTURE.md: say it in fewer lines"
