@@ -3,8 +3,8 @@
 A lone decode multiplies every weight matrix by a single column. That product has almost no arithmetic per byte
 (two flops per float read), so its time is the time to stream ``W`` from memory — for SmolLM2-135M, 538 MB per
 token. Measured on this project's 2-core machine (all 121 of its matrices, one pass, numpy on one BLAS thread):
-numpy's ``W @ x`` (OpenBLAS ``sgemv``) took 37 ms, ``x @ W.T`` 26 ms, and this loop 18 ms — faster than a 1 GiB
-``np.sum`` reads memory (21 ms for the same bytes). Each weight row is read front to back, once, into one
+numpy's ``W @ x`` (OpenBLAS ``sgemv`` on the ``[out, in]`` layout) took 37-40 ms, ``x @ W_t`` on a pre-transposed
+copy 26 ms, and this loop 18-19 ms — faster than a 1 GiB ``np.sum`` reads memory (21 ms for the same bytes). Each weight row is read front to back, once, into one
 accumulator: the simplest access pattern there is, and the one the CPU's prefetchers serve best.
 
 numba is an optional extra (``pip install minienv[lab]`` brings it): :mod:`minienv.model.linear` imports this
