@@ -325,11 +325,23 @@ def test_1_over_grpc_a_client_chosen_id_reused_after_an_abort_gets_its_own_promp
             held = client.stream(blocker, max_tokens=40)
             next(iter(held))  # the blocker runs and holds most of the memory
             lookups = srv.call(lambda e: e.kv_tier.stats.lookups)
+            staged_evt = threading.Event()
+
+            def hold_once_staged(record, e=srv.engine_thread.engine, lookups=lookups, evt=staged_evt):
+                """After the step that looked p1 up in the tier (p1 staged, waiting behind the blocker), hold the
+                engine thread until the Abort RPC's command is queued: the abort then runs before the next step,
+                whatever the host's load (a race against the blocker's last decodes before)."""
+                if evt.is_set() or e.kv_tier.stats.lookups == lookups:
+                    return
+                assert rid in e.scheduler.requests and not e.output(rid).token_ids, "p1 ran before the abort"
+                evt.set()
+                deadline = time.monotonic() + 10
+                while srv.engine_thread._inbox.empty() and time.monotonic() < deadline:
+                    time.sleep(0.001)
+
+            srv.call(lambda e: e.add_step_listener(hold_once_staged))
             staged = client.stream(p1, max_tokens=GREEDY.max_tokens, request_id=rid)
-            deadline = time.monotonic() + 10
-            while srv.call(lambda e: e.kv_tier.stats.lookups) == lookups:  # p1 staged from the tier, waiting
-                assert time.monotonic() < deadline, "p1 was never looked up"
-                time.sleep(0.005)
+            assert staged_evt.wait(10), "p1 was never looked up"
             client.abort(rid)
             out = client.generate(p2, max_tokens=GREEDY.max_tokens, request_id=rid)
             assert list(out.token_ids) == _alone(p2, GREEDY), f"attempt {attempt}: {rid} continued p1's KV"
