@@ -16,8 +16,10 @@ sequence's blocks scattered):
   ``[S, Hkv, T, D]`` (each head's K one contiguous matrix), and ``np.einsum``. The **fastest** at each point is the
   baseline, so nothing a paged kernel does is counted as a win for paging.
 
-Reported per point: each paged kernel / strongest dense, and every path's effective bandwidth (K+V bytes / time)
-beside this machine's **read** bandwidth, ``np.sum`` over a 64 MiB array — the floor for a kernel that must read
+Reported per point: each paged kernel / strongest dense — on each path's fastest round, and paired (within each
+round against that round's fastest dense variant, median over rounds: the host's drift cancels, and the dense side
+still gets the best of four draws per round) — and every path's effective bandwidth (K+V bytes / time) beside this
+machine's **read** bandwidth, ``np.sum`` over a 64 MiB array — the floor for a kernel that must read
 all of K and V once (``np.copyto`` would read *and* write, and halve the apparent floor).
 
 Same data (every timed path reads its own copy), same process, every path once per round in the harness's
@@ -50,7 +52,7 @@ import importlib  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _common import add_common_args, emit_json, interleaved, print_settings, rounds_of  # noqa: E402
+from _common import add_common_args, emit_json, interleaved, paired, print_settings, rounds_of  # noqa: E402
 
 from minienv.kv import BlockPool, BlockTable, KVPool, PagedAttentionMetadata, batched_attention  # noqa: E402
 
@@ -206,11 +208,13 @@ def bench_decode(shape: dict, min_seconds: float, rounds: int, seed: int, read_g
             row = dict(batch=batch, context=context, strongest_dense=dense[1], dense_us=dense[0] * 1e6,
                        us={n: v * 1e6 for n, v in best.items()},
                        read_floor_fraction={n: kv_bytes / v / 1e9 / read_gbps for n, v in best.items()})
+            dense_of_round = [min(r) for r in zip(*(x.samples for n, x in t.items() if n.startswith("dense")))]
             for k in kernels:
                 row[f"ratio_{k}"] = best[f"paged ({k})"] / dense[0]
+                row[f"paired_{k}"] = paired(t[f"paged ({k})"].samples, dense_of_round)
             rows.append(row)
             print(f"  batch {batch:2d} x {context:4d}: " + "  ".join(
-                f"{k} {row['us'][f'paged ({k})']:.0f} us ({row[f'ratio_{k}']:.2f}x, "
+                f"{k} {row['us'][f'paged ({k})']:.0f} us ({row[f'ratio_{k}']:.2f}x, paired {row[f'paired_{k}']:.2f}x, "
                 f"{row['read_floor_fraction'][f'paged ({k})']:.2f} of the read floor)" for k in kernels)
                 + f"  | strongest dense {dense[0] * 1e6:.0f} us ({dense[1]}, "
                   f"{row['read_floor_fraction'][dense[1]]:.2f} of the read floor)", flush=True)
@@ -255,13 +259,14 @@ def main() -> None:
     kernels = ["numpy"] + ([] if pa.NUMBA_MISSING else ["numba"])
     tables = {}
     for k in kernels:
-        print(f"\n  paged ({k}) / strongest dense")
-        print("  batch \\ context " + "".join(f"{c:>9d}" for c in contexts))
-        tables[k] = {}
-        for batch in batches:
-            cells = {r["context"]: r[f"ratio_{k}"] for r in rows if r["batch"] == batch}
-            tables[k][str(batch)] = {str(c): round(v, 3) for c, v in cells.items()}
-            print(f"  {batch:16d} " + "".join(f"{x:9.2f}" for x in cells.values()))
+        for stat, label in (("ratio", "fastest rounds"), ("paired", "paired, median of rounds")):
+            print(f"\n  paged ({k}) / strongest dense ({label})")
+            print("  batch \\ context " + "".join(f"{c:>9d}" for c in contexts))
+            tables[k if stat == "ratio" else f"{k} paired"] = table = {}
+            for batch in batches:
+                cells = {r["context"]: r[f"{stat}_{k}"] for r in rows if r["batch"] == batch}
+                table[str(batch)] = {str(c): round(v, 3) for c, v in cells.items()}
+                print(f"  {batch:16d} " + "".join(f"{x:9.2f}" for x in cells.values()))
     pool = bench_block_pool(n_pairs=100_000 if args.quick else 300_000, n_batched=2_000 if args.quick else 6_000)
     print(f"\nblock pool ({pool['num_blocks']} blocks, half in use): allocate(1)+free "
           f"{pool['single_ops_per_s'] / 1e6:.2f} M ops/s, allocate({pool['batch_blocks']})+free "

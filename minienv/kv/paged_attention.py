@@ -14,9 +14,9 @@ context lengths (tokens cached before this step), query lengths (new tokens this
   ``np.take`` — scattered blocks become one contiguous ``[tokens, D]`` slab per sequence and head — then run
   :func:`batched_attention`, the same math as over contiguous caches, with a mask for the padding. It is the
   lesson of notebook 04, and in numpy the copy costs about as much as the attention itself.
-* ``"numba"``, the fused block walk (:mod:`minienv.kv.block_walk`): no copy; every block is read where it lies,
-  its scores folded into an online softmax, blocks visited in physical-pool order. It needs the optional
-  ``numba`` package.
+* ``"numba"``, the fused block walk (:mod:`minienv.kv.block_walk`): no copy; every block is read where it lies
+  (its keys scored, then after each row's softmax its values summed), blocks visited in physical-pool order. It
+  needs the optional ``numba`` package.
 
 ``kernel="auto"`` is the block walk when numba imports, else the reference. There is no size threshold: the
 choice depends on what is installed, never on the step or the machine.

@@ -117,7 +117,7 @@ def test_the_block_walk_equals_the_numpy_kernel_on_ragged_shared_gqa_steps(seed,
     the first ``shared_blocks`` blocks of every table one physical copy (a prefix hit / a fork), in random pool
     order."""
     rng = np.random.default_rng(seed)
-    d = 16
+    d = data.draw(st.sampled_from([16, 20, 48]))  # 48: the bundled model's; 20: rows no vector width divides
     lens = data.draw(st.lists(st.integers(1, 90), min_size=num_seqs, max_size=num_seqs))
     query_lens = [min(n, data.draw(st.sampled_from([1, 1, 3, 17]))) for n in lens]
     shared = min(shared_blocks, min(n - q for n, q in zip(lens, query_lens)) // block_size)
@@ -139,6 +139,38 @@ def test_the_block_walk_equals_the_numpy_kernel_on_ragged_shared_gqa_steps(seed,
     walked = paged_attention(q, kv.kv_cache[0], meta, "numba")
     gathered = paged_attention(q, kv.kv_cache[0], meta, "numpy")
     np.testing.assert_allclose(walked, gathered, atol=1e-5, rtol=0)
+
+
+@needs_numba
+def test_the_block_walks_exp_is_np_exp_on_the_scores_it_sees():
+    """The softmax pass's vectorisable ``exp`` (a polynomial, see ``minienv/kv/block_walk.py``): within 2e-7
+    relative of ``np.exp`` on ``x <= 0`` (scores minus their row's maximum); 0 below float32's normal range; NaN
+    stays NaN, so a broken score still reaches the output."""
+    from minienv.kv.block_walk import exp_f32
+
+    xs = np.concatenate([-np.logspace(-9, np.log10(87.0), 4000), [0.0, -0.0, -0.5, -np.log(2.0), -86.99]])
+    xs = xs.astype(np.float32)
+    got = np.array([exp_f32(x) for x in xs], dtype=np.float64)
+    want = np.exp(xs.astype(np.float64))
+    assert np.max(np.abs(got - want) / want) < 2e-7
+    assert exp_f32(np.float32(0.0)) == 1.0
+    for x in (-87.5, -100.0, -1e30, -np.inf):
+        assert exp_f32(np.float32(x)) == 0.0
+    assert np.isnan(exp_f32(np.float32(np.nan)))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_nan_in_one_sequences_keys_reaches_its_output_and_no_other(kernel):
+    """No ``nnan`` fast-math: a NaN key poisons its own sequence's attention (the engine's logit check sees it)
+    and leaves every other sequence's output as it was."""
+    rng = np.random.default_rng(3)
+    kv, meta, q, new_k, new_v, *_ = build_batch(rng, 4, [9, 13, 6], [1, 1, 1], 2, 2, 16, 5)
+    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+    clean = paged_attention(q, kv.kv_cache[0], meta, kernel)
+    kv.kv_cache[0, 0, meta.block_tables[1, 1], 2, 0, 5] = np.nan  # sequence 1, key 6, KV head 0
+    got = paged_attention(q, kv.kv_cache[0], meta, kernel)
+    assert np.isnan(got[1, :2]).all() and not np.isnan(got[1, 2:]).any()  # query heads 0-1 read KV head 0
+    assert np.array_equal(got[[0, 2]], clean[[0, 2]])
 
 
 def test_the_walk_visits_every_block_once_per_holder_in_physical_order():
