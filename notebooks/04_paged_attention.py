@@ -285,10 +285,11 @@ assert table_a.slot_mapping().tolist() == [int(ids[t // DEMO_B] * DEMO_B + t % D
 #   axis, then ordinary batched causal attention, exactly as over contiguous caches. Every step: prefill chunks,
 #   decodes, blocks shared between sequences. The copy costs about as much as the attention itself.
 # * **numba** (the fused block walk, `minienv/kv/block_walk.py`, when numba is installed) — attention is a *sum
-#   over keys*, so it can be computed block by block wherever the blocks lie: for every block of every sequence,
-#   score its keys and fold them into an **online softmax** (a running max, a running sum and an unnormalised
-#   output, rescaled when a block raises the max). No K/V copy — the shape of the paper's CUDA kernel. The walk
-#   visits blocks in *physical* order, front to back through the pool, which keeps the CPU's prefetchers busy.
+#   over keys*, so it can be computed block by block wherever the blocks lie, in three passes: for every block of
+#   every sequence, score its keys; per query, the **softmax** of its row of scores; for every block again, add
+#   each key's weight times its V row. No K/V copy — the shape of the paper's CUDA kernel (which keeps a sequence's
+#   scores in the GPU's shared memory the same way). The walk visits blocks in *physical* order, front to back
+#   through the pool, which keeps the CPU's prefetchers busy.
 #
 # `kernel="auto"` is the block walk when numba imports, else the numpy kernel: the choice depends on what is
 # installed, never on the step. Both are held to dense attention, and to each other, by property tests (random
@@ -471,7 +472,7 @@ for k in KERNELS:
 
 # %% [markdown]
 # The numpy line is the gather's price: the copy of every block before the attention. The numba line is the walk's:
-# no copy, but a per-block loop with an online softmax instead of one large matmul — so at 512 keys it gains
+# no copy, but a loop over 16-key blocks instead of one large matmul — so at 512 keys it gains
 # little over the gather. It pays off with longer contexts: at batch 8 and 32 × 2048 keys `bench_paged.py` measured
 # the walk at 0.90–0.98× the strongest dense numpy variant, the gather at 2.7–5.3× (`docs/BENCHMARKS.md`).
 #
@@ -570,7 +571,8 @@ check_new_blocks_needed(new_blocks_needed)
 # >   instead: numpy reads a head's keys fastest as one contiguous slab). [`vllm/v1/attention/backends/cpu_attn.py`](https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/attention/backends/cpu_attn.py) is the CPU backend.
 # > * [`csrc/attention/paged_attention_v1.cu`](https://github.com/vllm-project/vllm/blob/v0.11.0/csrc/attention/paged_attention_v1.cu) / [`csrc/attention/paged_attention_v2.cu`](https://github.com/vllm-project/vllm/blob/v0.11.0/csrc/attention/paged_attention_v2.cu) — the original PagedAttention CUDA kernels
 # >   from the paper, which read blocks in place instead of gathering them; minienv's `kv/block_walk.py` is v1's
-# >   walk (per sequence, per block of its table, online softmax) on a CPU, in physical-block order.
+# >   walk (per sequence and head: every key's score, their softmax, the weighted V rows) on a CPU, block by block
+# >   in physical-block order.
 # >
 # > **SGLang** (v0.5.3)
 # > * [`python/sglang/srt/mem_cache/memory_pool.py`](https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/mem_cache/memory_pool.py) — `ReqToTokenPool` (per request, position → KV slot: a block
@@ -588,8 +590,8 @@ check_new_blocks_needed(new_blocks_needed)
 # * The **block pool** keeps a refcount per block and a **free queue** with O(1) pop-head, append-tail and
 #   remove-from-middle; allocation is all-or-nothing and every error leaves the pool exactly as it was.
 # * **Paged attention** writes new K/V through the slot mapping and reads them back through the block tables —
-#   by gathering whole blocks in logical order (numpy), or block by block where they lie with an online softmax
-#   (the numba block walk), as the paper's CUDA kernel does. Either way the result is dense attention (checked for one layer and for the model's generated
+#   by gathering whole blocks in logical order (numpy), or block by block where they lie (the numba block walk),
+#   as the paper's CUDA kernel does. Either way the result is dense attention (checked for one layer and for the model's generated
 #   text); the cost is the indirection, which the benchmark measures against contiguous slabs.
 # * Next: blocks that hold the same prefix can be **shared** between requests (refcounts > 1) and kept after a
 #   request finishes (cached-free) — notebook 05.
