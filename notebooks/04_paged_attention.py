@@ -472,9 +472,9 @@ for k in KERNELS:
 
 # %% [markdown]
 # The numpy line is the gather's price: the copy of every block before the attention. The numba line is the walk's:
-# no copy, but a loop over 16-key blocks instead of one large matmul — so at 512 keys it gains
-# little over the gather. It pays off with longer contexts: at batch 8 and 32 × 2048 keys `bench_paged.py` measured
-# the walk at 0.90–0.98× the strongest dense numpy variant, the gather at 2.7–5.3× (`docs/BENCHMARKS.md`).
+# no copy, but loops over 16-key blocks instead of one large matmul — so at 512 keys it still trails the dense
+# kernel (`bench_paged.py`, batch 8 and 32: 1.2–1.5× the strongest dense numpy variant). It pays off with longer
+# contexts: at batch 8 and 32 × 2048 keys the walk measured 0.90–1.10×, the gather 4.2–5.7× (`docs/BENCHMARKS.md`).
 #
 # On a GPU the paper's kernel reads the blocks in place (no copy) and was 20–26 % slower than FasterTransformer's
 # contiguous kernel; the memory it saves lets the batch grow 2–4×, which is where the throughput comes from.
