@@ -9,8 +9,8 @@ Invariants:
 * **a step is a transaction**: if anything raises before it commits (the model, the stop button's
   ``KeyboardInterrupt``), ``scheduler.rollback`` returns every request to where it was and the exception
   propagates, so resuming gives each request the output it has alone. (Evictions and preemptions made while
-  planning stand: both are valid states that change no output.) Bookkeeping runs with Ctrl-C deferred, so an
-  interrupt never lands halfway through a refcount update;
+  planning stand: both are valid states that change no output.) Bookkeeping runs with Ctrl-C deferred
+  (:mod:`minienv.engine.interrupts`), so an interrupt never lands halfway through a refcount update;
 * **a failure of one request finishes only it** (``finish_reason="error"``, its blocks freed): an undecodable
   token, a failing sampler, non-finite logits;
 * **outputs are routed per consumer** (:mod:`minienv.engine.outputs`): ``step()``, each ``generate()`` call and
@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
-import threading
 import time
 import warnings
 from collections import OrderedDict, deque
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from minienv.engine.inputs import build_step_inputs
+from minienv.engine.interrupts import CtrlC
 from minienv.engine.observe import (EngineSnapshot, EngineStats, StepRecord, TimelineEntry, engine_snapshot,
                                     engine_stats, timeline)
 from minienv.engine.outputs import (Consumer, IncrementalDetokenizer, OutputRouter, RequestOutput, append_token,
@@ -52,24 +50,6 @@ from minienv.scheduler import SchedulingPolicy, VictimPolicy, make_scheduler
 from minienv.spec_decode import SpeculativeConfig, Speculator
 
 Prompts = "str | Sequence[int] | Sequence[str | Sequence[int]]"
-
-
-@contextmanager
-def _interrupt_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) that arrives inside the block until its end, then raise it. Only in the main thread
-    with Python's default handler (what JupyterLab's stop button and a terminal deliver)."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield
-        return
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
 
 
 #: default KV budget of a real model given by name or path: SmolLM2-135M keeps 45 KiB of float32 K/V per token, so
@@ -224,6 +204,7 @@ class InferenceEngine:
         self._step_listeners: list[Callable[[StepRecord], None]] = []
         self._finish_listeners: list[Callable[[Request], None]] = []
         self._kv_events: list[KVEvent] = []
+        self._ctrl_c = CtrlC()  # Ctrl-C waits for the end of the bookkeeping (minienv.engine.interrupts)
         if history_size:
             self.kv_cache_manager.add_listener(self._kv_events.append)
 
@@ -290,7 +271,7 @@ class InferenceEngine:
         if request_id not in self.scheduler.requests:
             raise RequestNotFoundError(request_id)
         req = self.requests[request_id]
-        with _interrupt_deferred():
+        with self._ctrl_c.handling(), self._ctrl_c.deferred():
             self._finish(req, "abort", time.perf_counter(), self.scheduler.num_steps)
             if req.consumer is not self._step_consumer:
                 return make_output(req, advance=False)
@@ -324,13 +305,14 @@ class InferenceEngine:
         unfinished = [self.requests[i] for i in ids]
         seen = -1  # the engine's finished count when ``unfinished`` was last filtered
         try:
-            while unfinished:
-                if seen != self.counters.finished:  # every finish (in a step, or an abort) counts in _finish
-                    seen = self.counters.finished
-                    unfinished = [r for r in unfinished if not r.is_finished]
-                    if not unfinished:
-                        break
-                self._engine_step()
+            with self._ctrl_c.handling():  # once for the whole call, not per step
+                while unfinished:
+                    if seen != self.counters.finished:  # every finish (in a step, or an abort) counts in _finish
+                        seen = self.counters.finished
+                        unfinished = [r for r in unfinished if not r.is_finished]
+                        if not unfinished:
+                            break
+                    self._engine_step()
         except BaseException:
             self.router.adopt(consumer, self._step_consumer)
             raise
@@ -401,9 +383,10 @@ class InferenceEngine:
         """Step until every request has finished (or ``max_steps``); return the steps run. Final outputs of
         :meth:`add_request` requests are read with :meth:`output`."""
         n = 0
-        while self.scheduler.has_unfinished_requests() and (max_steps is None or n < max_steps):
-            self._engine_step()
-            n += 1
+        with self._ctrl_c.handling():  # once for the whole run, not per step
+            while self.scheduler.has_unfinished_requests() and (max_steps is None or n < max_steps):
+                self._engine_step()
+                n += 1
         self._deliver(self._step_consumer)
         return n
 
@@ -431,15 +414,20 @@ class InferenceEngine:
 
     # ------------------------------------------------------------------ the step
     def _engine_step(self) -> None:
+        """One step, with Ctrl-C handled (:mod:`minienv.engine.interrupts`)."""
+        if self.scheduler.has_unfinished_requests():
+            with self._ctrl_c.handling():  # a no-op inside run() / generate(), which installed it once
+                self._step_transaction()
+
+    def _step_transaction(self) -> None:
         """One transactional step (see the module docstring)."""
         sch = self.scheduler
-        if not sch.has_unfinished_requests():
-            return
         t0 = time.perf_counter()
         self._kv_events.clear()
         plan = None
+        ctrl_c = self._ctrl_c
         try:
-            with _interrupt_deferred():  # bookkeeping: a Ctrl-C waits for its end (then the plan is rolled back)
+            with ctrl_c.deferred():  # bookkeeping: a Ctrl-C waits for its end (then the plan is rolled back)
                 plan = sch.schedule()  # rolls itself back if it raises
             # the model call: a Ctrl-C lands at once, and the step is rolled back
             if plan.is_empty:  # validation guarantees a lone request always fits
@@ -450,11 +438,11 @@ class InferenceEngine:
                                              logits_indices=inputs.logits_indices)
         except BaseException:
             if plan is not None:
-                with _interrupt_deferred():
+                with ctrl_c.deferred():
                     sch.rollback(plan)
                     self.counters.failed_steps += 1
             raise
-        with _interrupt_deferred():
+        with ctrl_c.deferred():
             self._commit(plan, [plan.scheduled[i] for i in inputs.sampling], inputs.num_logits, logits, t0,
                          len(inputs.token_ids))
 

@@ -106,6 +106,9 @@ class SharingStats:
         return self.saved_blocks / self.logical_blocks if self.logical_blocks else 0.0
 
 
+_INT_ONLY = {int}
+
+
 def check_token_ids(token_ids: object, what: str) -> list[int]:
     """``token_ids`` as a list of non-negative ints, or a clear error naming ``what`` was wrong."""
     if isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__iter__"):
@@ -113,7 +116,9 @@ def check_token_ids(token_ids: object, what: str) -> list[int]:
     ids = list(token_ids)  # type: ignore[call-overload]
     if not ids:
         raise ValueError(f"{what} is empty: there must be at least one token to compute")
-    if all(type(t) is int for t in ids) and min(ids) >= 0:  # the common case, at C speed
+    # the common case (the scheduler's decode token, a prompt of plain ints) checked without a Python-level loop:
+    # it runs for every request in every step
+    if set(map(type, ids)) == _INT_ONLY and min(ids) >= 0:
         return ids
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
