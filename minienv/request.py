@@ -192,7 +192,7 @@ class Request:
     @property
     def num_tokens_to_compute(self) -> int:
         """Tokens without K/V yet: the prompt when fresh, 1 when decoding, prompt + output so far on resume."""
-        return self.num_tokens - self.num_computed_tokens
+        return len(self._all_token_ids) - self.num_computed_tokens  # read for every running request every step
 
     @property
     def is_prefilling(self) -> bool:

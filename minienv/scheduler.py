@@ -214,15 +214,15 @@ class Scheduler:
         """Step 1 and 2 of the module docstring; returns the token budget left."""
         budget = self.max_num_batched_tokens
         i = 0
-        decodes_after = sum(1 for r in self.running if not r.is_prefilling)  # budget kept for later decodes
+        decodes_after = sum([not r.is_prefilling for r in self.running])  # budget kept for later decodes
         while i < len(self.running):
             req = self.running[i]
             spec: list[int] = []
             if req.num_tokens_to_compute == 1:
                 decodes_after -= 1
                 n = 1
-                # drafts ride along when the budget has room beyond the decodes still to come
-                spec = req.spec_token_ids[:max(0, budget - decodes_after - 1)]
+                if req.spec_token_ids:  # drafts ride along when the budget has room beyond the decodes to come
+                    spec = req.spec_token_ids[:max(0, budget - decodes_after - 1)]
             else:
                 n = (min(req.num_tokens_to_compute, budget - decodes_after) if self.step_planner is None
                      else self._planned_chunk(i, budget))

@@ -45,8 +45,8 @@ def build_step_inputs(plan: SchedulerOutput, kv: KVManager, kv_pool: KVPool) -> 
     num_logits = [1 + sched[i].num_spec_tokens for i in sampling]
     if not sampling:  # every sequence mid-prefill: K/V only; one logits row keeps shapes simple (never sampled)
         return StepInputs(token_ids, meta, sampling, np.zeros(1, dtype=np.int64), num_logits)
-    # each sampling chunk's last 1 + drafts rows: chunk i's rows are ends[i] - m_i, ..., ends[i] - 1
-    m = np.array(num_logits, dtype=np.int64)
-    firsts = np.repeat(meta.query_start_loc[1:][sampling] - m, m)
-    rows = firsts + np.arange(len(firsts)) - np.repeat(np.cumsum(m) - m, m)
-    return StepInputs(token_ids, meta, sampling, rows, num_logits)
+    # each sampling chunk's last 1 + drafts rows: chunk i's rows are ends[i] - m_i, ..., ends[i] - 1 (a short list:
+    # one or a few rows per sequence, built in Python faster than numpy's calls start)
+    ends = meta.query_start_loc[1:].tolist()
+    rows = [ends[i] - k for i, m in zip(sampling, num_logits) for k in range(m, 0, -1)]
+    return StepInputs(token_ids, meta, sampling, np.array(rows, dtype=np.int64), num_logits)
