@@ -33,12 +33,13 @@ class PrefixHit:
     miss: object = field(default=None, compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per request per step: a plain record (a frozen __init__ costs twice as much)
 class SlotAllocation:
     """The blocks reserved for ``token_ids`` of one request, at positions ``start, start + 1, ...``: the table's
     blocks from the first one they touch (``block_ids``, as they were when reserved), the blocks newly taken, the
     copy-on-write ``blocks_to_copy`` to apply first, and an admission's prefix hit. ``positions`` and
-    ``slot_mapping`` are derived on request (the engine computes a step's slots from its block tables)."""
+    ``slot_mapping`` are derived on request (the engine computes a step's slots from its block tables). A value
+    handed to the caller: every field is a tuple or a number, and nothing changes it after it is made."""
 
     request_id: RequestId
     token_ids: tuple[int, ...]
