@@ -24,6 +24,18 @@ def model_tok():
     return load_model(), load_tokenizer()
 
 
+@pytest.fixture(autouse=True)
+def default_sigint():
+    """SIGINT as a terminal's Python program or a Jupyter cell has it (Python's ``default_int_handler``), whatever
+    this process inherited: under a background job or ``nohup`` SIGINT starts ignored, and then the engine rightly
+    installs nothing (no Ctrl-C can arrive)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def alone(model, tok, prompt):
     eng = InferenceEngine(model, tok, kv_budget_tokens=1024)
     return eng.generate([prompt], SamplingParams(max_tokens=12, temperature=0))[0].token_ids
@@ -105,3 +117,15 @@ def test_a_program_with_its_own_sigint_handler_keeps_it(model_tok):
         assert "x" not in seen and signal.getsignal(signal.SIGINT) is mine
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_an_ignored_sigint_stays_ignored(model_tok):
+    """A process started with SIGINT ignored (a background job, ``nohup``) cannot be interrupted: the engine leaves
+    the disposition alone and runs."""
+    model, tok = model_tok
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    eng, ids = engine_with(model, tok)
+    eng.kv_cache_manager.add_listener(lambda e: signal.getsignal(signal.SIGINT) is signal.SIG_IGN or 1 / 0)
+    eng.run()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert all(eng.output(rid).finished for rid in ids)
