@@ -321,25 +321,36 @@ def test_1_over_grpc_a_client_chosen_id_reused_after_an_abort_gets_its_own_promp
     factory = lambda: make_engine(kv_tier=tmp_path, kv_budget_tokens=256, finished_retention=0)  # noqa: E731
     with running_server(factory, max_waiting=64) as srv, Client(srv.address) as client:
         for attempt in range(3):
-            rid = f"X{attempt}"
-            held = client.stream(blocker, max_tokens=40)
-            next(iter(held))  # the blocker runs and holds most of the memory
-            lookups = srv.call(lambda e: e.kv_tier.stats.lookups)
-            staged_evt = threading.Event()
+            rid, bid = f"X{attempt}", f"B{attempt}"
+            started, staged_evt = threading.Event(), threading.Event()
+            gate: dict = {}
 
-            def hold_once_staged(record, e=srv.engine_thread.engine, lookups=lookups, evt=staged_evt):
-                """After the step that looked p1 up in the tier (p1 staged, waiting behind the blocker), hold the
-                engine thread until the Abort RPC's command is queued: the abort then runs before the next step,
-                whatever the host's load (a race against the blocker's last decodes before)."""
-                if evt.is_set() or e.kv_tier.stats.lookups == lookups:
-                    return
-                assert rid in e.scheduler.requests and not e.output(rid).token_ids, "p1 ran before the abort"
-                evt.set()
+            def hold() -> None:
+                """Hold the engine thread (inside a step's listener) until the test's next command is queued: that
+                command then runs before the next step, whatever the host's load."""
                 deadline = time.monotonic() + 10
                 while srv.engine_thread._inbox.empty() and time.monotonic() < deadline:
                     time.sleep(0.001)
 
-            srv.call(lambda e: e.add_step_listener(hold_once_staged))
+            def gatekeeper(record, e=srv.engine_thread.engine, gate=gate, started=started, evt=staged_evt):
+                """Two holds, so that nothing races the blocker's decodes. (1) After the step that prefilled the
+                blocker, until p1's request is queued: p1 then arrives while the blocker holds most of the memory.
+                (2) After the step that looked p1 up in the tier (staged, waiting), until the Abort is queued."""
+                if "lookups" not in gate:
+                    blocker = e.scheduler.requests.get(bid)
+                    if blocker is None or not blocker.num_computed_tokens:
+                        return
+                    gate["lookups"] = e.kv_tier.stats.lookups
+                    started.set()
+                    hold()
+                elif not evt.is_set() and e.kv_tier.stats.lookups > gate["lookups"]:
+                    assert rid in e.scheduler.requests and not e.output(rid).token_ids, "p1 ran before the abort"
+                    evt.set()
+                    hold()
+
+            srv.call(lambda e: e.add_step_listener(gatekeeper))
+            held = client.stream(blocker, max_tokens=40, request_id=bid)  # runs and holds most of the memory
+            assert started.wait(10), "the blocker was never prefilled"
             staged = client.stream(p1, max_tokens=GREEDY.max_tokens, request_id=rid)
             assert staged_evt.wait(10), "p1 was never looked up"
             client.abort(rid)
