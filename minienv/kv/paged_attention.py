@@ -114,6 +114,18 @@ class PagedAttentionMetadata:
     def num_seqs(self) -> int:
         return len(self.query_lens)
 
+    # What a kernel derives from the metadata is made once per step, on first use, and every layer shares it
+    # (the metadata describes one step: nothing changes it once made).
+    @functools.cached_property
+    def walk(self) -> tuple[np.ndarray, np.ndarray]:
+        """The block walk's visiting order (:func:`walk_order`)."""
+        return walk_order(self)
+
+    @functools.cached_property
+    def gather_plan(self) -> "GatherPlan":
+        """The numpy kernel's groups, with their masks (:class:`GatherPlan`)."""
+        return GatherPlan.of(self)
+
     @property
     def num_tokens(self) -> int:
         return int(self.query_start_loc[-1])
@@ -260,13 +272,11 @@ class GatherPlan:
         return cls(groups)
 
 
-def gather_attention(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata,
-                     plan: GatherPlan | None = None) -> np.ndarray:
+def gather_attention(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata) -> np.ndarray:
     """The numpy reference: gather each sequence's blocks, attend. ``q [N, Hq, D]`` -> ``[N, Hq, D]``."""
-    plan = GatherPlan.of(meta) if plan is None else plan
     n, hq, d = q.shape
     out = np.empty((n, hq, d), dtype=np.float32)
-    for g in plan.groups:
+    for g in meta.gather_plan.groups:
         kv = gather_kv(kv_layer, g.block_tables)  # [2, S, T, Hkv, D]
         q_pad = np.zeros((len(g.block_tables), g.max_query_len, hq, d), dtype=np.float32)
         q_pad[g.rows] = q[g.tokens]
@@ -283,12 +293,11 @@ def walk_order(meta: PagedAttentionMetadata) -> tuple[np.ndarray, np.ndarray]:
     return seq[order], blk[order]
 
 
-def block_walk_attention(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata,
-                         walk: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def block_walk_attention(q: np.ndarray, kv_layer: np.ndarray, meta: PagedAttentionMetadata) -> np.ndarray:
     """The fused numba kernel (:mod:`minienv.kv.block_walk`) on one layer: ``q [N, Hq, D]`` -> ``[N, Hq, D]``."""
     if _block_walk is None:
         raise ValueError(f"the block walk needs the numba package (pip install 'minienv[lab]'): {NUMBA_MISSING}")
-    walk = walk_order(meta) if walk is None else walk
+    walk = meta.walk
     storage = layer_storage(kv_layer)
     q = np.ascontiguousarray(q, dtype=np.float32)
     out = np.empty_like(q)
@@ -312,28 +321,18 @@ class PagedAttentionBackend:
     Before each ``model.forward_step`` the caller sets the step's metadata (:meth:`set_metadata`); the model then
     calls ``begin_step`` (positions are checked against the metadata), ``attend`` per layer (write the new K/V
     through the slot mapping, then paged attention), and ``end_step``. What a kernel derives from the metadata
-    (the numpy kernel's :class:`GatherPlan`, the block walk's order) is made once per step, in ``set_metadata``.
+    (the numpy kernel's :class:`GatherPlan`, the block walk's order) is made once per step, by the metadata.
     """
 
     def __init__(self, kv_pool: KVPool, kernel: str = "auto"):
         self.kernel = resolve_kernel_name(kernel)
         self.kv_pool = kv_pool
         self.metadata: PagedAttentionMetadata | None = None
-        self._plan: GatherPlan | tuple[np.ndarray, np.ndarray] | None = None
 
     def set_metadata(self, metadata: PagedAttentionMetadata) -> None:
         if metadata.block_size != self.kv_pool.block_size:
             raise ValueError(f"metadata block size {metadata.block_size} != pool block size {self.kv_pool.block_size}")
         self.metadata = metadata
-        self._plan = None  # built by the step's first attend(): a model that never attends builds none
-
-    def _step_plan(self) -> "GatherPlan | tuple[np.ndarray, np.ndarray]":
-        """The kernel's per-step plan (block-walk order, or the gather groups with their masks), built once per
-        step on first use and shared by every layer."""
-        if self._plan is None:
-            meta = self.metadata
-            self._plan = walk_order(meta) if self.kernel == "numba" else GatherPlan.of(meta)
-        return self._plan
 
     def begin_step(self, positions: np.ndarray) -> None:
         if self.metadata is None:
@@ -345,10 +344,7 @@ class PagedAttentionBackend:
     def attend(self, layer_idx: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         meta = self.metadata
         self.kv_pool.write(layer_idx, meta.slot_mapping, k, v)
-        kv_layer = self.kv_pool.kv_cache[layer_idx]
-        if self.kernel == "numba":
-            return block_walk_attention(q, kv_layer, meta, self._step_plan())
-        return gather_attention(q, kv_layer, meta, self._step_plan())
+        return paged_attention(q, self.kv_pool.kv_cache[layer_idx], meta, self.kernel)
 
     def end_step(self) -> None:
-        self.metadata = self._plan = None  # metadata describes one step; reusing it would double-write slots
+        self.metadata = None  # metadata describes one step; reusing it would double-write slots

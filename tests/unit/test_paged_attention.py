@@ -181,6 +181,32 @@ def test_the_walk_visits_every_block_once_per_holder_in_physical_order():
     assert sorted(zip(seq.tolist(), blk.tolist())) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_steps_plan_is_made_once_and_shared_by_every_layer(kernel, monkeypatch):
+    """The walk order / the gather groups belong to the step's metadata: made on the first layer's call and reused
+    by every other layer and by bare ``paged_attention`` calls on the same metadata (not rebuilt per call)."""
+    rng = np.random.default_rng(5)
+    kv, meta, q, new_k, new_v, *_ = build_batch(rng, 4, [9, 13, 6], [1, 2, 1], 2, 2, 16, 5)
+    kv.write(0, meta.slot_mapping, new_k[0], new_v[0])
+    made = []
+
+    class CountedPlan(pa.GatherPlan):
+        @classmethod
+        def of(cls, m):
+            made.append(m)
+            return super().of(m)
+
+    monkeypatch.setattr(pa, "GatherPlan", CountedPlan)
+    monkeypatch.setattr(pa, "walk_order", lambda m, real=pa.walk_order: made.append(m) or real(m))
+    first = paged_attention(q, kv.kv_cache[0], meta, kernel)
+    for _ in range(3):
+        assert np.array_equal(paged_attention(q, kv.kv_cache[0], meta, kernel), first)
+    assert len(made) == 1
+    other = PagedAttentionMetadata(meta.block_tables, meta.context_lens, meta.query_lens, None, meta.block_size)
+    paged_attention(q, kv.kv_cache[0], other, kernel)
+    assert len(made) == 2  # a new step's metadata gets its own plan
+
+
 def test_auto_is_the_block_walk_exactly_when_numba_imports(monkeypatch):
     assert pa.resolve_kernel_name("auto") == ("numpy" if pa.NUMBA_MISSING else "numba")
     monkeypatch.setattr(pa, "_block_walk", None)
