@@ -155,11 +155,12 @@ assert paged_toy["token"] == 6 and paged_toy["internal"] + paged_toy["reservatio
 # %% [markdown]
 # ## minienv's version: serve the workload, one decode step at a time
 #
-# The experiment is a short loop. All requests wait at t = 0. Each step, every running request appends one token;
-# finished requests free their memory; waiting requests are admitted first-come-first-served while the next one
-# fits. A `memory` object does the bookkeeping of one placement scheme (`admit` a request, `grow` it by a token,
-# `free` it) and, at the end of the step, puts every slot in exactly one category (`slots`; the definitions are
-# in `minienv/lab/memory_accounting.py`):
+# The experiment is a short loop, and every result of this chapter comes from it. Each step, the requests that
+# have arrived join the queue (here all 1000 at t = 0); every running request appends one token; finished requests
+# free their memory; waiting requests are admitted first-come-first-served while the next one fits. A `memory`
+# object does the bookkeeping of one placement scheme (`admit` a request, `grow` it by a token, `free` it) and, at
+# the end of the step, puts every slot in exactly one category (`slots`; the definitions are in
+# `minienv/lab/memory_accounting.py`):
 #
 # | category | slots of a running request with length `l`, final length `L`, `A` slots allocated |
 # |---|---|
@@ -182,11 +183,14 @@ assert paged_toy["token"] == 6 and paged_toy["internal"] + paged_toy["reservatio
 # %%
 from collections import deque
 
+from minienv.lab.memory_accounting import Arrivals
 
-def serve(requests, memory):
-    """All `requests` wait at t = 0; serve them one decode step at a time, yielding each step's slots."""
-    waiting, running = deque((spec, 0) for spec in requests), []  # waiting: (request, tokens generated so far)
-    while waiting or running:
+
+def serve(requests, memory, step_duration=1.0):
+    """Serve `requests` one decode step (of `step_duration` seconds) at a time; yield each step's slots."""
+    arrivals, waiting, running = Arrivals(requests, step_duration), deque(), []  # waiting: (request, generated)
+    while arrivals or waiting or running:
+        waiting.extend(arrivals.next_step())  # 0. requests that have arrived by now join the queue
         preempted = False
         for r in list(running):  # 1. every running request appends one token; paged: if no block is free,
             while r in running and not memory.grow(r):  # the newest request is preempted (recomputed later)
@@ -210,8 +214,8 @@ def serve(requests, memory):
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.lab.memory_accounting import (PAPER_FIGURE2, SCHEME_LABELS, SCHEMES, average_slots, figure2,
-                                           format_figure2_table, kv_memory, simulate)
+from minienv.lab.memory_accounting import (PAPER_FIGURE2, SCHEME_LABELS, SCHEMES, average_slots,
+                                           format_figure2_table, hole_blocked_fraction, kv_memory)
 
 BLOCK_SIZE = 16
 results, mean_running = {}, {}
@@ -223,12 +227,6 @@ print(format_figure2_table(results))
 print()
 print("paper:", {SCHEME_LABELS[s]: PAPER_FIGURE2[s]["token_states"] for s in SCHEMES})
 print("requests running on average:", {SCHEME_LABELS[s]: round(m, 1) for s, m in mean_running.items()})
-
-# %%
-# The lab's `simulate` runs the same loop faster (it skips the quiet steps of the contiguous schemes in closed
-# form) and with arrivals over time; the rest of this notebook uses it. It gives exactly the loop's numbers:
-assert all(simulate(requests, s, KV_SLOTS, max_len=MAX_LEN, block_size=BLOCK_SIZE).breakdown == results[s]
-           for s in SCHEMES)
 
 # %%
 CAT_STYLE = {  # category -> (legend name, colour)
@@ -299,11 +297,13 @@ for s in SCHEMES[:3]:  # every contiguous scheme within 5 points of the paper's 
 
 # %%
 # NBVAL_CHECK_OUTPUT
-first_fit = figure2(requests, KV_SLOTS, max_len=MAX_LEN, schemes=SCHEMES[:3], allocator="first_fit")
+first_fit, holes = {}, {}
 print(f"{'token states %':<16}{'buddy':>8}{'first fit':>11}{'paper':>8}   blocked by holes (first fit)")
-for s, r in first_fit.items():
-    print(f"{SCHEME_LABELS[s]:<16}{pct[s]['token_states']:>8.1f}{r.percent()['token_states']:>11.1f}"
-          f"{PAPER_FIGURE2[s]['token_states']:>8.1f}   {r.hole_blocked_fraction:.0%} of waiting steps")
+for s in SCHEMES[:3]:  # the same loop; only the allocator that places the chunks changes
+    steps = list(serve(requests, kv_memory(s, KV_SLOTS, max_len=MAX_LEN, allocator="first_fit")))
+    first_fit[s], holes[s] = average_slots(steps)[0], hole_blocked_fraction(steps)
+    print(f"{SCHEME_LABELS[s]:<16}{pct[s]['token_states']:>8.1f}{first_fit[s].percent()['token_states']:>11.1f}"
+          f"{PAPER_FIGURE2[s]['token_states']:>8.1f}   {holes[s]:.0%} of waiting steps")
 
 # %% [markdown]
 # With first fit (no power-of-two rounding) Pow2 and Oracle keep more token states, but still under half the
@@ -313,7 +313,7 @@ for s, r in first_fit.items():
 # %%
 assert all(first_fit[s].percent()["token_states"] >= pct[s]["token_states"] - 0.5 for s in SCHEMES[:3])
 assert all(first_fit[s].percent()["token_states"] < 60 for s in SCHEMES[:3])
-assert first_fit["orca_oracle"].hole_blocked_fraction > 0.5
+assert holes["orca_oracle"] > 0.5
 
 # %% [markdown]
 # ### What if the requests trickle in?
@@ -327,8 +327,9 @@ assert first_fit["orca_oracle"].hole_blocked_fraction > 0.5
 
 # %%
 # NBVAL_CHECK_OUTPUT
-trickle = figure2(sharegpt_like(NUM_REQUESTS, max_len=MAX_LEN, seed=SEED, rate=2.0), KV_SLOTS, max_len=MAX_LEN,
-                  block_size=BLOCK_SIZE, step_duration=0.04, measure="all")
+arriving = sharegpt_like(NUM_REQUESTS, max_len=MAX_LEN, seed=SEED, rate=2.0)  # Poisson arrivals, 2 per second
+trickle = {s: average_slots(serve(arriving, kv_memory(s, KV_SLOTS, max_len=MAX_LEN, block_size=BLOCK_SIZE),
+                                  step_duration=0.04), window="all")[0] for s in SCHEMES}  # the whole run
 print(format_figure2_table(trickle))
 print("token states, idle free memory left out:",
       {SCHEME_LABELS[s]: round(r.percent(include_free=False)["token_states"], 1) for s, r in trickle.items()})
@@ -343,7 +344,7 @@ assert all(abs(trickle[s].percent()["token_states"] - pct[s]["token_states"]) < 
 #
 # Under paging a request owns `ceil(l / B)` blocks. All of them are full except the last, whose empty tail is
 # `B − 1` slots at worst and about `(B − 1) / 2` on average. So the waste is about `(B/2) / mean length` of
-# the running requests. Let's check the prediction against the simulation.
+# the running requests. Let's check the prediction against the loop's measurement.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -362,15 +363,16 @@ assert abs(predicted_tail - measured_tail) < 0.5
 # ## Live: drag the block size
 #
 # Bigger blocks mean fewer block-table entries and larger, faster memory copies — and a bigger empty tail per
-# request. Drag the slider (block sizes 1 … 256; each point is a full simulation of the workload, run once
-# below). The left bar is where the memory goes at that block size; the right curve is the last-block waste
-# (reservation + internal fragmentation) over all block sizes.
+# request. Drag the slider (block sizes 1 … 256; each point is a full run of the `serve` loop over the workload,
+# run once below). The left bar is where the memory goes at that block size; the right curve is the last-block
+# waste (reservation + internal fragmentation) over all block sizes.
 
 # %%
 import ipywidgets as widgets
 
 BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-sweep = {b: simulate(requests, "paged", KV_SLOTS, max_len=MAX_LEN, block_size=b).percent() for b in BLOCK_SIZES}
+sweep = {b: average_slots(serve(requests, kv_memory("paged", KV_SLOTS, block_size=b)))[0].percent()
+         for b in BLOCK_SIZES}  # the same loop once per block size
 tail = [sweep[b]["reservation"] + sweep[b]["internal_frag"] for b in BLOCK_SIZES]
 CATS4 = list(CAT_STYLE)[:4]
 

@@ -1,33 +1,37 @@
-"""Where does KV-cache memory go? An event simulation of the vLLM paper's Figure 2.
+"""Where does KV-cache memory go? The bookkeeping of the vLLM paper's Figure 2.
 
 Kwon et al. (SOSP 2023, Fig. 2) split the KV memory of a serving system into four parts and showed that systems
 which reserve one *contiguous* chunk per request keep real token states in only 20.4-38.2 % of it, while paging
-(vLLM) reaches 96.3 %. This module replays a workload (``minienv.lab.workload``) through a fixed KV memory of
+(vLLM) reaches 96.3 %. Notebook 03 replays a workload (``minienv.lab.workload``) through a fixed KV memory of
 ``kv_slots`` token slots under each allocation scheme and measures the same four parts.
 
-The bookkeeping is two small memories with one interface — :class:`ContiguousMemory` (Orca's reserved chunks)
-and :class:`PagedMemory` (vLLM's blocks): ``admit`` a request (or ``None``), ``grow`` it by one token (``False``
-when a paged request needs a block and none is free), ``free`` it, and ``slots``: every slot in one category at
-the end of a step. Notebook 03 serves the workload through them in a loop of its own (steps 1-4 below, all
-requests waiting at t = 0) and averages the steps with :func:`average_slots`; :func:`simulate` is the same loop
-with arrivals over time, a recorded timeline and a closed-form fast-forward, and gives the notebook's numbers
-exactly (the notebook asserts it).
+The experiment's loop is the notebook's own ``serve`` (steps 0-4 below): it is the one route every result of the
+chapter comes from, and ``tests/unit/test_memory_accounting.py`` runs that very loop, taken from the notebook. This
+module keeps the bookkeeping the loop calls, one job per piece:
+
+* :class:`Arrivals` — the requests in arrival order, released step by step (all at once when they all arrive at
+  t = 0);
+* two memories with one interface — :class:`ContiguousMemory` (Orca's reserved chunks) and :class:`PagedMemory`
+  (vLLM's blocks), made by :func:`kv_memory`: ``admit`` a request (or ``None``), ``grow`` it by one token
+  (``False`` when a paged request needs a block and none is free), ``free`` it, and ``slots``: every slot in one
+  category at the end of a step (a :class:`StepSlots`);
+* :func:`average_slots` and :func:`hole_blocked_fraction` — what the notebook reads off the steps.
 
 The model
 ---------
 Time advances in *steps* (one decode iteration). In step ``t``:
 
+0. **Arrive.** The requests with ``arrival_time <= t * step_duration`` join the back of the waiting queue.
 1. **Decode.** Every running request, in admission order, appends one token: its length grows by one.
    Under paging, a request whose last block is full first takes a new block; if none is free, the most
    recently admitted running request is *preempted* (all its blocks freed, put back at the front of the waiting
    queue; when re-admitted its prompt and the tokens it had generated are recomputed — vLLM's recompute).
 2. **Finish.** A request whose length reached ``prompt_len + output_len`` leaves and frees its memory.
-3. **Admit (FCFS).** While the oldest waiting request has arrived (``arrival_time <= t * step_duration``) and its
-   allocation fits, it is admitted and its prompt is prefilled at once (length = prompt, or prompt + generated
+3. **Admit (FCFS).** While the oldest waiting request's allocation fits, it is admitted and its prompt is prefilled at once (length = prompt, or prompt + generated
    for a resumed request). Admission never skips the head of the queue, and (like vLLM's scheduler) no request
    is admitted in a step that had to preempt. Under paging, admission also leaves ``watermark`` (default 1 %, vLLM
    v0's default) of the blocks free, so that a just-admitted request is not preempted at once.
-4. **Account.** The memory is split into the categories below and added to the running totals.
+4. **Account.** The memory is split into the categories below (``memory.slots``).
 
 Allocation schemes (``SCHEMES``)
 --------------------------------
@@ -69,10 +73,10 @@ and for the slots no request holds (``kv_slots - sum A``):
 * **free**           free slots at a step that ends with nobody waiting: idle capacity, not waste.
 
 So ``token_states + reservation + internal_frag + external_frag + free == kv_slots`` at every step.
-``SimulationResult.breakdown`` is the time average over the *loaded window* — from the first step to the step
-at which the last request was admitted (for the last time) — because the paper measured a serving system under
-sustained load; the drain after the last admission (nothing left to admit, memory emptying) is excluded.
-``measure="all"`` averages over the whole run instead.
+:func:`average_slots` averages the steps over the *loaded window* — from the first step to the step at which the
+last request was admitted (for the last time) — because the paper measured a serving system under sustained load;
+the drain after the last admission (nothing left to admit, memory emptying) is excluded. ``window="all"``
+averages over the whole run instead (the right choice when requests arrive over time).
 
 Note on the paper's vLLM bar: it shows 96.3 % token states and 3.7 % "reservation + internal fragmentation"
 without splitting them. With the definitions above, most of a paged request's empty last-block tail is
@@ -99,18 +103,17 @@ __all__ = [
     "BuddyAllocator",
     "MemoryBreakdown",
     "StepSlots",
-    "SimulationResult",
+    "Arrivals",
     "RunningRequest",
     "ContiguousMemory",
     "PagedMemory",
     "kv_memory",
     "average_slots",
+    "hole_blocked_fraction",
     "next_pow2",
     "contiguous_reservation",
     "blocks_needed",
     "paged_internal_fragmentation",
-    "simulate",
-    "figure2",
     "format_figure2_table",
 ]
 
@@ -159,7 +162,9 @@ def paged_internal_fragmentation(num_tokens: int, block_size: int) -> int:
 
 # ------------------------------------------------------------------------------------- results
 class StepSlots(NamedTuple):
-    """One step's slots per category (they sum to ``kv_slots``), with how many requests run and wait."""
+    """One step's slots per category (they sum to ``kv_slots``), with how many requests run and wait, and
+    whether the request at the head of the queue waits for a *hole* (contiguous schemes: the free memory in total
+    would hold its chunk, no single hole does)."""
 
     token_states: int
     reservation: int
@@ -168,6 +173,7 @@ class StepSlots(NamedTuple):
     free: int
     running: int
     waiting: int
+    hole_blocked: bool = False
 
 
 @dataclass(frozen=True)
@@ -196,27 +202,34 @@ class MemoryBreakdown:
         return out
 
 
-@dataclass
-class SimulationResult:
-    scheme: str
-    kv_slots: int
-    block_size: int | None
-    max_len: int
-    breakdown: MemoryBreakdown
-    steps: int  # steps run; the last request finished in step `steps` (0-based), which is not accounted
-    window_steps: int  # steps averaged over
-    mean_running: float  # average number of running requests in the window
-    max_running: int
-    preemptions: int
-    hole_blocked_fraction: float  # of steps with a waiting request: total free memory would fit it, no hole does
-    timeline: dict[str, list[int]] | None = field(default=None, repr=False)
+class Arrivals:
+    """The workload's requests in arrival order (FCFS: by arrival time, then id), released step by step.
 
-    @property
-    def label(self) -> str:
-        return SCHEME_LABELS[self.scheme]
+    Each call of :meth:`next_step` is one step later: step ``t`` (from 0) releases every request with
+    ``arrival_time <= t * step_duration`` not released yet, as waiting-queue entries ``(request, 0)`` (no token
+    generated yet). ``len()`` is the number still to arrive, so the serving loop runs ``while arrivals or ...``.
+    """
 
-    def percent(self, include_free: bool = True) -> dict[str, float]:
-        return self.breakdown.percent(include_free)
+    def __init__(self, requests: Iterable[RequestSpec], step_duration: float = 1.0) -> None:
+        if not (isinstance(step_duration, (int, float)) and step_duration > 0 and math.isfinite(step_duration)):
+            raise ValueError(f"step_duration must be a finite number > 0, got {step_duration!r}")
+        self.step_duration = step_duration
+        self._queue = deque(sorted(requests, key=lambda r: (r.arrival_time, r.request_id)))
+        if not self._queue:
+            raise ValueError("the workload has no request")
+        self._step = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def next_step(self) -> list[tuple[RequestSpec, int]]:
+        """The requests that arrive by the start of the next step, as ``(request, 0)`` queue entries."""
+        now = self._step * self.step_duration
+        self._step += 1
+        out = []
+        while self._queue and self._queue[0].arrival_time <= now:
+            out.append((self._queue.popleft(), 0))
+        return out
 
 
 @dataclass(eq=False)
@@ -258,8 +271,9 @@ class _KVMemory:
         self.alloc += sign * r.alloc
         self.internal += sign * r.internal
 
-    def slots(self, running: Sequence[RunningRequest], waiting: Sequence) -> StepSlots:
-        """Every slot of the memory in exactly one category at the end of a step (see the module docstring)."""
+    def slots(self, running: Sequence[RunningRequest], waiting: Sequence[tuple[RequestSpec, int]]) -> StepSlots:
+        """Every slot of the memory in exactly one category at the end of a step (see the module docstring);
+        ``waiting`` holds the queue's ``(request, generated)`` entries, head first."""
         free_now = self.kv_slots - self.alloc - self.slack
         if waiting:  # memory exists, but the queued work cannot have it
             external, idle = free_now + self.slack, 0
@@ -267,7 +281,17 @@ class _KVMemory:
             external = self.unusable + self.slack
             idle = self.kv_slots - self.alloc - external
         return StepSlots(self.tokens, self.alloc - self.tokens - self.internal, self.internal, external, idle,
-                         len(running), len(waiting))
+                         len(running), len(waiting), bool(waiting) and self.hole_blocked(waiting[0][0]))
+
+    def hole_blocked(self, spec: RequestSpec) -> bool:
+        """Whether a waiting request waits for a hole rather than for memory (never, for paging)."""
+        return False
+
+    @staticmethod
+    def _check_lengths(spec: RequestSpec) -> None:
+        if spec.prompt_len < 1 or spec.output_len < 1:
+            raise ValueError(f"request {spec.request_id}: prompt_len and output_len must be >= 1, "
+                             f"got {spec.prompt_len} and {spec.output_len}")
 
 
 class ContiguousMemory(_KVMemory):
@@ -279,15 +303,26 @@ class ContiguousMemory(_KVMemory):
         if allocator not in ("first_fit", "buddy"):
             raise ValueError(f"allocator must be 'first_fit' or 'buddy', got {allocator!r}")
         super().__init__(kv_slots)
-        self.scheme, self.max_len = scheme, max_len
+        self.scheme, self.max_len, self.allocator = scheme, max_len, allocator
         self.space = (FirstFitAllocator if allocator == "first_fit" else BuddyAllocator)(kv_slots)
+        # the largest chunk this memory can ever place: a buddy block lives inside one power-of-two region
+        self.largest_chunk = kv_slots if allocator == "first_fit" else 1 << (kv_slots.bit_length() - 1)
 
     def reservation(self, spec: RequestSpec) -> int:
         return contiguous_reservation(self.scheme, spec.prompt_len, spec.output_len, self.max_len)
 
     def admit(self, spec: RequestSpec, generated: int = 0, busy: bool = False) -> RunningRequest | None:
-        """Reserve the request's whole chunk, or ``None`` (nothing changed) when no hole holds it."""
+        """Reserve the request's whole chunk, or ``None`` (nothing changed) when no hole holds it now.
+
+        Raises ValueError (nothing changed) for a request no empty memory could hold — longer than ``max_len``, or
+        a chunk larger than the largest one this memory can place — which would otherwise wait forever."""
+        self._check_lengths(spec)
+        if spec.total_len > self.max_len:
+            raise ValueError(f"request {spec.request_id} has {spec.total_len} tokens > max_len={self.max_len}")
         size = self.reservation(spec)
+        if self.space.block_size(size) > self.largest_chunk:
+            raise ValueError(f"request {spec.request_id} needs {self.space.block_size(size)} slots and can never "
+                             f"fit in {self.kv_slots} ({self.scheme}, {self.allocator} allocation)")
         start = self.space.allocate(size)
         if start is None:
             return None
@@ -302,19 +337,14 @@ class ContiguousMemory(_KVMemory):
         self.tokens += 1
         return True
 
-    def advance(self, running: Sequence[RunningRequest], k: int) -> None:
-        """``k`` steps of ``grow`` for every request at once (``simulate``'s fast-forward)."""
-        for r in running:
-            r.length += k
-        self.tokens += len(running) * k
-
     def free(self, r: RunningRequest) -> None:
         self._hold(r, -1)
         self.space.free(r.start, r.alloc)
         self.slack -= self.space.block_size(r.alloc) - r.alloc
 
     def hole_blocked(self, spec: RequestSpec) -> bool:
-        """The free memory in total would hold this request's chunk, but no single hole does."""
+        """For a request ``admit`` just refused: the free memory in total would hold its chunk, but no single hole
+        does."""
         return self.space.free_slots >= self.space.block_size(self.reservation(spec))
 
 
@@ -336,7 +366,14 @@ class PagedMemory(_KVMemory):
         self.watermark_blocks = int(watermark * self.pool.num_blocks)
 
     def admit(self, spec: RequestSpec, generated: int = 0, busy: bool = False) -> RunningRequest | None:
-        """Blocks for the prompt (and the recomputed output of a resumed request), or ``None`` (nothing changed)."""
+        """Blocks for the prompt (and the recomputed output of a resumed request), or ``None`` (nothing changed).
+
+        Raises ValueError (nothing changed) for a request whose final length needs more blocks than the pool has:
+        it could never finish, and would be preempted and resumed forever."""
+        self._check_lengths(spec)
+        if blocks_needed(spec.total_len, self.block_size) > self.pool.num_blocks:
+            raise ValueError(f"request {spec.request_id} needs {blocks_needed(spec.total_len, self.block_size)} "
+                             f"blocks of {self.block_size} and can never fit in {self.pool.num_blocks}")
         length = spec.prompt_len + generated
         nb, free_blocks = blocks_needed(length, self.block_size), self.pool.num_free_blocks
         if nb > free_blocks or (busy and nb + self.watermark_blocks > free_blocks):
@@ -377,225 +414,33 @@ def kv_memory(scheme: str, kv_slots: int, *, max_len: int = 2048, block_size: in
     return ContiguousMemory(scheme, kv_slots, max_len=max_len, allocator=allocator)
 
 
-def average_slots(steps: Sequence[StepSlots]) -> tuple[MemoryBreakdown, float]:
-    """The time average of per-step slot counts, and of the running requests, over the loaded window: up to the
-    step of the last admission, which is the step after the last one that ended with a request waiting (all
-    requests waiting from the start, as in ``simulate``'s ``measure="loaded"``)."""
+def average_slots(steps: Iterable[StepSlots], window: str = "loaded") -> tuple[MemoryBreakdown, float]:
+    """The time average of per-step slot counts, and of the running requests.
+
+    ``window="loaded"`` (the paper's measurement under sustained load) averages up to the step of the last
+    admission: the step after the last one that ended with a request waiting. That is exact when every request
+    waits from t = 0; with arrivals over time use ``window="all"``, the whole run."""
+    steps = list(steps)
     if not steps:
         raise ValueError("average_slots needs at least one step")
-    n = 1 + max((i + 1 for i, st in enumerate(steps) if st.waiting), default=0)
-    window = steps[:n]
-    breakdown = MemoryBreakdown(**{c: sum(getattr(st, c) for st in window) / n for c in CATEGORIES})
-    return breakdown, sum(st.running for st in window) / n
+    if window not in ("loaded", "all"):
+        raise ValueError(f"window must be 'loaded' or 'all', got {window!r}")
+    n = len(steps) if window == "all" else 1 + max((i + 1 for i, st in enumerate(steps) if st.waiting), default=0)
+    kept = steps[:n]
+    breakdown = MemoryBreakdown(**{c: sum(getattr(st, c) for st in kept) / n for c in CATEGORIES})
+    return breakdown, sum(st.running for st in kept) / n
 
 
-# ------------------------------------------------------------------------------------ simulation
-def simulate(
-    requests: Sequence[RequestSpec],
-    scheme: str,
-    kv_slots: int,
-    *,
-    max_len: int = 2048,
-    block_size: int = 16,
-    step_duration: float = 1.0,
-    measure: str = "loaded",
-    record_timeline: bool = False,
-    watermark: float = 0.01,
-    allocator: str = "buddy",
-    fast_forward: bool = True,
-) -> SimulationResult:
-    """Serve ``requests`` in a KV memory of ``kv_slots`` token slots under ``scheme`` and account for it.
-
-    Args:
-        requests: the workload (``minienv.lab.workload``); served FCFS by ``arrival_time`` then ``request_id``.
-        scheme: one of ``SCHEMES``.
-        kv_slots: size of the KV memory in token slots (the paper's OPT-13B/A100-40GB setup has 15.7 K).
-        max_len: the model's maximum sequence length (what ``orca_max`` reserves; caps ``orca_pow2``).
-        block_size: slots per block (``paged`` only).
-        step_duration: seconds per decode step, to turn arrival times into steps.
-        measure: ``"loaded"`` (average up to the last admission) or ``"all"`` (whole run).
-        record_timeline: keep the per-step slot counts of every category in ``result.timeline``.
-        watermark: ``paged`` only: fraction of blocks admission keeps free (vLLM v0's default 0.01).
-        allocator: contiguous schemes only: ``"buddy"`` (default: what the paper assumed for Orca) or
-            ``"first_fit"``. With ``"buddy"`` the slots by which a chunk is rounded up to a power of two belong to no
-            reservation of the scheme and are counted as external fragmentation (the paper's "& others").
-        fast_forward: contiguous schemes: account the quiet steps between events in closed form (``False``
-            steps through every one; the result is identical - the tests check it).
-
-    Raises:
-        ValueError: unknown scheme or measure; bad sizes; a request longer than ``max_len`` or one that could
-            never fit in the memory under this scheme.
-    """
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}; choose one of {SCHEMES}")
-    if allocator not in ("first_fit", "buddy"):
-        raise ValueError(f"allocator must be 'first_fit' or 'buddy', got {allocator!r}")
-    if measure not in ("loaded", "all"):
-        raise ValueError(f"measure must be 'loaded' or 'all', got {measure!r}")
-    if isinstance(kv_slots, bool) or not isinstance(kv_slots, int) or kv_slots < 1:
-        raise ValueError(f"kv_slots must be an integer >= 1, got {kv_slots!r}")
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
-        raise ValueError(f"max_len must be an integer >= 2, got {max_len!r}")
-    if not step_duration > 0:
-        raise ValueError(f"step_duration must be > 0, got {step_duration!r}")
-    if not requests:
-        raise ValueError("simulate needs at least one request")
-    paged = scheme == "paged"
-    if paged:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
-        num_blocks = kv_slots // block_size
-        if num_blocks < 1:
-            raise ValueError(f"kv_slots={kv_slots} holds no block of {block_size} slots")
-        if not 0 <= watermark < 1:
-            raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
-    for r in requests:
-        if r.prompt_len < 1 or r.output_len < 1:
-            raise ValueError(f"request {r.request_id}: prompt_len and output_len must be >= 1")
-        if r.total_len > max_len:
-            raise ValueError(f"request {r.request_id} has {r.total_len} tokens > max_len={max_len}")
-        if paged:
-            need, room = blocks_needed(r.total_len, block_size) * block_size, num_blocks * block_size
-        else:
-            need = contiguous_reservation(scheme, r.prompt_len, r.output_len, max_len)
-            # a buddy block is a power of two inside one power-of-two region; the largest region is this big
-            room = kv_slots if allocator == "first_fit" else 1 << (kv_slots.bit_length() - 1)
-            need = need if allocator == "first_fit" else next_pow2(need)
-        if need > room:
-            raise ValueError(f"request {r.request_id} needs {need} slots and can never fit in {kv_slots} "
-                             f"({scheme}{'' if paged else ', ' + allocator} allocation)")
-
-    order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
-    waiting: deque[tuple[RequestSpec, int]] = deque()  # (spec, generated tokens so far)
-    arrivals = deque(order)
-    running: list[RunningRequest] = []
-    mem = kv_memory(scheme, kv_slots, max_len=max_len, block_size=block_size, allocator=allocator,
-                    watermark=watermark)
-
-    sums = dict.fromkeys(CATEGORIES, 0)
-    timeline = {c: [] for c in CATEGORIES} if record_timeline else None
-    window_sums = None
-    running_sum = window_running = max_running = preemptions = 0
-    blocked_steps = hole_blocked = 0
-    last_admit_step = 0
-    step = 0
-
-    while arrivals or waiting or running:
-        # 1. decode: every running request appends one token; paged: no free block -> preempt the newest
-        preempted_this_step = False
-        i = 0
-        while i < len(running):
-            if mem.grow(running[i]):
-                i += 1
-                continue
-            victim = running.pop()  # the most recently admitted request (possibly running[i] itself)
-            mem.free(victim)
-            preempted_this_step = True
-            preemptions += 1
-            waiting.appendleft((victim.spec, victim.generated))  # resumes first, recomputing its tokens
-        # 2. finish
-        if running:
-            still = []
-            for r in running:
-                if r.done:
-                    mem.free(r)
-                else:
-                    still.append(r)
-            running = still
-        # 3. admit, FCFS
-        now = step * step_duration
-        while arrivals and arrivals[0].arrival_time <= now:
-            waiting.append((arrivals.popleft(), 0))
-        while waiting and not preempted_this_step:  # like vLLM: no new prefills in a step that preempted
-            r = mem.admit(*waiting[0], busy=bool(running))
-            if r is None:
-                break
-            waiting.popleft()
-            running.append(r)
-            last_admit_step = step
-        if not (arrivals or waiting or running):
-            break  # the last request finished in this step: nothing left to account
-        # 4. account
-        counts = mem.slots(running, waiting)
-        hole = False
-        if waiting:
-            blocked_steps += 1
-            if not paged:
-                hole = mem.hole_blocked(waiting[0][0])
-                hole_blocked += hole
-        for c, v in zip(CATEGORIES, counts):
-            sums[c] += v
-            if timeline is not None:
-                timeline[c].append(v)
-        running_sum += len(running)
-        max_running = max(max_running, len(running))
-        if step == last_admit_step:  # snapshot of the sums up to the latest admission
-            window_sums = dict(sums)
-            window_running = running_sum
-        step += 1
-        if fast_forward and not paged:
-            # 5. Fast-forward (contiguous schemes). Until the next finish or arrival, only lengths change: no chunk
-            # is freed, so nobody can be admitted. Those steps are accounted in closed form - the result is
-            # identical to stepping through them one by one, just ~20x faster for Orca (Max).
-            n = len(running)
-            until = [step - 1 + min(r.spec.total_len - r.length for r in running)] if running else []
-            if arrivals:  # an arrival's first eligible step is >= floor(arrival / step_duration) (float-safe)
-                until.append(max(step, math.floor(arrivals[0].arrival_time / step_duration)))
-            k = min(until) - step if until else 0
-            if k > 0:
-                tri = n * k * (k + 1) // 2  # sum over the k steps of the tokens added since now
-                tokens, reserved, internal, external, idle = counts[:5]
-                for c, v in zip(CATEGORIES, (k * tokens + tri, k * reserved - tri, k * internal, k * external,
-                                             k * idle)):
-                    sums[c] += v
-                if timeline is not None:
-                    for j in range(1, k + 1):
-                        for c, v in zip(CATEGORIES, (tokens + n * j, reserved - n * j, internal, external, idle)):
-                            timeline[c].append(v)
-                mem.advance(running, k)
-                running_sum += n * k
-                if waiting:
-                    blocked_steps += k
-                    hole_blocked += k * hole
-                step += k
-
-    if measure == "loaded":
-        n_steps, used, run_sum = last_admit_step + 1, window_sums, window_running
-    else:
-        n_steps, used, run_sum = step, sums, running_sum
-    breakdown = MemoryBreakdown(**{c: used[c] / n_steps for c in CATEGORIES})
-    return SimulationResult(
-        scheme=scheme,
-        kv_slots=kv_slots,
-        block_size=block_size if paged else None,
-        max_len=max_len,
-        breakdown=breakdown,
-        steps=step,
-        window_steps=n_steps,
-        mean_running=run_sum / n_steps,
-        max_running=max_running,
-        preemptions=preemptions,
-        hole_blocked_fraction=hole_blocked / blocked_steps if blocked_steps else 0.0,
-        timeline=timeline,
-    )
+def hole_blocked_fraction(steps: Iterable[StepSlots]) -> float:
+    """Of the steps that ended with a request waiting, the fraction in which it waited for a hole: the free memory
+    in total would hold its chunk, but no single hole does (external fragmentation in its purest form)."""
+    blocked = [st.hole_blocked for st in steps if st.waiting]
+    return sum(blocked) / len(blocked) if blocked else 0.0
 
 
-def figure2(
-    requests: Sequence[RequestSpec],
-    kv_slots: int,
-    *,
-    max_len: int = 2048,
-    block_size: int = 16,
-    schemes: Iterable[str] = SCHEMES,
-    **kwargs,
-) -> dict[str, SimulationResult]:
-    """``simulate`` every scheme on the same workload and memory: the data of Figure 2."""
-    return {s: simulate(requests, s, kv_slots, max_len=max_len, block_size=block_size, **kwargs) for s in schemes}
-
-
-def format_figure2_table(results: dict[str, SimulationResult | MemoryBreakdown], paper: dict = PAPER_FIGURE2) -> str:
+def format_figure2_table(results: dict[str, MemoryBreakdown], paper: dict = PAPER_FIGURE2) -> str:
     """A fixed-width text table: our category percentages, and token states ours vs the paper's (``results``: per
-    scheme, anything with ``percent()`` — a :class:`SimulationResult` or an :func:`average_slots` breakdown)."""
+    scheme, an :func:`average_slots` breakdown)."""
     head = (f"{'scheme':<14}{'token':>7}{'reserv':>8}{'int.frag':>9}{'ext.frag':>9}{'free':>6}"
             f"{'paper token':>13}{'ours/paper':>11}")
     lines = [head, "-" * len(head)]
