@@ -45,7 +45,7 @@ lab: $(VENV)/.installed-lab
 	$(PY) -m jupyterlab --ServerApp.root_dir=notebooks --ServerApp.ip=127.0.0.1 $(ROOT_FLAG) $(LAB_ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 # The student's-machine tier: every notebook Run All in a fresh venv with only the lab extra (environment.yml's
 # pins), with no browser, redis-server or prometheus visible (a private mount namespace: root or user namespaces).
