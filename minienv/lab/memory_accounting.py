@@ -27,8 +27,8 @@ Time advances in *steps* (one decode iteration). In step ``t``:
    recently admitted running request is *preempted* (all its blocks freed, put back at the front of the waiting
    queue; when re-admitted its prompt and the tokens it had generated are recomputed — vLLM's recompute).
 2. **Finish.** A request whose length reached ``prompt_len + output_len`` leaves and frees its memory.
-3. **Admit (FCFS).** While the oldest waiting request's allocation fits, it is admitted and its prompt is prefilled at once (length = prompt, or prompt + generated
-   for a resumed request). Admission never skips the head of the queue, and (like vLLM's scheduler) no request
+3. **Admit (FCFS).** While the oldest waiting request's allocation fits, it is admitted and its prompt is
+   prefilled at once (length = prompt, or prompt + generated for a resumed request). Admission never skips the head of the queue, and (like vLLM's scheduler) no request
    is admitted in a step that had to preempt. Under paging, admission also leaves ``watermark`` (default 1 %, vLLM
    v0's default) of the blocks free, so that a just-admitted request is not preempted at once.
 4. **Account.** The memory is split into the categories below (``memory.slots``).
