@@ -191,27 +191,35 @@ print("\n".join(line for line in m.exposition().splitlines()
 # to the end-to-end sum. `vllm:request_success_total{finished_reason=...}` counts aborted requests too (vLLM 0.13
 # did not: vllm-project/vllm#31503).
 #
-# ## Live: the metrics while traffic arrives
+# ## Live: one scrape at a time
 #
-# `MetricsPanel` (`minienv/viz/metrics_panel.py`) reads the registry after every engine step — exactly what a
-# scrape would return — and draws five charts: requests running / waiting, KV usage in blocks and in token slots,
-# the prefix hit rate over the last 8 steps (PromQL's `rate(hits[w]) / rate(queries[w])`), preemptions and evicted
-# blocks, and the TTFT histogram filling, one bar per vLLM bucket. Pick a KV budget and whether the prompts share
-# their scene heading, then press **Step** or ▶: each step lets two requests arrive, runs one engine step and adds
-# one sample to every chart. The cell ran the tight budget to the end (the picture under the controls); **Reset**
-# starts it again.
+# Prometheus never sees the engine: it sees one scrape, then the next — every sample's value at that moment. Step
+# the engine and watch two views of the same registry. `ScrapeView` (`minienv/viz/scrape_view.py`) is one scrape:
+# each gauge and counter as Prometheus stores it, the ones that changed since the previous scrape highlighted with
+# their change, and the TTFT histogram as stored — *cumulative* buckets, with what this scrape added drawn on top:
+# a request's first token raises its own bucket and every bucket above it, so `+Inf` always equals `_count`. Its
+# caption says what the engine did in that step, read off the counters alone. `MetricsPanel`
+# (`minienv/viz/metrics_panel.py`) is the same registry over time, what a Grafana dashboard draws from the
+# scrapes: requests running / waiting, KV usage in blocks and in token slots, the prefix hit rate over the last 8
+# steps (PromQL's `rate(hits[w]) / rate(queries[w])`), preemptions and evicted blocks, and the TTFT histogram.
+#
+# Pick a KV budget and whether the prompts share their scene heading, then press **Step** (or ▶): two requests
+# arrive, the engine runs one step, and both views take one scrape. Run All stopped at the first step, after a
+# preemption, in which a request got its first token (the pictures below); **Step** and ▶ go on from there,
+# **Reset** starts again.
 
 # %%
 import ipywidgets as widgets
 
 from minienv.viz import Stepper
 from minienv.viz.metrics_panel import MetricsPanel
+from minienv.viz.scrape_view import ScrapeView
 from minienv.viz.static import show  # every figure: live, with a PNG of it for readers without a kernel
 
 budget_choice = widgets.ToggleButtons(options=[("160 tokens (tight)", 160), ("1024 tokens (roomy)", 1024)],
                                       value=160, description="KV budget")
 shared_choice = widgets.Checkbox(value=True, description="prompts share a scene heading")
-live = {}  # the engine and its traffic since the last reset, and the panel that watches it
+live = {}  # the engine and its traffic since the last reset, and the two views that scrape it
 
 
 def live_reset():
@@ -220,38 +228,71 @@ def live_reset():
     title = (f"KV budget {budget_choice.value} tokens, {'shared' if shared else 'distinct'} prompts, "
              f"2 arrivals per step")
     live.update(engine=engine, steps=traffic(engine, prompts(24, shared_prefix=shared)))
-    if "panel" in live:
-        live["panel"].attach(metrics_of(engine), title=title)  # the same charts, emptied: attached before traffic
+    if "panel" in live:  # the same views, emptied, now watching the new engine (attached before its traffic)
+        live["panel"].attach(metrics_of(engine), title=title)
+        live["scrape"].attach(metrics_of(engine))
     else:
         live["panel"] = MetricsPanel(metrics_of(engine), title=title)
+        live["scrape"] = ScrapeView(metrics_of(engine))
 
 
 def live_step(i):
     if next(live["steps"], None) is None:  # every request has finished
         return False
-    s = live["panel"].update()  # one scrape of the registry
-    return (f"running {s.running:.0f}, waiting {s.waiting:.0f}, KV blocks {s.kv_blocks:.0%}, "
-            f"preemptions {s.preemptions:.0f}, evicted blocks {s.evicted_blocks:.0f}")
+    live["panel"].update()
+    return live["scrape"].update()  # one scrape; the caption: what changed since the previous one
 
 
-live_stepper = Stepper(live_step, live_reset, n_steps=None, interval_ms=250, description="engine step")
+live_stepper = Stepper(live_step, live_reset, n_steps=None, interval_ms=400, description="engine step")
 for choice in (budget_choice, shared_choice):
     choice.observe(lambda change: live_stepper.reset(), names="value")
 live_stepper.reset()
-live_box = widgets.VBox([widgets.HBox([budget_choice, shared_choice]), live_stepper.widget, live["panel"].widget])
+live_box = widgets.VBox([widgets.HBox([budget_choice, shared_choice]), live_stepper.widget, live["scrape"].widget,
+                         live["panel"].widget])
+scrape = live["scrape"]
 with live["panel"].batch():  # driven from code: the charts are drawn once at the end (a click draws every step)
-    live_stepper.run()  # the whole run, so the picture below shows it; Reset and ▶ replay it
+    while not (scrape.now["vllm:num_preemptions_total"] and scrape.delta("vllm:time_to_first_token_seconds_count")):
+        live_stepper.step()
 show(live["panel"].widget, live=live_box)
+scrape.static()
+
+# %% [markdown]
+# The same scrape in numbers (the TTFT buckets are wall time, so they are drawn but not printed):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"engine step {live_stepper.position}; changed since the previous scrape:")
+for sample, (before, after) in scrape.changes.items():
+    if "_seconds" not in sample:  # the histograms' times are wall time
+        print(f"  {sample:<42} {before:>7.4g} -> {after:<7.4g} ({after - before:+.4g})")
+print(f"  vllm:time_to_first_token_seconds_count     {scrape.before['vllm:time_to_first_token_seconds_count']:>7.4g}"
+      f" -> {scrape.now['vllm:time_to_first_token_seconds_count']:<7.4g}")
+
+# %% [markdown]
+# Read it as Prometheus does, one scrape against the previous one. In engine step 26<!--out--> the gauges jumped:
+# `num_requests_running` from 1<!--out--> to 5<!--out-->, `num_requests_waiting` from 20<!--out--> to
+# 16<!--out--> — four requests admitted at once. To hold them the pool evicted cached-free blocks
+# (`minienv:kv_cache_cached_free_blocks` fell from 11<!--out--> to 2<!--out-->, the eviction counter rose by
+# +9<!--out-->), and KV usage went from 0.35<!--out--> to 0.9<!--out-->. Only one request produced its first token
+# in this step: the TTFT histogram's `_count` went from 6<!--out--> to 7<!--out-->, and that single observation is
+# the orange cap on its own bucket *and on every bucket above it*. `vllm:num_preemptions_total` is not in the list:
+# a scrape shows a counter's total, and this step added nothing to it. Press **Step** a few times and watch which
+# rows light up: generation tokens on almost every step, preemptions and evictions in bursts, the histogram only
+# when a request gets its first token.
 
 # %%
 panel, live_engine = live["panel"], live["engine"]
-last = panel.samples[-1]
-assert live_stepper.done and len(panel.samples) == live_engine.stats.num_steps  # one sample per engine step
-assert last.preemptions == live_engine.stats.num_preemptions > 0
-assert last.running == last.waiting == 0 and last.kv_blocks == 0  # idle: nothing held
+assert len(panel.samples) == live_engine.stats.num_steps == live_stepper.position  # one scrape per engine step
+assert scrape.now["vllm:num_preemptions_total"] == live_engine.stats.num_preemptions > 0  # the scrape is the engine
+for sample, (before, after) in scrape.changes.items():  # a counter, and every part of a histogram, only goes up
+    if sample.endswith(("_total", "_count", "_sum")) or "_bucket{" in sample:
+        assert after > before, sample
+cumulative = scrape.buckets()  # [(le, count before, count now), ...], +Inf last
+added = [now - before for _, before, now in cumulative]
+assert all(a <= b for a, b in zip(added, added[1:])), "an observation raises its bucket and every bucket above it"
+assert added[-1] == scrape.delta("vllm:time_to_first_token_seconds_count") >= 1
+assert cumulative[-1][2] == scrape.now["vllm:time_to_first_token_seconds_count"]  # +Inf is the count
 assert max(s.kv_tokens for s in panel.samples) < max(s.kv_blocks for s in panel.samples)  # blocks overstate
-assert sum(panel.ttft_bars()[1]) == 24
-assert [trace.x[-1] for trace in panel.widget.data[:7]] == [len(panel.samples) - 1] * 7  # the charts drew it all
 
 # %% [markdown]
 # ## What moves when: healthy vs thrashing, shared vs distinct prompts
@@ -288,7 +329,7 @@ distinct = metrics_of(runs["healthy", False][0]).value
 hit_rate = lambda v: v("vllm:prefix_cache_hits_total") / v("vllm:prefix_cache_queries_total")  # noqa: E731
 assert hit_rate(hv) > 5 * hit_rate(distinct)  # the shared scene heading is computed once, then hit
 assert tv("minienv:kv_cache_evicted_blocks_total") > 0  # the tight pool reuses cached-free blocks
-assert [s.preemptions for s in tp.samples] == [s.preemptions for s in panel.samples]  # the widget's run, replayed
+assert [s.preemptions for s in tp.samples[:len(panel.samples)]] == [s.preemptions for s in panel.samples]  # replayed
 
 # %% [markdown]
 # Read it as an operator would:
@@ -299,14 +340,14 @@ assert [s.preemptions for s in tp.samples] == [s.preemptions for s in panel.samp
 # * **Thrashing**: `vllm:num_requests_waiting` keeps a queue, `vllm:num_preemptions_total` climbs steadily
 #   (17<!--out:above--> preemptions with shared prompts, 23<!--out:above--> with distinct ones; each throws K/V away
 #   and recomputes it later), KV usage sits near 1, evictions climb, and TTFT's tail stretches: the same traffic
-#   takes 144<!--out:above--> steps instead of 75. The fix is capacity (more KV, or fewer `max_num_seqs`), not a
-#   faster model.
+#   takes 144<!--out:above--> steps instead of 75<!--out:above-->. The fix is capacity (more KV, or fewer
+#   `max_num_seqs`), not a faster model.
 # * **Shared prefix**: `vllm:prefix_cache_hits_total` grows with `queries` — the scene heading is computed once: a
 #   60 %<!--out:above--> hit rate against 6 %<!--out:above--> for distinct prompts. Under thrashing the hit rate can
 #   still be high (53 %<!--out:above-->): a preempted request's resume finds its own blocks cached.
 #
-# The widget's picture was the thrashing engine; here is the healthy one (shared prompts) to set beside it — no
-# preemptions, no evictions, a shorter run (or set the widget's budget to 1024 and press ▶):
+# The widget's picture stopped partway through the thrashing run; here are the healthy run's charts (shared prompts)
+# from start to end — no preemptions, no evictions, a shorter run (or set the widget's budget to 1024 and press ▶):
 
 # %%
 hp.static()
