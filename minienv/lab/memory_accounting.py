@@ -243,6 +243,10 @@ class RunningRequest:
     internal: int  # alloc - min(alloc, final length)
     start: int = -1  # chunk start address (contiguous schemes)
     blocks: list[int] = field(default_factory=list)  # block ids held in the real BlockPool (paged)
+    final: int = field(init=False)  # prompt + output: the length at which it finishes (read every step)
+
+    def __post_init__(self) -> None:
+        self.final = self.spec.total_len
 
     @property
     def generated(self) -> int:
@@ -251,7 +255,7 @@ class RunningRequest:
 
     @property
     def done(self) -> bool:
-        return self.length >= self.spec.total_len
+        return self.length >= self.final
 
 
 class _KVMemory:
@@ -320,13 +324,15 @@ class ContiguousMemory(_KVMemory):
         if spec.total_len > self.max_len:
             raise ValueError(f"request {spec.request_id} has {spec.total_len} tokens > max_len={self.max_len}")
         size = self.reservation(spec)
-        if self.space.block_size(size) > self.largest_chunk:
-            raise ValueError(f"request {spec.request_id} needs {self.space.block_size(size)} slots and can never "
+        occupied = self.space.block_size(size)
+        if occupied > self.largest_chunk:
+            raise ValueError(f"request {spec.request_id} needs {occupied} slots and can never "
                              f"fit in {self.kv_slots} ({self.scheme}, {self.allocator} allocation)")
-        start = self.space.allocate(size)
+        # (not enough free memory in total: no hole can hold it, and the allocator need not look)
+        start = self.space.allocate(size) if occupied <= self.space.free_slots else None
         if start is None:
             return None
-        self.slack += self.space.block_size(size) - size
+        self.slack += occupied - size
         r = RunningRequest(spec, spec.prompt_len + generated, size, size - spec.total_len, start)
         self._hold(r, +1)
         return r
@@ -391,7 +397,7 @@ class PagedMemory(_KVMemory):
             r.blocks += self.pool.allocate(1)
             r.alloc += self.block_size
             self.alloc += self.block_size
-            new_internal = max(0, r.alloc - r.spec.total_len)
+            new_internal = max(0, r.alloc - r.final)
             self.internal += new_internal - r.internal
             r.internal = new_internal
         r.length += 1
