@@ -33,12 +33,14 @@ lengths = [37, 120, 9, 300]  # tokens each request holds right now
 contiguous_slots = MAX_LEN * len(lengths)  # each request reserved max_len up front
 paged_slots = sum(-(-n // B) * B for n in lengths)  # ceil(n / B) blocks each
 print(f"tokens held:            {sum(lengths)}")
-print(f"contiguous reservation: {contiguous_slots} slots -> {sum(lengths) / contiguous_slots:.1%} hold token states")
+print(f"contiguous reservation: {len(lengths)} x {MAX_LEN} = {contiguous_slots} slots -> "
+      f"{sum(lengths) / contiguous_slots:.1%} hold token states")
 print(f"paged, block size {B}:  {paged_slots} slots -> {sum(lengths) / paged_slots:.1%} hold token states")
 print(f"worst case per request in the last block: {B - 1} wasted slots")
 
 # %% [markdown]
-# Reserving 1024 slots each, 11.4 %<!--out--> of the slots hold token states; with blocks of 16, 94.0 %<!--out-->.
+# Reserving 1024<!--out--> slots each, 11.4 %<!--out--> of the slots hold token states; with blocks of 16<!--out-->,
+# 94.0 %<!--out-->.
 # The contiguous scheme does not know how long a request will get, so it must reserve for the worst case; the
 # paged scheme takes one block at a time, as the request grows. The price is that a request's K/V is no longer
 # contiguous: attention must find token `t`'s K and V wherever its block landed.
@@ -79,7 +81,8 @@ print("A's slots:", slots.tolist())
 
 # %% [markdown]
 # Token 5 of A is in logical block `5 // 4 = 1`, at offset `5 % 4 = 1`; logical block 1 is physical block
-# `table[1]`, whose slots start at `table[1] * 4`. Now put K vectors into a toy pool through those slots, and read
+# `table[1]`, here block 2<!--out-->, whose slots start at `table[1] * 4` = 8<!--out-->: token 5 is slot 9<!--out-->,
+# the sixth of A's slots above. Now put K vectors into a toy pool through those slots, and read
 # them back through the same table: one `np.take` of **whole blocks**, in logical order, gives back the
 # contiguous K — which is all attention needs.
 
@@ -226,6 +229,8 @@ demo
 stepper.go_to(4)  # admit + 3 decode steps; C finished in the last one
 assert {r: t.block_ids for r, t in demo_tables.items()} == {"A": [0, 1], "B": [2, 6]}
 assert queue.items == tuple(demo_pool.free_block_ids()) == (7, 8, 9, 10, 11, 5, 4, 3)
+print(f"after step 4, C finished: A holds {demo_tables['A'].block_ids}, B {demo_tables['B'].block_ids}; "
+      f"free queue, head first: {list(queue.items)}")
 stepper.run()
 assert stepper.done and demo_tables == {} and demo_pool.num_free_blocks == DEMO_BLOCKS
 for step, req, t, new_block in events:
@@ -238,8 +243,9 @@ print("tokens decoded:", len(events), "| new blocks taken:", len(boundary), "| a
 print("free queue at the end, head first:", list(queue.items))
 
 # %% [markdown]
-# C finished at step 4 and its blocks went to the **tail** of the free queue, last block first (`5, 4, 3`), so
-# A's and B's next blocks (7, 8, 9, 10, 11) came from the head — the freed blocks are reused last. That order is
+# The 27<!--out--> decoded tokens took 7<!--out--> new blocks, each at a block boundary and nowhere else. C finished at
+# step 4<!--out--> and its blocks went to the **tail** of the free queue, last block first (`5, 4, 3`), so A's and
+# B's next blocks (`7, 8, 9, 10, 11`) came from the head — the freed blocks are reused last. That order is
 # what notebook 06 turns into an LRU cache. For readers without a kernel, the state after step 8 as static
 # pictures:
 
@@ -256,8 +262,10 @@ assert queue.items == tuple(demo_pool.free_block_ids())
 # %% [markdown]
 # ## The slot-mapping arithmetic, worked through
 #
-# At step 8 A holds the blocks drawn above. Every new K/V vector the model computes is written at its token's
-# slot; the backend computes all slots of a step in one vectorized expression.
+# At step 8 A holds 12<!--out--> tokens in the blocks drawn above. Every new K/V vector the model computes is written
+# at its token's slot: token 9, say, is offset `9 % 4 = 1` of logical block `9 // 4 = 2`, which is physical block
+# 7<!--out-->, so its slot is `7 * 4 + 1` = 29<!--out-->. The backend computes all slots of a step in one vectorized
+# expression.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -474,7 +482,8 @@ for k in KERNELS:
 # The numpy line is the gather's price: the copy of every block before the attention. The numba line is the walk's:
 # no copy, but loops over 16-key blocks instead of one large matmul — so at 512 keys it still trails the dense
 # kernel (`bench_paged.py`, batch 8 and 32: 1.2–1.5× the strongest dense numpy variant). It pays off with longer
-# contexts: at batch 8 and 32 × 2048 keys the walk measured 0.90–1.10×, the gather 4.2–5.7× (`docs/BENCHMARKS.md`).
+# contexts: at batch 8 and 32 × 2048 keys the walk measured 0.90–1.10×, while the gather measured 2.5–5.7× over
+# 512 and 2048 keys (`docs/BENCHMARKS.md`, the three-pass walk's runs).
 #
 # On a GPU the paper's kernel reads the blocks in place (no copy) and was 20–26 % slower than FasterTransformer's
 # contiguous kernel; the memory it saves lets the batch grow 2–4×, which is where the throughput comes from.
