@@ -18,8 +18,9 @@
 #
 # In the paper's setup (OPT-13B on one A100-40GB), one token's K and V for all 40 layers take
 # `2 × 40 layers × 5120 hidden × 2 bytes = 800 KiB`, and 12 GiB are left for the KV cache after the weights:
-# about **15.7 K token slots**. A system that reserves room for the longest possible sequence (2048 tokens)
-# fits only 7<!--out--> requests at a time — while a typical ShareGPT conversation needs about 500 slots.
+# **15,728<!--out--> token slots** (about 15.7 K). A system that reserves room for the longest possible sequence
+# (2048 tokens) fits only 7<!--out--> requests at a time — while a typical ShareGPT conversation needs about 500
+# slots.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -273,8 +274,9 @@ for s in SCHEMES[:3]:  # every contiguous scheme within 5 points of the paper's 
 #
 # * **The workload.** Our lengths are synthetic log-normals with the paper's *means*; the real ShareGPT trace
 #   has its own shape (the paper shows histograms, Fig. 11). The sample we drew also has a lower prompt mean
-#   (149<!--out:above--> vs 161<!--out:above-->) because a sigma-1 log-normal's mean is carried by rare long prompts. Longer requests fill
-#   more of a 2048-slot reservation, so the Max bar moves with the tail of the distribution.
+#   (149<!--out:above--> vs 161<!--out:above-->) because a sigma-1 log-normal's mean is carried by rare long
+#   prompts. Longer requests fill more of a 2048-slot reservation, so the Max bar moves with the tail of the
+#   distribution.
 # * **Arrivals and what "average" means.** The paper ran a one-hour trace with Poisson arrivals at a fixed
 #   request rate and averaged over the run; we put all requests at t = 0 and average until the last admission,
 #   so every scheme runs with its memory full. With Poisson arrivals (below) the contiguous bars barely move,
@@ -291,8 +293,9 @@ for s in SCHEMES[:3]:  # every contiguous scheme within 5 points of the paper's 
 #   `minienv/lab/memory_accounting.py`. For vLLM the paper shows 3.7 % "reservation + internal fragmentation"
 #   unsplit. We split it: while a request is growing, the empty tail of its last block *will* be filled, so it
 #   is reservation; only the tail of its final block is internal fragmentation (≈ 0 %).
-# * **vLLM's small purple slice.** Our paged run leaves ~1 % of the blocks free while requests wait: the 1 %
-#   admission watermark (vLLM v0's default) and the step after a preemption, in which vLLM admits nobody.
+# * **vLLM's small purple slice.** Our paged run leaves ~1.4 %<!--out:above--> of the memory free while requests
+#   wait: the 1 % admission watermark (vLLM v0's default) and the step after a preemption, in which vLLM admits
+#   nobody.
 #   The paper's vLLM bar shows no external fragmentation.
 
 # %%
@@ -306,9 +309,10 @@ for s in SCHEMES[:3]:  # the same loop; only the allocator that places the chunk
           f"{PAPER_FIGURE2[s]['token_states']:>8.1f}   {holes[s]:.0%} of waiting steps")
 
 # %% [markdown]
-# With first fit (no power-of-two rounding) Pow2 and Oracle keep more token states, but still under half the
-# memory — and most of the time a request waits, the total free memory *would* hold it, only no single hole
-# does: that is external fragmentation in its purest form. Max is unchanged: its chunks are all 2048 slots.
+# With first fit (no power-of-two rounding) Pow2 and Oracle keep more token states — 39.3 %<!--out--> and
+# 50.0 %<!--out-->, still no more than half the memory — and most of the time a request waits (89 %<!--out--> and
+# 93 %<!--out--> of those steps), the total free memory *would* hold it, only no single hole does: that is external
+# fragmentation in its purest form. Max is unchanged: its chunks are all 2048 slots.
 
 # %%
 assert all(first_fit[s].percent()["token_states"] >= pct[s]["token_states"] - 0.5 for s in SCHEMES[:3])
@@ -323,7 +327,7 @@ assert holes["orca_oracle"] > 0.5
 # contiguous schemes are still starved for memory, so their bars barely move. Paging is not: it serves the
 # whole load with memory to spare, and that spare memory is **free** (idle, nobody waiting), not waste. The
 # paper's vLLM bar has no such part, so either their measurement kept vLLM's memory full or it left idle memory
-# out; leaving it out (the last column) gives the same ~97-98 % as before.
+# out; leaving it out (the last line) gives 98.1 %<!--out--> token states, as high as before.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -442,7 +446,8 @@ assert [round(sweep[b]["token_states"], 6) for b in BLOCK_SIZES] == sorted(
 
 # %% [markdown]
 # vLLM's default of 16 is a compromise: block size 1 would waste nothing but makes every attention read a
-# scatter-gather of single tokens; 256 wastes ~20 % of the memory on tails.
+# scatter-gather of single tokens; 256 leaves only 77.71 %<!--out--> of the memory to token states, its tails holding
+# 16.36 %<!--out--> reservation and 4.68 %<!--out--> internal fragmentation.
 #
 # ## Exercises
 #
