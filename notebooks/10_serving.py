@@ -59,7 +59,7 @@ print(f"{len(TRAFFIC)} requests; scene prompts of {[len(tokenizer.encode(s)) for
 # %% [markdown]
 # ## The problem, with a number
 #
-# The 32 requests above share four scene headings — four system prompts. Served by **one** engine, each heading
+# The 32<!--out--> requests above share four scene headings — four system prompts. Served by **one** engine, each heading
 # is computed once and then served from the prefix cache. Now add instances to serve more traffic, and put a
 # **round-robin** balancer in front: request *i* goes to instance *i* mod N. Here it is in this process, with N
 # engines side by side, each with the same ample KV budget (nothing is ever evicted):
@@ -199,9 +199,11 @@ assert final.finish_reason == "length" and final.ttft_s > 0
 # different engine.
 #
 # What the transport costs depends on the model. The toy's decode step lasts about 2 ms, the size of a message's
-# cost, so serving shows; SmolLM2-135M-Instruct's step lasts ~100 ms on this CPU, and `benchmarks/bench_real_model.py`
-# measured one request over gRPC at 1.09× and over HTTP at 0.98× the in-process tokens/s (paired rounds, a shared
-# 2-core machine): on a real model the transport is lost in the noise (notebook 15).
+# cost, so serving shows (`benchmarks/bench_serving.py`: 45 % fewer tokens/s over gRPC than in process).
+# SmolLM2-135M-Instruct's step reads 538<!--out:15--> MB of weights and lasts tens of milliseconds on this CPU
+# (notebook 15 times one), and `benchmarks/bench_real_model.py` measured one request over gRPC at 0.96–1.09× and
+# over HTTP at 0.98–1.19× the in-process tokens/s (three runs of paired rounds on a shared 2-core machine,
+# `docs/BENCHMARKS.md`): on a real model the transport is lost in the noise.
 #
 # ## minienv's client
 #
@@ -460,15 +462,18 @@ for n in (1, 2, 4):
     print(f"{n} instance{'s' if n > 1 else ' '}: round robin {in_process[n]:.1%}, prefix-aware {routed[n]:.1%}")
 print("the scenes' home instances among 2:", [home_instance(tokenizer.encode(s), 2) for s in SCENES],
       "among 4:", [home_instance(tokenizer.encode(s), 4) for s in SCENES])
+on_zero = [home_instance(tokenizer.encode(p), 2) == 0 for p in TRAFFIC]
+print(f"instance 0 of 2 is home to {sum(home_instance(tokenizer.encode(s), 2) == 0 for s in SCENES)} of "
+      f"{len(SCENES)} scenes and serves {sum(on_zero)} of {len(TRAFFIC)} requests ({sum(on_zero) / len(TRAFFIC):.0%})")
 
 # %%
 assert routed[1] == routed[2] == routed[4] == in_process[1]  # every N gets one engine's hit rate back
 
 # %% [markdown]
 # With the router, the hit rate no longer depends on the number of instances: each scene heading is computed once
-# in the whole fleet. Note the price, though — the hash put three of the four scenes on instance 0 of 2: that
-# instance serves three quarters of the traffic. A real router gives way when the home instance is overloaded
-# (exercise 2 below).
+# in the whole fleet. Note the price, though — the hash put 3<!--out:above--> of the 4 scenes on instance 0 of 2:
+# that instance serves 24<!--out:above--> of the 32 requests, 75 %<!--out:above--> of the traffic. A real router
+# gives way when the home instance is overloaded (exercise 2 below).
 #
 # ## Two servers: gRPC's round robin vs minienv's prefix router
 #
@@ -526,7 +531,7 @@ print("each scene's instance(s):", {scene: [pa_cluster.addresses.index(a) for a 
 # Every scene has one home. Which instance that is depends on the addresses — free ports, different in every run
 # — so the split between the two servers changes from run to run, and can be all four scenes on one server: the
 # balance problem of the cell above at its worst. One request at a time, no instance is ever overloaded, so the
-# router never gives way here.
+# router never gives way here: all 32<!--out--> of its decisions sent a request to its prefix's home.
 #
 # The fleet's hit rate after each request, for both policies, beside the in-process sweep over 1, 2 and 4
 # instances:
@@ -572,6 +577,8 @@ assert all(len(h) == 1 for h in homes.values())  # every scene had exactly one h
 assert all(len({a for (a, _, _), (sc, _) in zip(rr, REQUESTS) if sc == scene}) == 2 for scene in range(4))  # RR: two
 
 # %% [markdown]
+# Over the wire, the prefix router got one engine's hit rate back (65.3 %<!--out-->); round robin did not.
+#
 # Why rendezvous hashing and not `mod N`: add a fifth instance to four, and `mod N` sends most prefixes to a new
 # home — whose cache does not have them — while rendezvous hashing moves only the prefixes the new instance wins,
 # about one in five:
