@@ -25,8 +25,11 @@ Why every request finishes: the oldest running request can always get its block 
 cached-free or held by a younger, preemptible request, and the engine refuses a request that could not fit the
 budget alone), so the oldest finishes, and by induction all do.
 
-Invariants (``check_invariants``): a running request holds KV with ``num_computed_tokens`` equal to the manager's;
-a waiting one holds none; ``len(running) <= max_num_seqs``; a step schedules ``<= max_num_batched_tokens`` tokens.
+State is owned once: a request's tokens and ``num_computed_tokens`` live in its :class:`~minienv.request.Request`
+(the scheduler advances them; the manager reads them), the block tables in the manager.
+
+Invariants (``check_invariants``): between steps a running request holds exactly ``num_computed_tokens`` reserved
+KV slots; a waiting one holds none; ``len(running) <= max_num_seqs``; a step schedules ``<= max_num_batched_tokens`` tokens.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class ScheduledRequest:
     is_new: bool = False  # admitted (or re-admitted after preemption) in this step
     is_resume: bool = False  # re-admitted after a preemption
     num_cached_tokens: int = 0
+    #: the step's input tokens for this request, taken from the request (``all_token_ids`` slice + its drafts)
     token_ids: tuple[int, ...] = field(default=(), repr=False)
     #: copy-on-write copies ``(src, dst)`` the KV pool's owner applies before this step writes
     blocks_to_copy: tuple[tuple[int, int], ...] = field(default=(), repr=False)
@@ -230,7 +234,7 @@ class Scheduler:
                     i += 1
                     continue
             start = req.num_computed_tokens
-            while (alloc := self.kv.append_slots(req.request_id, req.all_token_ids[start:start + n] + spec)) is None:
+            while (alloc := self.kv.append_slots(req, n + len(spec))) is None:
                 if spec:  # no room for the drafts: decode plainly before anyone is preempted
                     spec = []
                     continue
@@ -248,7 +252,7 @@ class Scheduler:
             if alloc is None:
                 continue  # req preempted itself; running[i] is now the next one
             budget -= n + len(spec)
-            out.scheduled.append(self._scheduled(req, alloc, n, start, num_spec=len(spec)))
+            out.scheduled.append(self._scheduled(req, alloc, n, start, spec))
             i += 1
         return budget
 
@@ -281,7 +285,7 @@ class Scheduler:
             # persistent KV tier: blocks beyond the local hit, read and verified (0 without a tier)
             ext = self.kv_tier.prepare(req.request_id, tokens, hit) if self.kv_tier is not None else 0
             n = min(len(tokens) - hit - ext, budget)
-            alloc = self.kv.allocate(req.request_id, tokens, num_new_tokens=ext + n)
+            alloc = self.kv.allocate(req, ext + n)
             if alloc is None:
                 if self._reclaim():
                     continue
@@ -309,13 +313,17 @@ class Scheduler:
         return False
 
     @staticmethod
-    def _scheduled(req: Request, alloc: SlotAllocation, n: int, start: int, *, is_new: bool = False,
-                   is_resume: bool = False, num_spec: int = 0) -> ScheduledRequest:
+    def _scheduled(req: Request, alloc: SlotAllocation, n: int, start: int, spec: list[int] = [], *,  # noqa: B006
+                   is_new: bool = False, is_resume: bool = False) -> ScheduledRequest:
+        """The step's part for ``req``: its ``n`` tokens from ``start`` (read from the request) and its drafts."""
         samples = start + n == req.num_tokens
         decode = n == 1 and samples and start >= req.num_prompt_tokens and not is_new
-        return ScheduledRequest(req.request_id, "decode" if decode else "prefill", n + num_spec, start, samples,
-                                is_new, is_resume, alloc.num_cached_tokens, alloc.token_ids,
-                                alloc.blocks_to_copy, num_spec)
+        tokens = req.all_token_ids[start:start + n]
+        if spec:
+            tokens += spec
+        return ScheduledRequest(req.request_id, "decode" if decode else "prefill", n + len(spec), start, samples,
+                                is_new, is_resume, alloc.num_cached_tokens, tuple(tokens),
+                                alloc.blocks_to_copy, len(spec))
 
     def _preempt(self, req: Request) -> None:
         """Free the request's KV (full blocks stay cached-free) and put it at the front of the waiting queue."""
@@ -329,30 +337,23 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def update_from_output(self, output: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> None:
-        """After the model step the scheduled tokens' K/V exist: commit them (full blocks become findable).
+        """After the model step the scheduled tokens' K/V exist: advance each request's ``num_computed_tokens``
+        and commit it (its full computed blocks become findable).
 
         ``num_rejected[id]`` drafts at the end of a speculative decode were rejected: their slots are truncated
-        *before* the commit, so only verified tokens are ever hashed into the prefix cache.
+        and they are not counted computed, so only verified tokens are ever hashed into the prefix cache.
         """
+        requests, kv = self.requests, self.kv
         for s in output.scheduled:
-            rejected = num_rejected.get(s.request_id, 0) if num_rejected else 0
-            if rejected:
-                self.kv.truncate(s.request_id, s.num_computed_tokens + s.num_new_tokens - rejected)
-            self.kv.commit(s.request_id)
-        self._commit(output.scheduled, num_rejected)
-
-    def _commit(self, scheduled: list[ScheduledRequest], num_rejected: dict[str, int] | None = None) -> None:
-        """The scheduler's side of a step's commits (the manager's are done): each request's computed tokens, its
-        rejected drafts not counted."""
-        requests = self.requests
-        for s in scheduled:
+            if s.kind == "padding":  # a finished static-batch member's discarded token: nothing to commit
+                continue
             req = requests[s.request_id]
-            n = s.num_new_tokens
-            req.num_computed_tokens = s.num_computed_tokens + n
-            req.metrics.num_computed_tokens_total += n
-        if num_rejected:
-            for rid, rejected in num_rejected.items():
-                requests[rid].num_computed_tokens -= rejected
+            rejected = num_rejected.get(s.request_id, 0) if num_rejected else 0
+            req.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens - rejected
+            if rejected:
+                kv.truncate(s.request_id, req.num_computed_tokens)
+            req.metrics.num_computed_tokens_total += s.num_new_tokens
+            kv.commit(req)
 
     # ------------------------------------------------------------------ leaving
     def finish_request(self, request_id: str, reason: FinishReason | None = None) -> Request:
@@ -376,8 +377,7 @@ class Scheduler:
         assert sorted(ids) == sorted(self.requests), "queues and the request map disagree"
         for r in self.running:
             assert r.status is RequestStatus.RUNNING
-            kv = self.kv.request(r.request_id)
-            assert kv.num_computed_tokens == r.num_computed_tokens == kv.num_tokens, r.request_id
+            assert self.kv.request(r.request_id).num_tokens == r.num_computed_tokens, r.request_id
             r.check()
         for r in self.waiting:
             assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -412,7 +412,7 @@ class StaticBatchScheduler(Scheduler):
         self.max_position = max_position  # a padding slot never feeds a position >= this (the model's limit)
         self._batch: set[str] = set()  # the current batch's unfinished members
         self._batch_before: frozenset[str] = frozenset()  # the batch before the latest plan (for rollback)
-        self._padding: dict[str, int] = {}  # padding slot -> the token it keeps feeding
+        self._padding: dict[str, Request] = {}  # padding slot -> its finished request (it feeds its last token)
         self.num_padding_tokens = 0
 
     @property
@@ -449,17 +449,17 @@ class StaticBatchScheduler(Scheduler):
 
     def _schedule_padding(self, out: SchedulerOutput, budget: int) -> None:
         """Every padding slot computes one discarded token, after the live work, while the budget lasts."""
-        for rid, token in list(self._padding.items()):
+        for rid, req in list(self._padding.items()):
             if budget < 1:
                 break
             pos = self.kv.request(rid).num_tokens
             past_end = self.max_position is not None and pos >= self.max_position
-            alloc = None if past_end else self.kv.append_slots(rid, [token])
+            alloc = None if past_end else self.kv.append_slots(req, 1)
             if alloc is None:  # padding never takes memory from live work
                 self._release_padding(rid)
                 continue
             budget -= 1
-            out.scheduled.append(ScheduledRequest(rid, "padding", 1, pos, False, token_ids=alloc.token_ids,
+            out.scheduled.append(ScheduledRequest(rid, "padding", 1, pos, False, token_ids=(req.all_token_ids[-1],),
                                                   blocks_to_copy=alloc.blocks_to_copy))
 
     def _may_admit(self, req: Request) -> bool:
@@ -468,12 +468,9 @@ class StaticBatchScheduler(Scheduler):
     def _reclaim(self) -> bool:
         return self._release_padding()
 
-    def _commit(self, scheduled: list[ScheduledRequest], num_rejected: dict[str, int] | None = None) -> None:
-        padding = [s for s in scheduled if s.kind == "padding"]
-        if padding:  # finished members' discarded tokens: counted, nothing to commit for a request
-            self.num_padding_tokens += sum(s.num_new_tokens for s in padding)
-            scheduled = [s for s in scheduled if s.kind != "padding"]
-        super()._commit(scheduled, num_rejected)
+    def update_from_output(self, output: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> None:
+        self.num_padding_tokens += output.num_padding_tokens  # finished members' discarded tokens: counted only
+        super().update_from_output(output, num_rejected)
 
     def finish_request(self, request_id: str, reason: FinishReason | None = None) -> Request:
         """A member that ends naturally while others of its batch run becomes a padding slot (an abort or an error
@@ -489,7 +486,7 @@ class StaticBatchScheduler(Scheduler):
         rid = req.request_id
         if (self.static_padding and reason not in ("abort", "error") and rid in self._batch
                 and len(self._batch) > 1 and req.all_token_ids):
-            self._padding[rid] = int(req.all_token_ids[-1])
+            self._padding[rid] = req
         else:
             super()._free_finished(req, reason)
 

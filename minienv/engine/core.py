@@ -464,7 +464,7 @@ class InferenceEngine:
             emitted, errors, rejected = self._verify(sampling, reqs, num_logits, logits)
         self.scheduler.update_from_output(plan, rejected)  # rejected drafts are truncated before the commit
         if self.kv_tier is not None:  # newly full, committed (verified) blocks go to the persistent tier
-            self.kv_tier.save_committed(plan, self.kv_cache_manager)
+            self.kv_tier.save_committed(plan, self.kv_cache_manager, self.scheduler.requests)
         c = self.counters
         c.computed_tokens += num_tokens
         for s in plan.scheduled if plan.admitted else ():  # is_new: exactly the requests admitted in this step

@@ -35,14 +35,15 @@ class PrefixHit:
 
 @dataclass(slots=True)  # one per request per step: a plain record (a frozen __init__ costs twice as much)
 class SlotAllocation:
-    """The blocks reserved for ``token_ids`` of one request, at positions ``start, start + 1, ...``: the table's
+    """The slots reserved for the next ``num_new_tokens`` tokens of one request, at positions ``start, start + 1,
+    ...`` (the tokens themselves stay in the request: a reservation carries counts and blocks only): the table's
     blocks from the first one they touch (``block_ids``, as they were when reserved), the blocks newly taken, the
     copy-on-write ``blocks_to_copy`` to apply first, and an admission's prefix hit. ``positions`` and
     ``slot_mapping`` are derived on request (the engine computes a step's slots from its block tables). A value
     handed to the caller: every field is a tuple or a number, and nothing changes it after it is made."""
 
     request_id: RequestId
-    token_ids: tuple[int, ...]
+    num_new_tokens: int
     start: int
     block_ids: tuple[int, ...]
     block_size: int
@@ -51,12 +52,8 @@ class SlotAllocation:
     num_cached_tokens: int = 0
 
     @property
-    def num_new_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
     def positions(self) -> np.ndarray:
-        return np.arange(self.start, self.start + len(self.token_ids), dtype=np.int64)
+        return np.arange(self.start, self.start + self.num_new_tokens, dtype=np.int64)
 
     @property
     def slot_mapping(self) -> np.ndarray:
@@ -69,7 +66,7 @@ class SlotAllocation:
     def without_first(self, num_tokens: int) -> "SlotAllocation":
         """The same reservation for all but its first ``num_tokens`` tokens (whose K/V came from elsewhere)."""
         b, start = self.block_size, self.start + num_tokens
-        return SlotAllocation(self.request_id, self.token_ids[num_tokens:], start,
+        return SlotAllocation(self.request_id, self.num_new_tokens - num_tokens, start,
                               self.block_ids[start // b - self.start // b:], b, self.new_block_ids,
                               self.blocks_to_copy, self.num_cached_tokens)
 
@@ -123,8 +120,37 @@ class KVEvent:
     src_block_id: int | None = None
 
 
+class KVRequestState(Protocol):
+    """What the manager reads of a request: its id, its tokens (prompt + output, as the caller appended them) and
+    how many of them have K/V (vLLM's ``Request.all_token_ids`` / ``num_computed_tokens``). The caller owns and
+    changes them; the manager never copies or writes them. minienv's engine passes its
+    :class:`~minienv.request.Request`; standalone code passes a :class:`KVRequest`."""
+
+    request_id: RequestId
+    all_token_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass(eq=False)
+class KVRequest:
+    """A request for driving a KV manager by hand (notebooks, tests, the draft model's cache, lab experiments).
+
+    The caller owns it: append a token to ``all_token_ids`` and ask the manager for its slot
+    (``append_slots(req, 1)``); once the step has computed the tokens, advance ``num_computed_tokens`` and
+    ``commit(req)``. The manager only reads it, so its tokens and progress exist once, here."""
+
+    request_id: RequestId
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
 class RequestBlocks(Protocol):
-    """A request's block table as the manager shows it: physical block ids in logical order."""
+    """A request's block table as the manager shows it: physical block ids in logical order, and the slots they
+    reserve (``num_tokens``: computed tokens plus those in flight in a step)."""
 
     block_ids: list[int]
     num_tokens: int
@@ -133,9 +159,12 @@ class RequestBlocks(Protocol):
 @runtime_checkable
 class KVManager(Protocol):
     """The contract the engine calls. A request's life: ``lookup`` -> ``allocate`` (the prefix hit + slots of the
-    first chunk) -> the step writes K/V -> ``commit`` -> ``append_slots`` -> ``commit`` ... -> ``free``; a step
-    that fails is undone with ``undo_allocate`` (an admission) or ``truncate`` (a running request), then
-    ``return_to_head`` with the blocks released."""
+    first chunk) -> the step writes K/V, the caller advances ``num_computed_tokens`` -> ``commit`` ->
+    ``append_slots`` -> ``commit`` ... -> ``free``; a step that fails is undone with ``undo_allocate`` (an
+    admission) or ``truncate`` (a running request), then ``return_to_head`` with the blocks released.
+
+    The calls that read a request's tokens or progress take the request (a :class:`KVRequestState`); the others
+    name it by id. The manager changes only its own state: block tables, reserved slots, hashes, counters."""
 
     block_size: int
     enable_prefix_caching: bool
@@ -149,15 +178,17 @@ class KVManager(Protocol):
     def lookup(self, token_ids: Sequence[int]) -> PrefixHit:
         """The longest cached run of full blocks of a prompt (never all of it), without taking or counting it."""
 
-    def allocate(self, request_id: RequestId, prompt_token_ids: Sequence[int], *,
-                 num_new_tokens: int | None = None) -> SlotAllocation | None:
-        """Admit: take the prefix hit, reserve slots for the next ``num_new_tokens`` tokens; None if no room."""
+    def allocate(self, request: KVRequestState, num_new_tokens: int | None = None) -> SlotAllocation | None:
+        """Admit: take the prefix hit of ``request.all_token_ids``, reserve slots for the next ``num_new_tokens``
+        tokens (default: all the rest); None if no room."""
 
-    def append_slots(self, request_id: RequestId, token_ids: Sequence[int]) -> SlotAllocation | None:
-        """Reserve slots for tokens appended to a running request (copy-on-write first); None if no room."""
+    def append_slots(self, request: KVRequestState, num_new_tokens: int) -> SlotAllocation | None:
+        """Reserve slots for the request's next ``num_new_tokens`` tokens (drafts included: counted, never read);
+        copy-on-write first; None if no room."""
 
-    def commit(self, request_id: RequestId) -> list[int]:
-        """The step computed every reserved token: full blocks become findable. Returns the blocks indexed."""
+    def commit(self, request: KVRequestState) -> list[int]:
+        """Full blocks among ``request.all_token_ids[:request.num_computed_tokens]`` become findable. Returns the
+        blocks indexed."""
 
     def truncate(self, request_id: RequestId, num_tokens: int) -> list[int]:
         """Roll a request back to its first ``num_tokens`` tokens; returns the blocks released, last first."""

@@ -4,7 +4,10 @@ of the K/V arrays (:class:`~minienv.kv.kv_pool.KVPool`) applies them.
 
 The pool is the budget: ``num_blocks`` bounds in-use *plus* cached-free blocks, so ``resident tokens <= budget``
 holds by construction. The prefix index maps the chain hash of a full block to the block. Each request's block
-table (:class:`RequestKV`, a :class:`~minienv.kv.block_table.BlockTable`) is owned here and only here.
+table (:class:`RequestKV`, a :class:`~minienv.kv.block_table.BlockTable`) is owned here and only here; the
+request's tokens and how many are computed are not: the manager reads them from the request object the caller
+passes (``request.all_token_ids``, ``request.num_computed_tokens``, as vLLM's ``KVCacheManager`` does) and keeps
+no copy.
 
 A block is ``FREE_EMPTY`` (refcount 0, in the free queue), ``CACHED_FREE`` (refcount 0, in the free queue *and*
 the index: K/V kept, evictable) or ``IN_USE`` (refcount >= 1; indexed if full and committed).
@@ -19,8 +22,9 @@ Invariants (``check_invariants``):
    eviction cuts a cached prefix from its tail, never from its middle;
 5. every table holds ``cdiv(num_tokens, block_size)`` blocks.
 
-A request's life: ``allocate`` (prefix hit + slots) -> the step writes K/V -> ``commit`` (full blocks indexed)
--> ``append_slots`` ... -> ``free``. ``allocate`` / ``append_slots`` return ``None`` when the free blocks do not
+A request's life: ``allocate(req)`` (prefix hit + slots) -> the step writes K/V, the caller advances
+``req.num_computed_tokens`` -> ``commit(req)`` (full computed blocks indexed) -> ``append_slots(req, n)`` ... ->
+``free(req.request_id)``. ``allocate`` / ``append_slots`` return ``None`` when the free blocks do not
 suffice (the scheduler preempts or waits); misuse raises before anything changes. This class implements the
 :class:`~minienv.kv.interface.KVManager` protocol, the seam the engine calls.
 """
@@ -38,7 +42,7 @@ from minienv.kv.block_table import BlockTable, cdiv
 from minienv.kv.errors import KVBudgetError, KVCacheError
 from minienv.kv.hashing import ROOT_HASH, BlockHash, block_key_encoder, hash_block_key
 from minienv.kv.kv_pool import num_blocks_for_budget
-from minienv.kv.interface import KVCacheStats, KVEvent, PrefixHit, SlotAllocation
+from minienv.kv.interface import KVCacheStats, KVEvent, KVRequestState, PrefixHit, SlotAllocation
 from minienv.kv.prefix_cache import CachedBlock, PrefixCacheStats, PrefixIndex
 
 RequestId = Hashable
@@ -71,15 +75,15 @@ class BlockState(enum.Enum):
 
 @dataclass
 class RequestKV(BlockTable):
-    """One request's block table, with what the prefix cache needs besides: its tokens and how far they are computed.
+    """One request's block table (``num_tokens``: the slots reserved), with what the prefix cache needs besides.
 
+    Only what the manager owns: the request's tokens and progress stay in the request object (read, never copied).
     ``block_hashes[j]`` is the chain hash of full, committed block ``j``; where that hash is indexed,
-    ``block_ids[j]`` *is* the indexed block. ``len(token_ids) == num_tokens``; ``num_computed_tokens <= num_tokens``.
+    ``block_ids[j]`` *is* the indexed block.
     """
 
     request_id: RequestId = None
-    token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
+    #: prompt tokens the admission took from the prefix cache (counted as hits; :meth:`KVCacheManager.undo_allocate`)
     num_cached_tokens: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
     #: the admission lookup's hash of block ``len(block_hashes)`` (a ``PrefixHit.miss``), used by the commit that
@@ -124,6 +128,11 @@ def check_token_ids(token_ids: object, what: str) -> list[int]:
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
             raise ValueError(f"{what} must hold non-negative int token ids, got {t!r}")
     return [int(t) for t in ids]
+
+
+def _not_a_request(obj: object, action: str) -> TypeError:
+    return TypeError(f"cannot {action} {obj!r}: pass the request object (with request_id, all_token_ids and "
+                     "num_computed_tokens, e.g. a minienv.kv.interface.KVRequest), not its id; nothing was changed")
 
 
 def _check_int(name: str, value: object, low: int, high: float = float("inf")) -> int:
@@ -241,8 +250,8 @@ class KVCacheManager:
         s = self.prefix_stats
         return (self.pool.snapshot(), tuple(b.block_hash for b in self.pool.blocks),
                 frozenset((e.block_hash, e.block_id) for e in self.index),
-                tuple((r.request_id, tuple(r.block_ids), tuple(r.token_ids), r.num_computed_tokens,
-                       r.num_cached_tokens, tuple(r.block_hashes)) for r in self._requests.values()),
+                tuple((r.request_id, tuple(r.block_ids), r.num_tokens, r.num_cached_tokens, tuple(r.block_hashes))
+                      for r in self._requests.values()),
                 (s.requests, s.queries, s.hits, s.evicted_blocks, s.evicted_tokens, self.cow_copies))
 
     # ------------------------------------------------------------------ prefix lookup
@@ -294,23 +303,35 @@ class KVCacheManager:
             block.ref_cnt += 1
             self._emit("hit", bid, request_id, block.block_hash)
 
-    def allocate(self, request_id: RequestId, prompt_token_ids: Sequence[int], *,
-                 num_new_tokens: int | None = None) -> SlotAllocation | None:
-        """Admit a request: take its cached prefix blocks and reserve slots for the next ``num_new_tokens`` tokens
-        (default: the rest of the prompt; later chunks come through :meth:`append_slots`).
+    def _table(self, request: KVRequestState, action: str) -> RequestKV:
+        try:
+            req = self._requests.get(request.request_id)
+        except AttributeError:
+            raise _not_a_request(request, action) from None
+        if req is None:
+            raise UnknownRequestError(request.request_id, action)
+        return req
+
+    def allocate(self, request: KVRequestState, num_new_tokens: int | None = None) -> SlotAllocation | None:
+        """Admit a request: take the cached prefix blocks of ``request.all_token_ids`` and reserve slots for the
+        next ``num_new_tokens`` tokens (default: all the rest; later chunks come through :meth:`append_slots`).
 
         Returns ``None``, changing nothing and counting nothing, if the blocks do not fit — cached-free hit blocks
-        count against the free ones, since taking them removes them from the free queue.
+        count against the free ones, since taking them removes them from the free queue. The request is only
+        read: its caller sets ``num_computed_tokens`` (to the hit, ``alloc.num_cached_tokens``) itself.
         """
+        if not hasattr(request, "request_id") or not hasattr(request, "all_token_ids"):
+            raise _not_a_request(request, "allocate")
+        request_id = request.request_id
         if request_id in self._requests:
             raise DuplicateRequestError(request_id)
-        prompt = check_token_ids(prompt_token_ids, "prompt_token_ids")
+        prompt = check_token_ids(request.all_token_ids, f"request {request_id!r}'s all_token_ids")
         hit = self._lookup(prompt)
         remaining = len(prompt) - hit.num_cached_tokens
         if num_new_tokens is None:
             num_new_tokens = remaining
         if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) or not 1 <= num_new_tokens <= remaining:
-            raise ValueError(f"num_new_tokens must be an int in [1, {remaining}] (prompt of {len(prompt)} tokens, "
+            raise ValueError(f"num_new_tokens must be an int in [1, {remaining}] ({len(prompt)} tokens, "
                              f"{hit.num_cached_tokens} cached), got {num_new_tokens!r}")
         n_cached = hit.num_cached_tokens
         total = n_cached + num_new_tokens
@@ -322,8 +343,8 @@ class KVCacheManager:
         if hit.block_ids:
             self._touch(hit.block_ids, request_id)  # first: the allocation below must not evict a block just hit
         new_ids = self._take_free_blocks(num_new_blocks, request_id)
-        req = RequestKV(self.block_size, list(hit.block_ids) + new_ids, total, request_id, prompt[:total],
-                        n_cached, n_cached, list(hit.block_hashes), hit.miss, len(prompt))
+        req = RequestKV(self.block_size, list(hit.block_ids) + new_ids, total, request_id, n_cached,
+                        list(hit.block_hashes), hit.miss, len(prompt))
         self._requests[request_id] = req
         s = self.prefix_stats
         s.requests, s.queries, s.hits = s.requests + 1, s.queries + len(prompt), s.hits + n_cached
@@ -339,23 +360,25 @@ class KVCacheManager:
         s.requests, s.queries, s.hits = s.requests - 1, s.queries - req.num_queried_tokens, s.hits - req.num_cached_tokens
         return self.free(request_id)
 
-    def append_slots(self, request_id: RequestId, token_ids: Sequence[int]) -> SlotAllocation | None:
-        """Reserve slots for ``token_ids`` appended to a request (a decode token, or the next prefill chunk).
+    def append_slots(self, request: KVRequestState, num_new_tokens: int) -> SlotAllocation | None:
+        """Reserve slots for the request's next ``num_new_tokens`` tokens (a decode token, the next prefill chunk,
+        speculative drafts: counted, never read — only computed tokens of ``request.all_token_ids`` are hashed).
 
         **Copy-on-write**: if the first new token lands in a not-full last block that is shared (refcount > 1, after
         a fork) or indexed (after :meth:`truncate`; an indexed block is immutable), the request first gets a private
         copy: a new block, ``(old, new)`` in ``blocks_to_copy``, one reference moved. A full shared block is never
         written again, so it is not copied. ``None`` (nothing changed) if the blocks do not fit.
         """
-        req = self._requests.get(request_id)
-        if req is None:
-            raise UnknownRequestError(request_id, "append slots to")
-        new_tokens = check_token_ids(token_ids, "token_ids")
+        req = self._table(request, "append slots to")
+        request_id = req.request_id
+        if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) or num_new_tokens < 1:
+            raise ValueError(f"num_new_tokens must be a positive int (the slots to reserve), got {num_new_tokens!r}"
+                             "; nothing was changed")
         start = req.num_tokens
         last = self.pool.blocks[req.block_ids[-1]] if req.block_ids else None
         needs_cow = start % self.block_size != 0 and last is not None and (
             last.ref_cnt > 1 or last.block_hash is not None)
-        num_new_blocks = req.blocks_needed(len(new_tokens))
+        num_new_blocks = req.blocks_needed(num_new_tokens)
         if num_new_blocks + needs_cow > self.pool.num_free_blocks:
             return None
         # --- validated; nothing below can fail
@@ -372,43 +395,50 @@ class KVCacheManager:
             self._emit("cow", private, request_id, None, last.block_id)
         new_ids = self._take_free_blocks(num_new_blocks, request_id)
         req.block_ids.extend(new_ids)
-        req.token_ids.extend(new_tokens)
-        req.num_tokens = len(req.token_ids)  # invariant 5 again
+        req.num_tokens = start + num_new_tokens  # invariant 5 again
         return self._slots(req, start, new_ids, copies, 0)
 
     @staticmethod
     def _slots(req: RequestKV, start: int, new_ids: list[int], copies: tuple, n_cached: int) -> SlotAllocation:
-        return SlotAllocation(req.request_id, tuple(req.token_ids[start:]), start,
+        return SlotAllocation(req.request_id, req.num_tokens - start, start,
                               tuple(req.block_ids[start // req.block_size:]), req.block_size, tuple(new_ids), copies,
                               n_cached)
 
     # ------------------------------------------------------------------ commit: computed blocks become findable
-    def commit(self, request_id: RequestId) -> list[int]:
-        """Mark every reserved token of the request computed (the step wrote its K/V) and index newly full blocks;
-        return the ids newly indexed.
+    def commit(self, request: KVRequestState) -> list[int]:
+        """Index the newly full blocks among ``request.all_token_ids[:request.num_computed_tokens]`` (the caller
+        advanced ``num_computed_tokens`` once the step wrote their K/V); return the ids newly indexed. Computed
+        tokens not yet in ``all_token_ids`` (accepted drafts the caller appends after the commit) are indexed by
+        the next commit, as vLLM caches ``min(computed, num_tokens)``.
 
         Only now: indexed at allocation, a block could be "hit" by another request in the same step before its K/V
         exist. If a newly full block's hash is already indexed under another block (two requests computed the same
         prefix at once), the request switches to the indexed block and frees its duplicate: one block per hash, and
         every chain a request holds is the indexed chain, which keeps invariant 4.
         """
-        req = self._requests.get(request_id)
-        if req is None:
-            raise UnknownRequestError(request_id, "commit")
-        req.num_computed_tokens = req.num_tokens
+        req = self._table(request, "commit")
+        computed = request.num_computed_tokens
+        if isinstance(computed, bool) or not isinstance(computed, int) or not 0 <= computed <= req.num_tokens:
+            raise ValueError(f"request {req.request_id!r} has num_computed_tokens={computed!r}, but the manager "
+                             f"reserved {req.num_tokens} slots for it: a token is computed only in a slot reserved "
+                             "by allocate / append_slots; nothing was changed")
         # NOTE: the fast exit of every decode step: hashing happens only when a block has filled since the last
         # commit (the loop of _index_full_blocks would run zero times).
-        if not self.enable_prefix_caching or req.num_tokens // self.block_size <= len(req.block_hashes):
+        token_ids = request.all_token_ids
+        n_full = min(computed, len(token_ids)) // self.block_size
+        if not self.enable_prefix_caching or n_full <= len(req.block_hashes):
             return []
-        return self._index_full_blocks(req)
+        B = self.block_size
+        check_token_ids(token_ids[len(req.block_hashes) * B:n_full * B], f"request {req.request_id!r}'s all_token_ids")
+        return self._index_full_blocks(req, token_ids, n_full)
 
-    def _index_full_blocks(self, req: RequestKV) -> list[int]:
-        """Index the request's computed full blocks not yet hashed (the body of :meth:`commit`)."""
-        request_id, token_ids, block_ids, hashes = req.request_id, req.token_ids, req.block_ids, req.block_hashes
+    def _index_full_blocks(self, req: RequestKV, token_ids: Sequence[int], n_full: int) -> list[int]:
+        """Index the request's first ``n_full`` blocks not yet hashed (the body of :meth:`commit`)."""
+        request_id, block_ids, hashes = req.request_id, req.block_ids, req.block_hashes
         B, blocks, extra, index, indexed = self.block_size, self.pool.blocks, self.extra_key, self.index, []
         pending, req.pending_hash = req.pending_hash, None
         encode = block_key_encoder(B, extra)
-        for j in range(len(hashes), req.num_computed_tokens // B):
+        for j in range(len(hashes), n_full):
             parent = hashes[j - 1] if j else ROOT_HASH
             if j and blocks[block_ids[j - 1]].block_hash != parent:
                 break  # the parent is not the indexed block (a collision left it out): the chain stops here
@@ -438,28 +468,28 @@ class KVCacheManager:
             hashes.append(block_hash)
         return indexed
 
-    def fork(self, parent_id: RequestId, child_ids: Sequence[RequestId]) -> list[int]:
+    def fork(self, parent: KVRequestState, child_ids: Sequence[RequestId]) -> list[int]:
         """Children sharing every block of ``parent_id`` (parallel sampling, beams); returns the shared block ids.
 
         Each refcount goes up by exactly the number of children (invariant 1). Nothing is copied now: the first
-        write into a shared, not-full last block copies it (:meth:`append_slots`). The parent must be committed.
+        write into a shared, not-full last block copies it (:meth:`append_slots`). The parent must be computed
+        (``parent.num_computed_tokens`` equal to its reserved slots); each child's caller gives it its own request
+        object (a copy of the parent's tokens and progress).
         """
-        parent = self._requests.get(parent_id)
-        if parent is None:
-            raise UnknownRequestError(parent_id, "fork")
+        parent_id, computed = parent.request_id, parent.num_computed_tokens
+        parent = self._table(parent, "fork")
         children = list(child_ids)
         if not children or len(set(children)) != len(children):
             raise ValueError(f"fork needs at least one child id, all distinct, got {children!r}")
         for cid in children:
             if cid in self._requests:
                 raise DuplicateRequestError(cid)
-        if parent.num_computed_tokens != parent.num_tokens:
-            raise ValueError(f"request {parent_id!r} has {parent.num_tokens - parent.num_computed_tokens} reserved "
-                             "tokens not yet committed; fork after the step that computes them (commit)")
+        if computed != parent.num_tokens:
+            raise ValueError(f"request {parent_id!r} has {parent.num_tokens} reserved slots but "
+                             f"num_computed_tokens={computed!r}; fork after the step that computes them (commit)")
         for cid in children:
             self.pool.incref(parent.block_ids)
             self._requests[cid] = RequestKV(self.block_size, list(parent.block_ids), parent.num_tokens, cid,
-                                            list(parent.token_ids), parent.num_computed_tokens,
                                             parent.num_cached_tokens, list(parent.block_hashes))
         return list(parent.block_ids)
 
@@ -498,10 +528,9 @@ class KVCacheManager:
         keep = cdiv(num_tokens, self.block_size)
         dropped = req.block_ids[keep:][::-1]
         self._release(dropped, request_id)
-        del req.block_ids[keep:], req.token_ids[num_tokens:], req.block_hashes[num_tokens // self.block_size:]
+        del req.block_ids[keep:], req.block_hashes[num_tokens // self.block_size:]
         req.pending_hash = None
         req.num_tokens = num_tokens
-        req.num_computed_tokens = min(req.num_computed_tokens, num_tokens)
         req.num_cached_tokens = min(req.num_cached_tokens, num_tokens)
         return dropped
 
@@ -533,9 +562,8 @@ class KVCacheManager:
         pool.check_invariants()
         holders = [0] * pool.num_blocks
         for req in self._requests.values():
-            assert len(req.block_ids) == cdiv(req.num_tokens, self.block_size) and \
-                len(req.token_ids) == req.num_tokens, f"{req.request_id}: table size"
-            assert 0 <= req.num_computed_tokens <= req.num_tokens
+            assert len(req.block_ids) == cdiv(req.num_tokens, self.block_size), f"{req.request_id}: table size"
+            assert len(req.block_hashes) <= req.num_tokens // self.block_size, f"{req.request_id}: hashes"
             for bid in req.block_ids:
                 holders[bid] += 1
         indexed = {e.block_id: e for e in self.index}

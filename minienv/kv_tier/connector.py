@@ -352,9 +352,11 @@ class KVTierConnector:
         self._chains.pop(request_id, None)
 
     # ------------------------------------------------------------------ after commit
-    def save_committed(self, plan, kv_manager) -> int:
+    def save_committed(self, plan, kv_manager, requests) -> int:
         """Store the blocks the step just completed (full, committed) for every request it ran; return how many
-        were written. Never raises for a store failure (counted; see the class invariants)."""
+        were written. ``requests``: the scheduler's requests by id, whose ``all_token_ids`` and
+        ``num_computed_tokens`` say which blocks are computed (the manager holds only the block tables). Never
+        raises for a store failure (counted; see the class invariants)."""
         if not self.available:
             return 0
         B = self.block_size
@@ -363,17 +365,19 @@ class KVTierConnector:
         for s in plan.scheduled:
             if s.kind == "padding" or not kv_manager.has_request(s.request_id):
                 continue
-            req = kv_manager.request(s.request_id)
+            req, block_ids = requests[s.request_id], kv_manager.request(s.request_id).block_ids
+            token_ids = req.all_token_ids
             chain = self._chains.setdefault(s.request_id, _Chain())
-            n_full = req.num_computed_tokens // B
+            # accepted drafts are computed before the engine appends them: only tokens the request holds count
+            n_full = min(req.num_computed_tokens, len(token_ids)) // B
             if n_full <= chain.num_blocks or chain.stopped:
                 continue
-            keys = block_keys(req.token_ids[chain.num_blocks * B:n_full * B], B, self.fingerprint,
+            keys = block_keys(token_ids[chain.num_blocks * B:n_full * B], B, self.fingerprint,
                               parent_key=chain.last_key)
             for j, key in enumerate(keys, start=chain.num_blocks):
                 parent = chain.last_key
-                record = encode_record(self.fingerprint, key, parent, req.token_ids[j * B:(j + 1) * B],
-                                       kv[:, :, req.block_ids[j]])
+                record = encode_record(self.fingerprint, key, parent, token_ids[j * B:(j + 1) * B],
+                                       kv[:, :, block_ids[j]])
                 result = self._call(lambda: self.store.put(key, parent, record, replace=key in self._bad))
                 if result is None:
                     return written
@@ -386,7 +390,7 @@ class KVTierConnector:
                     self.stats.stores += 1
                     self.stats.bytes_stored += len(record)
                     self._bad.discard(key)
-                    self._emit("store", s.request_id, j, req.block_ids[j], key)
+                    self._emit("store", s.request_id, j, block_ids[j], key)
                 else:
                     self.stats.store_skipped += 1
                     if result.status != "present":

@@ -6,8 +6,10 @@ tokens verification appended last step), each later call feeds the draft token j
 cache lives in its own :class:`~minienv.kv.kv_pool.KVPool`, managed by its own
 :class:`~minienv.kv.kv_cache_manager.KVCacheManager` — same block size, separate budget.
 
-Rollback needs no message from the verifier: before feeding, the proposer compares what its cache holds with the
-request's real tokens and truncates to their common prefix (``KVCacheManager.truncate`` frees the blocks past it).
+Rollback needs no message from the verifier: before feeding, the proposer compares what its cache holds (its own
+:class:`~minienv.kv.interface.KVRequest` per request: the real tokens and drafts it fed, read by its manager) with
+the request's real tokens and truncates to their common prefix (``KVCacheManager.truncate`` frees the blocks past
+it).
 Rejected drafts are exactly the tokens that differ, so the draft's cache follows the target's.
 
 Invariant: after :meth:`propose`, the draft cache of a request holds its real tokens followed by the first
@@ -23,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from minienv.kv.block_table import pad_block_tables
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.kv.kv_pool import KVPool
 from minienv.kv.paged_attention import PagedAttentionBackend, PagedAttentionMetadata
@@ -56,29 +59,47 @@ class DraftProposer:
         self.backend = PagedAttentionBackend(self.kv_pool)
         self.num_sampled_ids = num_sampled_ids  # ids past the tokenizer's vocabulary are never proposed
         self.num_forward_calls = 0
+        #: what the draft cache holds per request: the real tokens and drafts fed to the draft model
+        self.held: dict[str, KVRequest] = {}
 
     def free(self, request_id: str) -> None:
         """Forget a request (finished, aborted or preempted). Unknown ids are fine: it may never have fit."""
-        if self.kv.has_request(request_id):
+        if self.held.pop(request_id, None) is not None:
             self.kv.free(request_id)
 
-    def _sync(self, seq: DraftInput) -> list[int] | None:
+    def _sync(self, seq: DraftInput) -> list[int]:
         """Roll the draft cache back to the common prefix with the real tokens; return the tokens to feed."""
         rid, real = seq.request_id, list(seq.token_ids)
-        if self.kv.has_request(rid):
-            held = self.kv.request(rid).token_ids
+        held = self.held.get(rid)
+        if held is not None:
             common = 0
-            for a, b in zip(held, real):  # the zip stops at the shorter: that is the point
+            for a, b in zip(held.all_token_ids, real):  # the zip stops at the shorter: that is the point
                 if a != b:
                     break
                 common += 1
             common = min(common, len(real) - 1)  # always feed at least the last real token
             if common == 0:
-                self.kv.free(rid)
+                self.free(rid)
             else:
                 self.kv.truncate(rid, common)
+                del held.all_token_ids[common:]
+                held.num_computed_tokens = min(held.num_computed_tokens, common)
                 return real[common:]
         return real
+
+    def _feed(self, rid: str, tokens: list[int]) -> bool:
+        """Reserve the draft cache's slots for ``tokens`` after what it holds; False (nothing changed) if full."""
+        held = self.held.get(rid)
+        if held is None:
+            held = KVRequest(rid, list(tokens))
+            if self.kv.allocate(held) is None:
+                return False
+            self.held[rid] = held
+            return True
+        if self.kv.append_slots(held, len(tokens)) is None:
+            return False
+        held.all_token_ids.extend(tokens)
+        return True
 
     def propose(self, batch: Sequence[DraftInput]) -> dict[str, Proposal]:
         """Run the draft up to ``max k`` times over the batch; every request that fits gets ``k`` drafts."""
@@ -86,9 +107,7 @@ class DraftProposer:
         feeds: list[list[int]] = []
         for seq in batch:
             tokens = self._sync(seq)
-            alloc = (self.kv.append_slots(seq.request_id, tokens) if self.kv.has_request(seq.request_id)
-                     else self.kv.allocate(seq.request_id, tokens))
-            if alloc is None:
+            if not self._feed(seq.request_id, tokens):
                 self.free(seq.request_id)  # no room in the draft's budget: this request decodes plainly
                 continue
             live.append(seq)
@@ -110,7 +129,7 @@ class DraftProposer:
                     probs[seq.request_id].append(q)
                 drafts[seq.request_id].append(token)
                 if step + 1 < seq.k:
-                    if self.kv.append_slots(seq.request_id, [token]) is None:
+                    if not self._feed(seq.request_id, [token]):
                         continue  # out of draft blocks mid-run: keep the drafts so far
                     nxt_live.append(seq)
                     nxt_feeds.append([token])
@@ -135,7 +154,9 @@ class DraftProposer:
         ids = np.fromiter((t for f in feeds for t in f), dtype=np.int64, count=int(query_lens.sum()))
         logits = self.model.forward_step(ids, meta.positions, self.backend,
                                          logits_indices=meta.query_start_loc[1:] - 1)
-        for s in seqs:
-            kv.commit(s.request_id)
+        for s, r in zip(seqs, reqs):
+            held = self.held[s.request_id]
+            held.num_computed_tokens = r.num_tokens  # every fed token now has K/V in the draft cache
+            kv.commit(held)
         self.num_forward_calls += 1
         return logits

@@ -46,10 +46,16 @@ def check_speculation_state(engine) -> None:
     no draft survives a step, so no block holding an unverified token can have been hashed."""
     engine.check_invariants()
     kv = engine.kv_cache_manager
+    B = kv.block_size
     for req in engine.scheduler.running:
-        held = kv.request(req.request_id).token_ids
-        assert len(held) == req.num_computed_tokens, (req.request_id, len(held), req.num_computed_tokens)
-        assert list(held) == req.all_token_ids[:len(held)], f"{req.request_id}: a draft token is left in the KV"
+        table = kv.request(req.request_id)
+        assert table.num_tokens == req.num_computed_tokens, (req.request_id, table.num_tokens,
+                                                             req.num_computed_tokens)
+        for j, block_hash in enumerate(table.block_hashes):  # every block hashed holds the request's real tokens
+            entry = kv.index.entry_for_hash(block_hash)
+            if entry is not None and entry.block_id == table.block_ids[j]:
+                assert entry.key.token_ids == tuple(req.all_token_ids[j * B:(j + 1) * B]), \
+                    f"{req.request_id}: block {j} was hashed with a draft token"
 
 
 def run_stepwise(engine, prompts, sp) -> list[list[int]]:
