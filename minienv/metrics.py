@@ -228,7 +228,7 @@ def token_slots_in_use(engine: "InferenceEngine") -> int:
     tails = 0
     for rid in mgr.request_ids():
         r = mgr.request(rid)
-        tails += len(r.block_ids) * bs - len(r.token_ids)
+        tails += len(r.block_ids) * bs - r.num_tokens
     return max(0, mgr.pool.num_used_blocks * bs - tails)
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from minienv.exercises._check import ExerciseFailed, _NotYet, exercise, fail, require
 from minienv.kv.block_table import cdiv
 from minienv.kv.errors import KVCacheError
+from minienv.kv.interface import KVRequestState
 from minienv.kv.kv_cache_manager import KVCacheStats, PrefixHit, RequestKV, SlotAllocation
 from minienv.kv.prefix_cache import PrefixCacheStats
 
@@ -112,11 +113,15 @@ class _PoolView:
 
 
 class PluggedManager:
-    """The student's manager (``core``) seen through the :class:`KVCacheManager` interface the scheduler uses.
+    """The student's manager (``core``) seen through the :class:`~minienv.kv.interface.KVManager` protocol the
+    scheduler calls.
 
-    It keeps what the scheduler needs but the contract leaves out (each request's tokens and computed count, the
-    prefix-cache counters) and turns block tables into slot mappings. Not supported, with a clear error: rollback
-    to fewer tokens (``truncate``: a step that failed mid-way, speculative decoding) and ``reset_prefix_cache``.
+    The protocol hands over the request object; the contract takes ids and token lists, so the adapter reads the
+    tokens out of ``request.all_token_ids`` for each call (it keeps no copy of them). It keeps what the contract
+    leaves out (reserved slots per request, the prefix-cache counters) and turns block tables into slot mappings.
+    Not supported, with a clear error: rollback to fewer tokens (``truncate``: a step that failed mid-way,
+    speculative decoding), slots for tokens the request does not hold (drafts, static padding) and
+    ``reset_prefix_cache``.
     It emits no :class:`~minienv.kv.kv_cache_manager.KVEvent`, so step records show none.
     """
 
@@ -173,38 +178,44 @@ class PluggedManager:
 
     def _slots(self, req: RequestKV, start: int, n_cached: int) -> SlotAllocation:
         req = self.request(req.request_id)
-        return SlotAllocation(req.request_id, tuple(req.token_ids[start:]), start,
+        return SlotAllocation(req.request_id, req.num_tokens - start, start,
                               tuple(req.block_ids[start // self.block_size:]), self.block_size, (), (), n_cached)
 
-    def allocate(self, request_id: Any, prompt_token_ids: Sequence[int], *,
-                 num_new_tokens: int | None = None) -> SlotAllocation | None:
-        prompt = [int(t) for t in prompt_token_ids]
+    def allocate(self, request: KVRequestState, num_new_tokens: int | None = None) -> SlotAllocation | None:
+        request_id, prompt = request.request_id, [int(t) for t in request.all_token_ids]
         if num_new_tokens is None:
             num_new_tokens = len(prompt) - self.lookup(prompt).num_cached_tokens
         n_cached = self.core.allocate(request_id, prompt, num_new_tokens)
         if n_cached is None:
             return None
         total = n_cached + num_new_tokens
-        self._reqs[request_id] = RequestKV(self.block_size, self._table(request_id, total), total, request_id, prompt[:total], n_cached, n_cached,
-                                         num_queried_tokens=len(prompt))
+        self._reqs[request_id] = RequestKV(self.block_size, self._table(request_id, total), total, request_id,
+                                           n_cached, num_queried_tokens=len(prompt))
         s = self.prefix_stats
         s.requests, s.queries, s.hits = s.requests + 1, s.queries + len(prompt), s.hits + n_cached
         return self._slots(self._reqs[request_id], n_cached, n_cached)
 
-    def append_slots(self, request_id: Any, token_ids: Sequence[int]) -> SlotAllocation | None:
-        req = self._reqs[request_id]
-        new = [int(t) for t in token_ids]
-        if not self.core.append_slots(request_id, new):
-            return None
+    def append_slots(self, request: KVRequestState, num_new_tokens: int) -> SlotAllocation | None:
+        req = self._reqs[request.request_id]
         start = req.num_tokens
-        req.token_ids.extend(new)
-        req.num_tokens = len(req.token_ids)
+        new = [int(t) for t in request.all_token_ids[start:start + num_new_tokens]]
+        if len(new) != num_new_tokens:
+            raise KVCacheError(f"the capstone's contract reserves slots for tokens the request holds: request "
+                               f"{request.request_id!r} holds {len(request.all_token_ids)} tokens, {start} have "
+                               f"slots, {num_new_tokens} asked (speculative drafts and static padding are not "
+                               "supported: run the engine without them)")
+        if not self.core.append_slots(request.request_id, new):
+            return None
+        req.num_tokens = start + num_new_tokens
         return self._slots(req, start, 0)
 
-    def commit(self, request_id: Any) -> list[int]:
-        self.core.commit(request_id)
-        req = self._reqs[request_id]
-        req.num_computed_tokens = req.num_tokens
+    def commit(self, request: KVRequestState) -> list[int]:
+        req = self._reqs[request.request_id]
+        if request.num_computed_tokens != req.num_tokens:
+            raise KVCacheError(f"the capstone's commit computes every reserved token: request "
+                               f"{request.request_id!r} has {req.num_tokens} reserved, "
+                               f"{request.num_computed_tokens} computed")
+        self.core.commit(request.request_id)
         return []
 
     def free(self, request_id: Any) -> list[int]:

@@ -24,8 +24,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from minienv.kv.hashing import ROOT_HASH
-from minienv.kv.kv_cache_manager import KVCacheManager, PrefixHit, SlotAllocation, UnknownRequestError, \
-    check_token_ids
+from minienv.kv.interface import KVRequest
+from minienv.kv.kv_cache_manager import KVCacheManager, PrefixHit, SlotAllocation
 from minienv.kv.prefix_cache import CachedBlockKey
 
 #: The classic bugs, one switch each.
@@ -42,34 +42,28 @@ class BreakableKVCacheManager(KVCacheManager):
         self.bug = bug
 
     # index_at_allocation: full blocks become findable when reserved, before any step computed them
-    def _index_now(self, alloc: SlotAllocation | None) -> SlotAllocation | None:
-        if alloc is not None:
-            req = self._requests[alloc.request_id]
-            computed = req.num_computed_tokens
-            self.commit(alloc.request_id)
-            req.num_computed_tokens = computed
+    def _index_now(self, request, alloc: SlotAllocation | None) -> SlotAllocation | None:
+        if alloc is not None:  # commit as if every reserved token were computed already
+            reserved = self._requests[request.request_id].num_tokens
+            self.commit(KVRequest(request.request_id, request.all_token_ids, reserved))
         return alloc
 
-    def allocate(self, request_id, prompt_token_ids, *, num_new_tokens=None):
-        alloc = super().allocate(request_id, prompt_token_ids, num_new_tokens=num_new_tokens)
-        return self._index_now(alloc) if self.bug == "index_at_allocation" else alloc
+    def allocate(self, request, num_new_tokens=None):
+        alloc = super().allocate(request, num_new_tokens)
+        return self._index_now(request, alloc) if self.bug == "index_at_allocation" else alloc
 
-    def append_slots(self, request_id, token_ids):
+    def append_slots(self, request, num_new_tokens):
         if self.bug == "no_copy_on_write":  # write into the last block even when it is shared
-            req = self._requests.get(request_id)
-            if req is None:
-                raise UnknownRequestError(request_id, "append slots to")
-            new = check_token_ids(token_ids, "token_ids")
-            start, n = req.num_tokens, req.blocks_needed(len(new))
+            req = self._table(request, "append slots to")
+            start, n = req.num_tokens, req.blocks_needed(num_new_tokens)
             if n > self.pool.num_free_blocks:
                 return None
-            ids = self._take_free_blocks(n, request_id)
+            ids = self._take_free_blocks(n, req.request_id)
             req.block_ids.extend(ids)
-            req.token_ids.extend(new)
-            req.num_tokens = len(req.token_ids)
+            req.num_tokens = start + num_new_tokens
             return self._slots(req, start, ids, (), 0)
-        alloc = super().append_slots(request_id, token_ids)
-        return self._index_now(alloc) if self.bug == "index_at_allocation" else alloc
+        alloc = super().append_slots(request, num_new_tokens)
+        return self._index_now(request, alloc) if self.bug == "index_at_allocation" else alloc
 
     # hash_own_tokens: a block's key is its own tokens, not its whole prefix
     def _lookup(self, ids: list[int]) -> PrefixHit:
@@ -86,16 +80,13 @@ class BreakableKVCacheManager(KVCacheManager):
             hashes.append(h)
         return PrefixHit(tuple(block_ids), tuple(hashes), len(block_ids) * B)
 
-    def commit(self, request_id):
+    def commit(self, request):
         if self.bug != "hash_own_tokens":
-            return super().commit(request_id)
-        req = self._requests.get(request_id)
-        if req is None:
-            raise UnknownRequestError(request_id, "commit")
-        req.num_computed_tokens = req.num_tokens
+            return super().commit(request)
+        req, tokens = self._table(request, "commit"), request.all_token_ids
         B, indexed = self.block_size, []
-        for j in range(len(req.block_hashes), req.num_computed_tokens // B):
-            key = CachedBlockKey(ROOT_HASH, tuple(req.token_ids[j * B:(j + 1) * B]), self.extra_key)
+        for j in range(len(req.block_hashes), min(request.num_computed_tokens, len(tokens)) // B):
+            key = CachedBlockKey(ROOT_HASH, tuple(tokens[j * B:(j + 1) * B]), self.extra_key)
             h, bid = key.block_hash(), req.block_ids[j]
             if self.index.entry_for_hash(h) is None and self.pool.blocks[bid].block_hash is None:
                 self.index.insert(bid, h, key)
@@ -236,12 +227,14 @@ def proof_copy_on_write(bug: str | None) -> ProofResult:
     from minienv.kv.kv_pool import KVPool
     mgr = BreakableKVCacheManager(8, BLOCK, bug=bug)
     pool = KVPool(num_layers=1, num_blocks=8, block_size=BLOCK, num_kv_heads=1, head_dim=2)
-    alloc = mgr.allocate("parent", list(range(1, 7)))
+    parent = KVRequest("parent", list(range(1, 7)))
+    alloc = mgr.allocate(parent)
     pool.write(0, alloc.slot_mapping, np.ones((6, 1, 2)), np.ones((6, 1, 2)))
-    mgr.commit("parent")
-    mgr.fork("parent", ["child"])
+    parent.num_computed_tokens = 6
+    mgr.commit(parent)
+    mgr.fork(parent, ["child"])
     before = pool.k_cache[0][mgr.block_ids("parent")].copy()
-    child = mgr.append_slots("child", [9])
+    child = mgr.append_slots(KVRequest("child", parent.all_token_ids + [9], 6), 1)
     pool.copy_blocks(child.blocks_to_copy)
     pool.write(0, child.slot_mapping, np.full((1, 1, 2), 7.0), np.full((1, 1, 2), 7.0))
     same = np.array_equal(pool.k_cache[0][mgr.block_ids("parent")], before)

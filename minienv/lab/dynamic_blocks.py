@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 from minienv.kv.block_table import cdiv
 from minienv.kv.errors import KVBudgetError
+from minienv.kv.interface import KVRequestState
 from minienv.kv.kv_cache_manager import KVCacheManager, RequestId, SlotAllocation, check_token_ids
 
 __all__ = ["DynamicBlockConfig", "DynamicKVCacheManager", "DynamicStats", "dynamic_blocks_factory"]
@@ -258,21 +259,20 @@ class DynamicKVCacheManager(KVCacheManager):
             self._reserve[rid] = ids
 
     # ------------------------------------------------------------------ the plain API, reserve-aware
-    def allocate(self, request_id: RequestId, prompt_token_ids: Sequence[int], *,
-                 num_new_tokens: int | None = None) -> SlotAllocation | None:
-        if self.has_request(request_id):
-            return super().allocate(request_id, prompt_token_ids, num_new_tokens=num_new_tokens)  # raises
-        prompt = check_token_ids(prompt_token_ids, "prompt_token_ids")
+    def allocate(self, request: KVRequestState, num_new_tokens: int | None = None) -> SlotAllocation | None:
+        if not hasattr(request, "all_token_ids") or self.has_request(request.request_id):
+            return super().allocate(request, num_new_tokens)  # raises
+        prompt = check_token_ids(request.all_token_ids, f"request {request.request_id!r}'s all_token_ids")
         first = len(self._lookup(prompt).block_ids)
-        return self._with_reserves(request_id, first, lambda: super(DynamicKVCacheManager, self).allocate(
-            request_id, prompt, num_new_tokens=num_new_tokens))
+        return self._with_reserves(request.request_id, first, lambda: super(DynamicKVCacheManager, self).allocate(
+            request, num_new_tokens))
 
-    def append_slots(self, request_id: RequestId, token_ids: Sequence[int]) -> SlotAllocation | None:
-        if not self.has_request(request_id):
-            return super().append_slots(request_id, token_ids)  # raises UnknownRequestError
-        first = len(self.request(request_id).block_ids)
-        return self._with_reserves(request_id, first, lambda: super(DynamicKVCacheManager, self).append_slots(
-            request_id, token_ids))
+    def append_slots(self, request: KVRequestState, num_new_tokens: int) -> SlotAllocation | None:
+        if not hasattr(request, "request_id") or not self.has_request(request.request_id):
+            return super().append_slots(request, num_new_tokens)  # raises
+        first = len(self.request(request.request_id).block_ids)
+        return self._with_reserves(request.request_id, first, lambda: super(DynamicKVCacheManager, self).append_slots(
+            request, num_new_tokens))
 
     def free(self, request_id: RequestId) -> list[int]:
         released = super().free(request_id)  # validates first

@@ -53,13 +53,13 @@ class ReservationKVManager(KVCacheManager):
         self.reserved: dict[str, int] = {}  # request id -> blocks reserved
         self.reserved_blocks = 0
 
-    def allocate(self, request_id, prompt_token_ids, *, num_new_tokens=None):
-        need = cdiv(self._reserve(request_id), self.block_size)
+    def allocate(self, request, num_new_tokens=None):
+        need = cdiv(self._reserve(request.request_id), self.block_size)
         if self.reserved_blocks + need > self.num_blocks:
             return None
-        alloc = super().allocate(request_id, prompt_token_ids, num_new_tokens=num_new_tokens)
+        alloc = super().allocate(request, num_new_tokens)
         if alloc is not None:
-            self.reserved[request_id] = need
+            self.reserved[request.request_id] = need
             self.reserved_blocks += need
         return alloc
 
