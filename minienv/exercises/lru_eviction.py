@@ -6,6 +6,7 @@ import numpy as np
 
 from minienv.exercises._check import exercise, fail, require
 from minienv.kv import OutOfBlocksError
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager
 
 
@@ -14,9 +15,11 @@ def _random_manager(rng: np.random.Generator) -> KVCacheManager:
     mgr = KVCacheManager(12, 2)
     for i in range(int(rng.integers(1, 6))):
         prompt = [int(t) for t in rng.integers(0, 4, int(rng.integers(1, 8)))]
-        if mgr.allocate(i, prompt) is None:
+        req = KVRequest(i, prompt)
+        if mgr.allocate(req) is None:
             continue
-        mgr.commit(i)
+        req.num_computed_tokens = req.num_tokens
+        mgr.commit(req)
         if rng.random() < 0.7:
             mgr.free(i)
     return mgr
@@ -37,7 +40,7 @@ def check_evictions(fn) -> str:
         predicted = None if predicted is None else list(predicted)
         seen: list[int] = []
         mgr.add_listener(lambda e: seen.append(e.block_id) if e.kind == "evict" else None)
-        assert mgr.allocate("new", [1000 + k for k in range(2 * n)]) is not None  # n new blocks, no hits
+        assert mgr.allocate(KVRequest("new", [1000 + k for k in range(2 * n)])) is not None  # n new blocks, no hits
         if predicted == seen:
             tried += 1
             continue

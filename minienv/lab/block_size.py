@@ -33,6 +33,7 @@ import numpy as np
 from minienv.kv.block_table import cdiv, pad_block_tables
 from minienv.lab.dynamic_blocks import DynamicBlockConfig, DynamicKVCacheManager
 from minienv.kv.errors import KVBudgetError
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.kv.paged_attention import PagedAttentionMetadata, paged_attention
 from minienv.lab.workload import ALPACA, SHAREGPT, generate_workload
@@ -241,19 +242,21 @@ def _layout(lengths: Sequence[int], mgr: KVCacheManager, chunk: int = 8) -> list
     """Grow the sequences in the manager the way serving does — prompts, then decode chunks round-robin — so
     their blocks interleave in the pool as they would in a running engine. Returns the block tables."""
     rng = np.random.default_rng(0)
-    done = {f"s{i}": 0 for i in range(len(lengths))}
+    reqs = []
     for i, n in enumerate(lengths):
         first = min(n, max(1, n // 2))
-        mgr.allocate(f"s{i}", [int(t) for t in rng.integers(0, 1 << 16, first)])
-        mgr.commit(f"s{i}")
-        done[f"s{i}"] = first
-    while any(done[f"s{i}"] < n for i, n in enumerate(lengths)):
-        for i, n in enumerate(lengths):
-            k = min(chunk, n - done[f"s{i}"])
+        reqs.append(KVRequest(f"s{i}", [int(t) for t in rng.integers(0, 1 << 16, first)]))
+        mgr.allocate(reqs[i])
+        reqs[i].num_computed_tokens = first
+        mgr.commit(reqs[i])
+    while any(r.num_tokens < n for r, n in zip(reqs, lengths)):
+        for r, n in zip(reqs, lengths):
+            k = min(chunk, n - r.num_tokens)
             if k > 0:
-                assert mgr.append_slots(f"s{i}", [_OUTPUT_BASE + j for j in range(k)]) is not None
-                mgr.commit(f"s{i}")
-                done[f"s{i}"] += k
+                r.all_token_ids += [_OUTPUT_BASE + j for j in range(k)]
+                assert mgr.append_slots(r, k) is not None
+                r.num_computed_tokens = r.num_tokens
+                mgr.commit(r)
     return [mgr.block_ids(f"s{i}") for i in range(len(lengths))]
 
 

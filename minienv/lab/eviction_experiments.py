@@ -24,6 +24,7 @@ import numpy as np
 from minienv.kv.block_table import cdiv
 from minienv.kv.errors import OutOfBlocksError
 from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager
 
 __all__ = [
@@ -169,6 +170,7 @@ class _OursPolicy:
     def __init__(self, num_blocks: int, block_size: int, caching: bool):
         self.mgr = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
         self.block_size = block_size
+        self.reqs: dict[object, KVRequest] = {}  # each request's tokens and progress (the manager reads them)
 
     @property
     def num_free_blocks(self) -> int:
@@ -181,16 +183,22 @@ class _OursPolicy:
         return sum(1 for b in self.mgr.lookup(prompt).block_ids if self.mgr.ref_cnt(b) == 0)
 
     def allocate(self, rid, prompt) -> int:
-        n = self.mgr.allocate(rid, prompt).num_cached_tokens
-        self.mgr.commit(rid)
+        req = self.reqs[rid] = KVRequest(rid, list(prompt))
+        n = self.mgr.allocate(req).num_cached_tokens
+        req.num_computed_tokens = req.num_tokens  # the step computes the prompt
+        self.mgr.commit(req)
         return n
 
     def append(self, rid, token: int) -> None:
-        self.mgr.append_slots(rid, [token])
-        self.mgr.commit(rid)
+        req = self.reqs[rid]
+        req.all_token_ids.append(token)
+        self.mgr.append_slots(req, 1)
+        req.num_computed_tokens = req.num_tokens
+        self.mgr.commit(req)
 
     def free(self, rid) -> None:
         self.mgr.free(rid)
+        del self.reqs[rid]
 
     @property
     def queries(self) -> int:
@@ -336,6 +344,7 @@ class CacheStream:
         self.waiting = deque(range(len(self.requests)))
         self.running: dict[int, int] = {}
         self.hits: dict[int, int] = {}
+        self.kv_requests: dict[int, KVRequest] = {}  # the running requests' tokens and progress, by index
         self.evicted_in_use: list[int] = []
         self.evictions: list[tuple[int, int]] = []  # (step, block id)
         self.steps = 0
@@ -366,13 +375,16 @@ class CacheStream:
         name = self.request_name
         for rid in [r for r, n in self.running.items() if n == self.requests[r].output_len]:
             mgr.free(name(rid))
-            del self.running[rid]
+            del self.running[rid], self.kv_requests[rid]
             notes.append(f"{name(rid)} finishes")
         held = {b for rid in self.running for b in mgr.block_ids(name(rid))}
         self._evicted_now = []
         for rid in self.running:
-            mgr.append_slots(name(rid), [1_000_000 + rid * 1000 + self.running[rid]])
-            mgr.commit(name(rid))
+            kv_req = self.kv_requests[rid]
+            kv_req.all_token_ids.append(1_000_000 + rid * 1000 + self.running[rid])
+            mgr.append_slots(kv_req, 1)
+            kv_req.num_computed_tokens = kv_req.num_tokens
+            mgr.commit(kv_req)
             self.running[rid] += 1
         if self.running:
             notes.append("running decode 1 token")
@@ -387,14 +399,17 @@ class CacheStream:
             if life + hit_free + reserved > mgr.num_free_blocks:
                 break
             rid = self.waiting.popleft()
-            alloc = mgr.allocate(name(rid), req.prompt)
+            self.kv_requests[rid] = KVRequest(name(rid), list(req.prompt))
+            alloc = mgr.allocate(self.kv_requests[rid])
             admitted.append(rid)
             self.hits[rid] = alloc.num_cached_tokens
             self.running[rid] = 0
             reserved += cdiv(len(req.prompt) + req.output_len, B) - len(mgr.block_ids(name(rid)))
             notes.append(f"{name(rid)} arrives ({alloc.num_cached_tokens}/{len(req.prompt)} cached)")
         for rid in admitted:  # after the step that computes them, their full blocks become findable
-            mgr.commit(name(rid))
+            kv_req = self.kv_requests[rid]
+            kv_req.num_computed_tokens = kv_req.num_tokens
+            mgr.commit(kv_req)
         self.evicted_in_use += [b for b in self._evicted_now if b in held]
         self.evictions += [(self.steps, b) for b in self._evicted_now]
         if self._evicted_now:

@@ -34,6 +34,7 @@ import numpy as np
 from minienv.generate import dense_greedy
 from minienv.kv.block_pool import BlockPool
 from minienv.kv.block_table import BlockTable, cdiv
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.kv.kv_pool import KVPool
 from minienv.kv.paged_attention import PagedAttentionBackend, PagedAttentionMetadata
@@ -273,21 +274,25 @@ def demo_evict_in_use(
     backend = PagedAttentionBackend(kv)
     ours = KVCacheManager(num_blocks, block_size)  # no forks here: no copy-on-write copies to apply
 
-    def ours_feed(rid: str, tokens: list[int], first: bool) -> int:
-        alloc = ours.allocate(rid, tokens) if first else ours.append_slots(rid, tokens)
-        logits = paged_step(model, backend, ours.block_ids(rid), alloc.token_ids, ours.num_tokens(rid))
-        ours.commit(rid)
+    req_a = KVRequest("A", [])
+
+    def ours_feed(tokens: list[int], first: bool) -> int:
+        req_a.all_token_ids.extend(tokens)
+        ours.allocate(req_a) if first else ours.append_slots(req_a, len(tokens))
+        logits = paged_step(model, backend, ours.block_ids("A"), tokens, ours.num_tokens("A"))
+        req_a.num_computed_tokens = req_a.num_tokens
+        ours.commit(req_a)
         return int(np.argmax(logits))
 
-    ours_a = [ours_feed("A", prompt_a, True)]
+    ours_a = [ours_feed(prompt_a, True)]
     b_refused = False
     while len(ours_a) < max_new_tokens:
         if len(ours_a) == b_arrives_after:
-            if ours.allocate("B", prompt_b, num_new_tokens=len(prompt_b)) is None:
+            if ours.allocate(KVRequest("B", list(prompt_b)), len(prompt_b)) is None:
                 b_refused = True
             else:
                 ours.free("B")  # (does not happen with the default budget)
-        ours_a.append(ours_feed("A", [ours_a[-1]], False))
+        ours_a.append(ours_feed([ours_a[-1]], False))
     ours.free("A")
     ours_b = [ours_feed("B", prompt_b, True)]
     while len(ours_b) < max_new_tokens:
@@ -349,8 +354,10 @@ def demo_whole_prompt_hashing(
     ours = KVCacheManager(blocks_needed, block_size)
     hits = 0
     for i, p in enumerate(prompts):
-        hits += ours.allocate(f"r{i}", p).num_cached_tokens
-        ours.commit(f"r{i}")
+        req = KVRequest(f"r{i}", list(p))
+        hits += ours.allocate(req).num_cached_tokens
+        req.num_computed_tokens = req.num_tokens
+        ours.commit(req)
     sharing = ours.sharing()
     return WholePromptHashingDemo(len(prompts), system_prompt_tokens, block_size, naive_shared,
                                   sharing.saved_blocks, blocks_needed, sharing.physical_blocks, hits)
@@ -457,15 +464,16 @@ def demo_refcount_set(prompt: Sequence[int] | None = None, *, block_size: int = 
 
     # ours
     ours = KVCacheManager(2 * n - 1, block_size)
-    ours.allocate("r1", prompt)
-    ours.commit("r1")
-    ours.allocate("r2", prompt)
-    ours.commit("r2")
+    for rid in ("r1", "r2"):
+        req = KVRequest(rid, list(prompt))
+        ours.allocate(req)
+        req.num_computed_tokens = req.num_tokens
+        ours.commit(req)
     shared = ours.block_ids("r1")[0]
     ref_after_share = ours.ref_cnt(shared)
     ours.free("r1")
     ref_after_free = ours.ref_cnt(shared)
-    ours.allocate("r3", list(range(500, 500 + block_size)))
+    ours.allocate(KVRequest("r3", list(range(500, 500 + block_size))))
     return RefcountSetDemo(block, naive_ref, freed, reused_by, ref_after_share, ref_after_free,
                            shared in ours.block_ids("r3"))
 
@@ -543,22 +551,26 @@ def demo_evictor_damage(model, prompt_a: Sequence[int], prompt_b: Sequence[int],
     kv = KVPool.for_model(model.config, num_blocks * block_size, block_size)
     backend = PagedAttentionBackend(kv)
     ours = KVCacheManager(num_blocks, block_size)  # no forks here: no copy-on-write copies to apply
-    alloc = ours.allocate("A", pa)
-    rows = [paged_step(model, backend, ours.block_ids("A"), alloc.token_ids, ours.num_tokens("A"))]
-    ours.commit("A")
+    req_a = KVRequest("A", list(pa))
+    ours.allocate(req_a)
+    rows = [paged_step(model, backend, ours.block_ids("A"), pa, ours.num_tokens("A"))]
+    req_a.num_computed_tokens = req_a.num_tokens
+    ours.commit(req_a)
     out, refused = [], False
     while True:
         out.append(int(np.argmax(rows[-1])))
         if len(out) == max_new_tokens:
             break
         if len(out) == b_arrives_after:
-            if ours.allocate("B", pb) is None:
+            if ours.allocate(KVRequest("B", list(pb))) is None:
                 refused = True
             else:
                 ours.free("B")
-        ours.append_slots("A", [out[-1]])
+        req_a.all_token_ids.append(out[-1])
+        ours.append_slots(req_a, 1)
         rows.append(paged_step(model, backend, ours.block_ids("A"), [out[-1]], ours.num_tokens("A")))
-        ours.commit("A")
+        req_a.num_computed_tokens = req_a.num_tokens
+        ours.commit(req_a)
     ours_ids, ours_err = tuple(out), errors(pa, out, rows)
     reference = dense_greedy(model, pa, max_new_tokens)
     return EvictorDamage(kv_budget_tokens, b_arrives_after, tuple(sorted(set(evicted_in_use))),

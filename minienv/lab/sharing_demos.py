@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager, UnknownRequestError
 
 __all__ = ["common_prefix_len", "SHARING_SCRIPT", "ArrivalStep", "ArrivalScript", "FORK_SCRIPT", "ForkStep",
@@ -103,6 +104,7 @@ class ArrivalScript(_Script):
     def reset(self) -> KVCacheManager:
         """A new, empty manager (returned, and kept as :attr:`mgr`); the log is cleared."""
         self.mgr = KVCacheManager(self.num_blocks, self.block_size)
+        self.reqs: dict[str, KVRequest] = {}  # each request's tokens and progress (the manager reads them)
         self.log: list[ArrivalStep] = []
         return self.mgr
 
@@ -111,18 +113,24 @@ class ArrivalScript(_Script):
         mgr, notes, hits = self.mgr, [], {}
         for action in self.script[i]:
             if action == "d":
-                for rid in mgr.request_ids():
-                    mgr.append_slots(rid, [1000 + i])
-                    mgr.commit(rid)
+                for req in self.reqs.values():
+                    req.all_token_ids.append(1000 + i)
+                    mgr.append_slots(req, 1)
+                    req.num_computed_tokens = req.num_tokens
+                    mgr.commit(req)
                 notes.append("all decode 1 token")
             elif action[0] == "+":
                 rid = action[1:]
-                alloc = mgr.allocate(rid, self.prompts[rid])
-                mgr.commit(rid)  # (the model step that writes the K/V happens between allocate and commit)
+                req = self.reqs[rid] = KVRequest(rid, list(self.prompts[rid]))
+                alloc = mgr.allocate(req)
+                # (the model step that writes the K/V happens here, between allocate and commit)
+                req.num_computed_tokens = req.num_tokens
+                mgr.commit(req)
                 hits[rid] = alloc.num_cached_tokens
                 notes.append(f"{rid} arrives ({alloc.num_cached_tokens} of {len(self.prompts[rid])} tokens cached)")
             elif action[0] == "-":
                 mgr.free(action[1:])
+                del self.reqs[action[1:]]
                 notes.append(f"{action[1:]} finishes")
             else:
                 raise ValueError(f"unknown action {action!r}: use '+rid', '-rid' or 'd'")
@@ -160,25 +168,35 @@ class ForkScript(_Script):
     def reset(self) -> KVCacheManager:
         """A new, empty manager (returned, and kept as :attr:`mgr`); the log is cleared."""
         self.mgr = KVCacheManager(self.num_blocks, self.block_size)
+        self.reqs: dict[str, KVRequest] = {}
         self.log: list[ForkStep] = []
         return self.mgr
 
     def step(self, i: int) -> str:
         """Play step ``i``; return its caption, naming any block copied on write."""
-        mgr, copies = self.mgr, []
+        mgr, reqs, copies = self.mgr, self.reqs, []
+
+        def append(rid: str, tokens: list[int]) -> None:
+            reqs[rid].all_token_ids.extend(tokens)
+            copies.extend(mgr.append_slots(reqs[rid], len(tokens)).blocks_to_copy)
+
         if i == 0:
-            mgr.allocate("P", self.prompt)
+            reqs["P"] = KVRequest("P", list(self.prompt))
+            mgr.allocate(reqs["P"])
         elif i == 1:
-            mgr.fork("P", ["S1", "S2"])
+            mgr.fork(reqs["P"], ["S1", "S2"])
+            for rid in ("S1", "S2"):  # each sample its own request: a copy of the parent's tokens and progress
+                reqs[rid] = KVRequest(rid, list(reqs["P"].all_token_ids), reqs["P"].num_computed_tokens)
         elif i in (2, 3, 4):
-            copies += mgr.append_slots({2: "S1", 3: "S2", 4: "P"}[i], [500 + i]).blocks_to_copy
+            append({2: "S1", 3: "S2", 4: "P"}[i], [500 + i])
         elif i < len(self.script):
             for rid in ("P", "S1", "S2"):
-                copies += mgr.append_slots(rid, [600 + i] * (2 if i == 6 else 1)).blocks_to_copy
+                append(rid, [600 + i] * (2 if i == 6 else 1))
         else:
             raise IndexError(f"the fork script has {len(self.script)} steps, not {i + 1}")
-        for rid in mgr.request_ids():
-            mgr.commit(rid)
+        for req in reqs.values():
+            req.num_computed_tokens = req.num_tokens
+            mgr.commit(req)
         mgr.check_invariants()
         self.log.append(ForkStep(tuple(copies), {r: mgr.block_ids(r) for r in mgr.request_ids()},
                                  [mgr.ref_cnt(b) for b in range(mgr.num_blocks)]))
@@ -199,9 +217,12 @@ def sharing_trap_checks(block_size: int = 4) -> dict[str, bool]:
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     checks["#12621 hash stable across processes"] = other.strip() == hash_block_tokens(ROOT_HASH, [1, 2, 3, 4]).hex()
     t = KVCacheManager(16, b)
-    t.allocate("p", list(range(2 * b + 1)))  # two full blocks + 1 token
-    t.commit("p")
-    t.fork("p", ["c1", "c2"])
+    p = KVRequest("p", list(range(2 * b + 1)))  # two full blocks + 1 token
+    t.allocate(p)
+    p.num_computed_tokens = p.num_tokens
+    t.commit(p)
+    t.fork(p, ["c1", "c2"])
+    c1 = KVRequest("c1", list(p.all_token_ids), p.num_computed_tokens)
     checks["#1556 fork: +1 per child"] = [t.ref_cnt(x) for x in t.block_ids("p")] == [3, 3, 3]
     t.free("c2")
     before = t.snapshot()
@@ -210,8 +231,10 @@ def sharing_trap_checks(block_size: int = 4) -> dict[str, bool]:
         checks["freeing twice refused, nothing changed"] = False
     except UnknownRequestError:
         checks["freeing twice refused, nothing changed"] = t.snapshot() == before
-    t.append_slots("c1", [7] * (b - 1))  # fills the shared partial block -> exactly one copy
-    t.append_slots("c1", [8])  # c1's copy is full and private; the new token goes to a new block
+    c1.all_token_ids += [7] * (b - 1)
+    t.append_slots(c1, b - 1)  # fills the shared partial block -> exactly one copy
+    c1.all_token_ids.append(8)
+    t.append_slots(c1, 1)  # c1's copy is full and private; the new token goes to a new block
     checks["copy only a shared partial block"] = t.stats().cow_copies == 1
     checks["#144 never the whole prompt"] = t.lookup(list(range(2 * b))).num_cached_tokens == b
     share = t.sharing()

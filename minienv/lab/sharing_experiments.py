@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from minienv.kv.block_table import cdiv
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.lab.workload import ALPACA, generate_workload
 
@@ -57,6 +58,19 @@ def parallel_sampling_cases(n: int, *, num_requests: int = 200, seed: int = 0) -
     return cases
 
 
+def _computed(mgr: KVCacheManager, req: KVRequest) -> None:
+    """The step computed every token the request holds: mark them computed and commit."""
+    req.num_computed_tokens = len(req.all_token_ids)
+    mgr.commit(req)
+
+
+def _decode(mgr: KVCacheManager, req: KVRequest, token: int) -> None:
+    """One decode step of a request driven by hand: append its token, reserve the slot, compute, commit."""
+    req.all_token_ids.append(token)
+    mgr.append_slots(req, 1)
+    _computed(mgr, req)
+
+
 def parallel_sampling_saving(n: int, *, num_requests: int = 200, block_size: int = 16, seed: int = 0) -> SavingResult:
     """Parallel sampling of ``n`` sequences per Alpaca-like prompt, through :meth:`KVCacheManager.fork`.
 
@@ -69,17 +83,19 @@ def parallel_sampling_saving(n: int, *, num_requests: int = 200, block_size: int
     for prompt, out_lens in parallel_sampling_cases(n, num_requests=num_requests, seed=seed):
         need = n * cdiv(len(prompt) + max(out_lens), block_size) + 1
         mgr = KVCacheManager(need, block_size, enable_prefix_caching=False)
-        mgr.allocate("s0", prompt)
-        mgr.commit("s0")
         ids = [f"s{i}" for i in range(n)]
+        reqs = {sid: KVRequest(sid, list(prompt)) for sid in ids}
+        mgr.allocate(reqs["s0"])
+        _computed(mgr, reqs["s0"])
         if n > 1:
-            mgr.fork("s0", ids[1:])
+            mgr.fork(reqs["s0"], ids[1:])
+            for sid in ids[1:]:
+                reqs[sid].num_computed_tokens = len(prompt)
         alive = dict(zip(ids, out_lens))
         step = 0
         while alive:
             for i, sid in enumerate(list(alive)):
-                mgr.append_slots(sid, [30_000 + 1000 * i + step])
-                mgr.commit(sid)
+                _decode(mgr, reqs[sid], 30_000 + 1000 * i + step)
             s = mgr.sharing()
             logical += s.logical_blocks
             physical += s.physical_blocks
@@ -107,8 +123,9 @@ def beam_search_saving(width: int, *, num_requests: int = 100, block_size: int =
         prompt = [int(t) for t in rng.integers(0, 30_000, r.prompt_len)]
         mgr = KVCacheManager(width * cdiv(r.prompt_len + r.output_len, block_size) + 2 * width, block_size,
                              enable_prefix_caching=False)
-        mgr.allocate(0, prompt)
-        mgr.commit(0)
+        reqs = {0: KVRequest(0, list(prompt))}
+        mgr.allocate(reqs[0])
+        _computed(mgr, reqs[0])
         beams = {0: 0.0}  # beam id -> cumulative log-prob
         next_id = 1
         for _ in range(r.output_len):
@@ -125,18 +142,19 @@ def beam_search_saving(width: int, *, num_requests: int = 100, block_size: int =
             for b in ids:  # drop beams nobody continues (their blocks may stay alive through their children)
                 if b not in chosen:
                     mgr.free(b)
-                    del beams[b]
+                    del beams[b], reqs[b]
             plan = []
             for b, picks in chosen.items():
                 kids = list(range(next_id, next_id + len(picks) - 1))
                 next_id += len(kids)
                 if kids:
-                    mgr.fork(b, kids)
+                    mgr.fork(reqs[b], kids)
+                    reqs.update((k, KVRequest(k, list(reqs[b].all_token_ids), reqs[b].num_computed_tokens))
+                                for k in kids)
                 plan += list(zip([b] + kids, picks))
             beams = {}
             for bid, (tok, score) in plan:
-                mgr.append_slots(bid, [tok])
-                mgr.commit(bid)
+                _decode(mgr, reqs[bid], tok)
                 beams[bid] = score
             s = mgr.sharing()
             logical += s.logical_blocks
@@ -194,8 +212,9 @@ def shared_prefix_saving(prefix_len: int, *, num_requests: int = 64, block_size:
                              enable_prefix_caching=caching)
         computed = 0
         for i, p in enumerate(prompts):
-            computed += mgr.allocate(i, p).num_new_tokens
-            mgr.commit(i)
+            req = KVRequest(i, p)
+            computed += mgr.allocate(req).num_new_tokens
+            _computed(mgr, req)
         result[caching] = (computed, mgr.stats().num_in_use)
     return SharedPrefixResult(label or f"{prefix_len}-token prefix", prefix_len, num_requests, result[False][0],
                               result[True][0], decode, result[False][1], result[True][1])

@@ -4,7 +4,7 @@ The generic views (:class:`~minienv.viz.BlockGrid`, :class:`~minienv.viz.QueueVi
 module turns a manager's state into those records, so notebooks 05–08 draw a manager the same way:
 
     view = ManagerView(mgr, title="KV pool")       # a BlockGrid + the free queue (LRU order, head marked)
-    mgr.allocate("A", prompt); mgr.commit("A")
+    a = KVRequest("A", prompt); mgr.allocate(a); a.num_computed_tokens = a.num_tokens; mgr.commit(a)
     view.update(caption="A arrives")                # redraw in place; evictions since the last update highlighted
     view.last_evicted                                # block ids evicted since the previous update
     view                                             # the live widget; view.static() for readers without a kernel
