@@ -72,6 +72,7 @@ from _common import add_common_args, emit_json, paired, print_settings, rounds_o
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from minienv.kv.interface import KVRequest  # noqa: E402
 from minienv.kv.kv_cache_manager import KVCacheManager  # noqa: E402
 
 try:  # nano-vllm hashes with xxhash (--nano-hash sha256: a slower stand-in, only when asked for)
@@ -268,27 +269,33 @@ def run_minienv(mgr: KVCacheManager, trace: list[tuple]) -> tuple[float, list[in
     """What minienv's scheduler calls: ``append_slots`` per decode, ``lookup`` + ``allocate`` per admission,
     ``commit`` per request when the step's K/V exist, ``free``."""
     slots: list = []  # slot-mapping arrays, flattened after the clocks stop
-    step: list[int] = []
+    step: list[KVRequest] = []
+    reqs: dict = {}  # each request's tokens and progress, as the scheduler's Request holds them
     w0, c0 = time.perf_counter(), time.thread_time()
     for ev in trace:
         kind = ev[0]
         if kind == "decode":
-            alloc = mgr.append_slots(ev[1], [ev[2]])
+            req = reqs[ev[1]]
+            req.all_token_ids.append(ev[2])
+            alloc = mgr.append_slots(req, 1)
             assert alloc is not None
             slots.append(alloc.slot_mapping)
-            step.append(ev[1])
+            step.append(req)
         elif kind == "step":
-            for rid in step:
-                mgr.commit(rid)
+            for req in step:
+                req.num_computed_tokens = len(req.all_token_ids)
+                mgr.commit(req)
             step = []
         elif kind == "admit":
+            req = reqs[ev[1]] = KVRequest(ev[1], list(ev[2]))
             hit = mgr.lookup(ev[2])
-            alloc = mgr.allocate(ev[1], ev[2], num_new_tokens=len(ev[2]) - hit.num_cached_tokens)
+            alloc = mgr.allocate(req, len(ev[2]) - hit.num_cached_tokens)
             assert alloc is not None
             slots.append(alloc.slot_mapping)  # the array the engine uses; listed for the comparison untimed
-            step.append(ev[1])
+            step.append(req)
         else:
             mgr.free(ev[1])
+            del reqs[ev[1]]
     wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
     flat = [x for s in slots for x in (s.tolist() if isinstance(s, np.ndarray) else (s,))]
     return wall, cpu, flat

@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from minienv.kv import BlockPool  # noqa: E402
 from minienv.kv.block_table import cdiv  # noqa: E402
+from minienv.kv.interface import KVRequest  # noqa: E402
 from minienv.kv.kv_cache_manager import KVCacheManager  # noqa: E402
 from minienv.lab.serving import serve_greedy  # noqa: E402
 
@@ -116,8 +117,10 @@ def fill_cached(num_blocks: int) -> KVCacheManager:
     """A manager whose free queue is full: half cached-free blocks (the full ones), half free-empty (the tails)."""
     mgr = KVCacheManager(num_blocks, BLOCK_SIZE)
     for i in range(num_blocks):
-        mgr.allocate(i, one_block_prompt(i))
-        mgr.commit(i)
+        req = KVRequest(i, one_block_prompt(i))
+        mgr.allocate(req)
+        req.num_computed_tokens = req.num_tokens
+        mgr.commit(req)
         mgr.free(i)
     return mgr
 
