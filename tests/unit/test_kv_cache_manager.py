@@ -10,6 +10,7 @@ import pytest
 from minienv.kv import kv_cache_manager as kcm
 from minienv.kv import prefix_cache
 from minienv.kv.errors import KVBudgetError
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import (
     BlockState,
     DuplicateRequestError,
@@ -18,18 +19,64 @@ from minienv.kv.kv_cache_manager import (
 )
 from minienv.kv.kv_pool import KVPool
 
+from kv_driver import admit, append, child, compute
+
 B = 4
+REQS: dict = {}  # the requests run() made, by id (the test's caller-side state; the manager only reads them)
 
 
 def run(mgr: KVCacheManager, rid, prompt, decode=()):
-    """Allocate + commit a prompt, then append + commit each decode token (what an engine step does)."""
-    alloc = mgr.allocate(rid, prompt)
-    mgr.commit(rid)
+    """Allocate + commit a prompt, then append + commit each decode token (what an engine step does); returns the
+    admission's allocation (the request is ``REQS[rid]``)."""
+    req, alloc = admit(mgr, rid, prompt)
+    compute(mgr, req)
     for t in decode:
-        mgr.append_slots(rid, [t])
-        mgr.commit(rid)
+        append(mgr, req, [t])
+        compute(mgr, req)
     mgr.check_invariants()
+    REQS[rid] = req
     return alloc
+
+
+def fork(mgr: KVCacheManager, parent_id, child_ids):
+    """``mgr.fork`` of ``REQS[parent_id]``, each child given its own request (a copy of the parent's)."""
+    res = mgr.fork(REQS[parent_id], child_ids)
+    REQS.update((c, child(REQS[parent_id], c)) for c in child_ids)
+    return res
+
+
+def test_the_manager_reads_the_request_and_keeps_no_copy_of_its_tokens():
+    """State owned once: the request holds its tokens and progress; the manager holds block ids and counts."""
+    mgr = KVCacheManager(8, B)
+    req = KVRequest("a", [1, 2, 3, 4, 5])
+    alloc = mgr.allocate(req)
+    assert (alloc.start, alloc.num_new_tokens) == (0, 5) and not hasattr(alloc, "token_ids")
+    table = mgr.request("a")
+    assert not hasattr(table, "token_ids") and not hasattr(table, "num_computed_tokens")
+    assert mgr.commit(req) == [] and len(mgr.index) == 0  # nothing computed yet: nothing indexed
+    req.num_computed_tokens = 5
+    assert mgr.commit(req) == [table.block_ids[0]]  # the manager read the request's new progress
+    req.all_token_ids.append(6)  # the caller appends the sampled token, then asks for its slot
+    alloc = mgr.append_slots(req, 1)
+    assert (alloc.start, alloc.num_new_tokens, table.num_tokens) == (5, 1, 6)
+    mgr.check_invariants()
+
+
+def test_commit_refuses_progress_beyond_the_reserved_slots():
+    mgr = KVCacheManager(8, B)
+    req = KVRequest("a", list(range(9)))
+    mgr.allocate(req, 3)
+    snap = mgr.snapshot()
+    for bad in (4, -1, "3", 2.0):
+        req.num_computed_tokens = bad
+        with pytest.raises(ValueError, match="num_computed_tokens"):
+            mgr.commit(req)
+        assert mgr.snapshot() == snap
+    with pytest.raises(TypeError, match="pass the request object"):
+        mgr.commit("a")
+    with pytest.raises(TypeError, match="pass the request object"):
+        mgr.allocate("b")
+    assert mgr.snapshot() == snap
 
 
 # ---------------------------------------------------------------------- prefix sharing
@@ -54,7 +101,7 @@ def test_cached_free_block_is_hit_after_owner_finishes():
     mgr.free("a")
     assert [mgr.block_state(x) for x in blocks] == [BlockState.CACHED_FREE, BlockState.CACHED_FREE,
                                                    BlockState.FREE_EMPTY]
-    b = mgr.allocate("b", list(range(9)))
+    b = mgr.allocate(KVRequest("b", list(range(9))))
     assert b.num_cached_tokens == 8 and mgr.block_ids("b")[:2] == blocks[:2]
     assert all(mgr.ref_cnt(x) == 1 for x in blocks[:2])
     mgr.check_invariants()
@@ -88,21 +135,20 @@ def test_cache_salt_separates_tenants():
 
 def test_chunked_prefill_continues_prompt():
     mgr = KVCacheManager(16, B)
-    a = mgr.allocate("a", list(range(10)), num_new_tokens=3)
+    req, a = admit(mgr, "a", list(range(10)), 3)
     assert a.num_new_tokens == 3 and mgr.num_tokens("a") == 3
-    mgr.commit("a")
-    a2 = mgr.append_slots("a", list(range(3, 10)))
+    compute(mgr, req)
+    a2 = mgr.append_slots(req, 7)  # the rest of the prompt, already in the request
     assert list(a2.positions) == list(range(3, 10))
-    mgr.commit("a")
+    compute(mgr, req)
     mgr.check_invariants()
     assert len(mgr.index) == 2
 
 
 def test_block_table_and_slot_mapping_agree():
     mgr = KVCacheManager(16, B)
-    mgr.allocate("x", [5])
-    mgr.commit("x")
-    alloc = mgr.allocate("a", list(range(6)))
+    compute(mgr, admit(mgr, "x", [5])[0])
+    _, alloc = admit(mgr, "a", list(range(6)))
     table = mgr.request("a")
     assert table.num_tokens == 6 and table.block_ids == mgr.block_ids("a")
     np.testing.assert_array_equal(alloc.slot_mapping, table.slot_mapping())
@@ -111,11 +157,11 @@ def test_block_table_and_slot_mapping_agree():
 def test_commit_dedupes_a_block_computed_twice():
     """Two requests prefill the same prompt in one step: the second's block is swapped for the indexed one."""
     mgr = KVCacheManager(16, B)
-    mgr.allocate("a", list(range(8)))
-    mgr.allocate("b", list(range(8)))  # not committed yet: no hit
+    a, _ = admit(mgr, "a", list(range(8)))
+    b, _ = admit(mgr, "b", list(range(8)))  # not committed yet: no hit
     assert set(mgr.block_ids("a")).isdisjoint(mgr.block_ids("b"))
-    mgr.commit("a")
-    mgr.commit("b")
+    compute(mgr, a)
+    compute(mgr, b)
     assert mgr.block_ids("a") == mgr.block_ids("b")
     mgr.check_invariants()
 
@@ -124,7 +170,7 @@ def test_commit_dedupes_a_block_computed_twice():
 def test_fork_shares_and_reports_memory_saved():
     mgr = KVCacheManager(32, B)
     run(mgr, "p", list(range(10)))
-    res = mgr.fork("p", ["c1", "c2", "c3"])
+    res = fork(mgr, "p", ["c1", "c2", "c3"])
     assert res == mgr.block_ids("p")
     sh = mgr.sharing()
     assert (sh.logical_blocks, sh.physical_blocks) == (12, 3)
@@ -139,8 +185,8 @@ def test_cow_copies_kv_data_in_pool():
     last = mgr.block_ids("p")[-1]
     pool.k_cache[:, last] = 7.0
     pool.v_cache[:, last] = -7.0
-    mgr.fork("p", ["c"])
-    alloc = mgr.append_slots("c", [9])
+    fork(mgr, "p", ["c"])
+    alloc = append(mgr, REQS["c"], [9])
     ((src, dst),) = alloc.blocks_to_copy
     assert src == last and dst == mgr.block_ids("c")[-1] != last
     pool.copy_blocks(alloc.blocks_to_copy)
@@ -181,8 +227,8 @@ def test_nothing_evictable_returns_none_state_unchanged():
     mgr = KVCacheManager(3, B)
     run(mgr, "a", list(range(9)))  # all 3 blocks in use
     snap = mgr.snapshot()
-    assert mgr.allocate("b", [1, 2]) is None
-    assert mgr.append_slots("a", [1, 2, 3, 4]) is None
+    assert mgr.allocate(KVRequest("b", [1, 2])) is None
+    assert mgr.append_slots(REQS["a"], 4) is None
     assert mgr.snapshot() == snap
 
 
@@ -214,22 +260,22 @@ def test_fork_unknown_request():
     run(mgr, "a", [1, 2, 3])
     snap = mgr.snapshot()
     with pytest.raises(UnknownRequestError, match="fork"):
-        mgr.fork("nope", ["c"])
+        mgr.fork(KVRequest("nope", [1]), ["c"])
     with pytest.raises(DuplicateRequestError):
-        mgr.fork("a", ["a"])
+        mgr.fork(REQS["a"], ["a"])
     with pytest.raises(ValueError):
-        mgr.fork("a", [])
+        mgr.fork(REQS["a"], [])
     with pytest.raises(ValueError):
-        mgr.fork("a", ["x", "x"])
+        mgr.fork(REQS["a"], ["x", "x"])
     assert mgr.snapshot() == snap
 
 
 def test_fork_of_uncommitted_request_rejected():
     mgr = KVCacheManager(8, B)
-    mgr.allocate("a", [1, 2, 3])
+    req, _ = admit(mgr, "a", [1, 2, 3])
     snap = mgr.snapshot()
     with pytest.raises(ValueError, match="commit"):
-        mgr.fork("a", ["c"])
+        mgr.fork(req, ["c"])
     assert mgr.snapshot() == snap
 
 
@@ -252,23 +298,32 @@ def test_other_bad_input_leaves_state_unchanged():
     run(mgr, "a", [1, 2, 3])
     snap = mgr.snapshot()
     with pytest.raises(DuplicateRequestError):
-        mgr.allocate("a", [1])
+        mgr.allocate(KVRequest("a", [1]))
     with pytest.raises(ValueError, match="empty"):
-        mgr.allocate("b", [])
+        mgr.allocate(KVRequest("b", []))
     with pytest.raises(ValueError):
-        mgr.allocate("b", [1, -2])
+        mgr.allocate(KVRequest("b", [1, -2]))
     with pytest.raises(TypeError):
-        mgr.allocate("b", "hello")
+        mgr.allocate(KVRequest("b", "hello"))
     with pytest.raises(ValueError):
-        mgr.allocate("b", [1, 2], num_new_tokens=3)
+        mgr.allocate(KVRequest("b", [1, 2]), 3)
     with pytest.raises(UnknownRequestError):
-        mgr.append_slots("zz", [1])
-    with pytest.raises(ValueError):
-        mgr.append_slots("a", [])
+        mgr.append_slots(KVRequest("zz", [1]), 1)
+    for bad in (0, -1, 1.5, True, [1]):
+        with pytest.raises(ValueError, match="num_new_tokens"):
+            mgr.append_slots(REQS["a"], bad)
     with pytest.raises(UnknownRequestError):
-        mgr.commit("zz")
+        mgr.commit(KVRequest("zz", [1]))
     with pytest.raises(ValueError):
         mgr.evict(-1)
+    assert mgr.snapshot() == snap
+    bad_tokens = KVRequest("c", [1, 2, 3, 4, 5])
+    mgr.allocate(bad_tokens)
+    snap = mgr.snapshot()
+    bad_tokens.all_token_ids[1] = -7  # the caller broke its own tokens: commit names them, indexes nothing
+    bad_tokens.num_computed_tokens = 5
+    with pytest.raises(ValueError, match="all_token_ids"):
+        mgr.commit(bad_tokens)
     assert mgr.snapshot() == snap
 
 
@@ -320,7 +375,7 @@ def test_vllm_1556_fork_increments_refcount_exactly_n():
     run(mgr, "p", list(range(10)))
     before = {x: mgr.ref_cnt(x) for x in mgr.block_ids("p")}
     assert len(before) == 3  # 10 tokens in blocks of 4
-    mgr.fork("p", [f"c{i}" for i in range(5)])
+    fork(mgr, "p", [f"c{i}" for i in range(5)])
     assert all(mgr.ref_cnt(x) == before[x] + 5 for x in before)
     for rid in ["p"] + [f"c{i}" for i in range(5)]:
         mgr.free(rid)
@@ -335,8 +390,8 @@ def test_vllm_1556_fork_increments_refcount_exactly_n():
 def test_vllm_417_copy_on_write_condition(prompt_len, shared_after_write, copies):
     mgr = KVCacheManager(16, B)
     run(mgr, "p", list(range(prompt_len)))
-    mgr.fork("p", ["c"])
-    alloc = mgr.append_slots("c", [99])
+    fork(mgr, "p", ["c"])
+    alloc = append(mgr, REQS["c"], [99])
     assert len(alloc.blocks_to_copy) == copies
     last_full = mgr.block_ids("p")[prompt_len // B - 1] if prompt_len % B == 0 else None
     if shared_after_write:
@@ -344,16 +399,16 @@ def test_vllm_417_copy_on_write_condition(prompt_len, shared_after_write, copies
     # never write into a slot another table still reads
     written_block = alloc.slot_mapping[0] // B
     assert mgr.ref_cnt(written_block) == 1
-    mgr.commit("c")
+    compute(mgr, REQS["c"])
     mgr.check_invariants()
 
 
 def test_vllm_417_unshared_not_full_block_is_not_copied():
     mgr = KVCacheManager(16, B)
     run(mgr, "p", list(range(6)))
-    mgr.fork("p", ["c"])
-    mgr.append_slots("c", [1])  # c copies
-    alloc = mgr.append_slots("p", [2])  # p is now the only holder of the original: writes in place
+    fork(mgr, "p", ["c"])
+    append(mgr, REQS["c"], [1])  # c copies
+    alloc = append(mgr, REQS["p"], [2])  # p is now the only holder of the original: writes in place
     assert alloc.blocks_to_copy == ()
 
 
@@ -372,7 +427,7 @@ def test_nanovllm_144_fully_cached_prompt_still_computes_last_token():
 def test_sglang_35270_shared_blocks_counted_once_as_evictable():
     mgr = KVCacheManager(16, B)
     run(mgr, "p", list(range(8)))
-    mgr.fork("p", ["c1", "c2"])
+    fork(mgr, "p", ["c1", "c2"])
     run(mgr, "q", list(range(8)) + [5])
     for rid in ("p", "c1", "c2", "q"):
         mgr.free(rid)
@@ -409,14 +464,17 @@ def test_truncate_into_an_indexed_block_keeps_it_cached_and_copies_on_write():
     mgr = KVCacheManager(16, B)
     run(mgr, "a", list(range(12)), decode=[1])  # blocks 0..2 full and indexed
     ids = mgr.block_ids("a")
+    a = REQS["a"]
     mgr.truncate("a", 6)  # the new last block (ids[1]) is partial, indexed, held only by a
+    del a.all_token_ids[6:]  # the caller rolls its request back too
+    a.num_computed_tokens = 6
     assert mgr.index.entry_for_block(ids[1]) is not None and mgr.stats().evicted_blocks == 0
     assert mgr.lookup(list(range(12)) + [0]).num_cached_tokens == 12
-    alloc = mgr.append_slots("a", [99])
+    alloc = append(mgr, a, [99])
     ((src, dst),) = alloc.blocks_to_copy
     assert src == ids[1] and alloc.slot_mapping[0] // B == dst != ids[1]
     assert mgr.block_state(ids[1]) is BlockState.CACHED_FREE
-    mgr.commit("a")
+    compute(mgr, a)
     mgr.check_invariants()
 
 
@@ -425,12 +483,15 @@ def test_truncate_into_a_shared_indexed_block_copies_on_next_write():
     run(mgr, "a", list(range(8)) + [1])
     run(mgr, "b", list(range(8)) + [2])  # shares a's two full blocks
     shared = mgr.block_ids("a")[1]
+    a = REQS["a"]
     mgr.truncate("a", 6)
+    del a.all_token_ids[6:]
+    a.num_computed_tokens = 6
     assert mgr.index.entry_for_block(shared) is not None, "b still holds it: it stays indexed"
-    alloc = mgr.append_slots("a", [42])
+    alloc = append(mgr, a, [42])
     assert alloc.blocks_to_copy[0][0] == shared
     assert mgr.block_ids("b")[1] == shared
-    mgr.commit("a")
+    compute(mgr, a)
     mgr.check_invariants()
 
 
@@ -459,10 +520,9 @@ def test_from_budget_rounds_down_to_blocks_and_salts_the_key():
 # ---------------------------------------------------------------------- rollback through the manager's API
 def test_undo_allocate_frees_the_admission_and_uncounts_its_lookup():
     mgr = KVCacheManager(8, B)
-    mgr.allocate("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
-    mgr.commit("a")
+    compute(mgr, admit(mgr, "a", [1, 2, 3, 4, 5, 6, 7, 8, 9])[0])
     before = mgr.stats()
-    alloc = mgr.allocate("b", [1, 2, 3, 4, 5, 6, 7, 8, 10, 11])  # a two-block hit, then its own tokens
+    _, alloc = admit(mgr, "b", [1, 2, 3, 4, 5, 6, 7, 8, 10, 11])  # a two-block hit, then its own tokens
     assert alloc.num_cached_tokens == 2 * B
     released = mgr.undo_allocate("b")
     assert len(released) == 3 and not mgr.has_request("b")
@@ -480,10 +540,11 @@ def test_commit_reuses_the_lookups_miss_hash_only_for_the_same_block():
     mgr = KVCacheManager(8, B)
     hit = mgr.lookup([1, 2, 3, 4, 5])
     assert hit.miss is not None and hit.miss.key == (ROOT_HASH, (1, 2, 3, 4), b"")
-    mgr.allocate("a", [1, 2, 3, 4, 5], num_new_tokens=2)  # only [1, 2] reserved now
-    mgr.commit("a")
-    mgr.append_slots("a", [9, 9])  # block 0 becomes [1, 2, 9, 9], not the looked-up [1, 2, 3, 4]
-    mgr.commit("a")
+    req, _ = admit(mgr, "a", [1, 2, 3, 4, 5], 2)  # only [1, 2] reserved now
+    compute(mgr, req)
+    req.all_token_ids[2:] = [9, 9]  # the request's next tokens turn out other than the looked-up [3, 4, 5]
+    mgr.append_slots(req, 2)  # block 0 becomes [1, 2, 9, 9], not the looked-up [1, 2, 3, 4]
+    compute(mgr, req)
     assert mgr.request("a").block_hashes == [hash_block_tokens(ROOT_HASH, (1, 2, 9, 9))]
     mgr.check_invariants()
     assert mgr.lookup([1, 2, 9, 9, 7]).num_cached_tokens == B and mgr.lookup([1, 2, 3, 4, 7]).num_cached_tokens == 0

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from minienv.kv.interface import KVRequest
 from minienv.cli import main
 from minienv.sim import ModelDoesNotFitError, RooflineClock, get_gpu, get_model
 from minienv.sim.hardware import GIB, GPUSpec
@@ -172,12 +173,12 @@ def test_reservation_baselines_admit_fewer_and_never_preempt():
 
 def test_reservation_manager_refuses_what_does_not_fit_and_changes_nothing():
     mgr = ReservationKVManager(10, 16, reserve=lambda rid: 100)  # 7 blocks each
-    assert mgr.allocate("a", list(range(20))) is not None and mgr.reserved_blocks == 7
+    assert mgr.allocate(KVRequest("a", list(range(20)))) is not None and mgr.reserved_blocks == 7
     before = mgr.snapshot()
-    assert mgr.allocate("b", list(range(100, 120))) is None  # 7 + 7 > 10
+    assert mgr.allocate(KVRequest("b", list(range(100, 120)))) is None  # 7 + 7 > 10
     assert mgr.snapshot() == before and mgr.reserved_blocks == 7
     mgr.free("a")
-    assert mgr.reserved_blocks == 0 and mgr.allocate("b", list(range(100, 120))) is not None
+    assert mgr.reserved_blocks == 0 and mgr.allocate(KVRequest("b", list(range(100, 120)))) is not None
     assert next_pow2(25) == 32 and reservation_tokens("reserve-pow2", 10, 25, 2048) == 42
     assert reservation_tokens("reserve-max", 10, 25, 2048) == 2048
 
