@@ -274,17 +274,18 @@ def demo_evict_in_use(
     backend = PagedAttentionBackend(kv)
     ours = KVCacheManager(num_blocks, block_size)  # no forks here: no copy-on-write copies to apply
 
-    req_a = KVRequest("A", [])
+    reqs = {rid: KVRequest(rid) for rid in ("A", "B")}  # each request's tokens and progress
 
-    def ours_feed(tokens: list[int], first: bool) -> int:
-        req_a.all_token_ids.extend(tokens)
-        ours.allocate(req_a) if first else ours.append_slots(req_a, len(tokens))
-        logits = paged_step(model, backend, ours.block_ids("A"), tokens, ours.num_tokens("A"))
-        req_a.num_computed_tokens = req_a.num_tokens
-        ours.commit(req_a)
+    def ours_feed(rid: str, tokens: list[int], first: bool) -> int:
+        req = reqs[rid]
+        req.all_token_ids.extend(tokens)
+        ours.allocate(req) if first else ours.append_slots(req, len(tokens))
+        logits = paged_step(model, backend, ours.block_ids(rid), tokens, ours.num_tokens(rid))
+        req.num_computed_tokens = req.num_tokens
+        ours.commit(req)
         return int(np.argmax(logits))
 
-    ours_a = [ours_feed(prompt_a, True)]
+    ours_a = [ours_feed("A", prompt_a, True)]
     b_refused = False
     while len(ours_a) < max_new_tokens:
         if len(ours_a) == b_arrives_after:
@@ -292,7 +293,7 @@ def demo_evict_in_use(
                 b_refused = True
             else:
                 ours.free("B")  # (does not happen with the default budget)
-        ours_a.append(ours_feed([ours_a[-1]], False))
+        ours_a.append(ours_feed("A", [ours_a[-1]], False))
     ours.free("A")
     ours_b = [ours_feed("B", prompt_b, True)]
     while len(ours_b) < max_new_tokens:

@@ -1,6 +1,7 @@
 """Stateful property test of the KV cache manager: random allocate / append / decode (the engine's fast path) /
 commit / fork / free / lookup / evict / truncate sequences, with every invariant checked after every step against
-an independent shadow model.
+an independent shadow model. The machine is the manager's caller: it owns each request (a ``KVRequest``: its
+tokens and how many are computed) and the manager only reads them.
 
 The shadow keeps what the KV pool *would* hold: every reserved slot is "written" with (token, position) as the
 model step would write K/V, copy-on-write copies are applied, and after every step each live request must read its
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from minienv.kv.hashing import ROOT_HASH
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import BlockState, KVCacheManager, UnknownRequestError
 
 EXAMPLES = int(os.environ.get("MINIENV_STATEFUL_EXAMPLES", "1000"))
@@ -50,6 +52,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.shadow = np.full(num_blocks * block_size, -1, dtype=np.int64)  # what each KV slot holds
         self.next_id = 0
         self.freed: list[str] = []
+        self.reqs: dict[str, KVRequest] = {}  # the caller's requests: tokens and progress, owned here only
         self.evicted_in_use: list[int] = []
         self.mgr.add_listener(self.on_event)
 
@@ -69,14 +72,15 @@ class KVCacheMachine(RuleBasedStateMachine):
         return live[i % len(live)]
 
     def write(self, alloc) -> None:
-        """What the model step does: apply CoW copies, then write each new token's (token, position)."""
+        """What the model step does: apply CoW copies, then write each new token's (token, position), the tokens
+        read from the request (the allocation carries positions and blocks only)."""
         for src, dst in alloc.blocks_to_copy:
             self.shadow[dst * self.B:(dst + 1) * self.B] = self.shadow[src * self.B:(src + 1) * self.B]
         # A write must only ever go into a block this request holds alone (never a shared one).
         for slot in alloc.slot_mapping:
             assert self.mgr.ref_cnt(int(slot) // self.B) == 1, "write into a shared block"
-        self.shadow[alloc.slot_mapping] = [encode(t, int(p))
-                                           for t, p in zip(alloc.token_ids, alloc.positions, strict=True)]
+        tokens = self.reqs[alloc.request_id].all_token_ids[alloc.start:alloc.start + alloc.num_new_tokens]
+        self.shadow[alloc.slot_mapping] = [encode(t, int(p)) for t, p in zip(tokens, alloc.positions, strict=True)]
 
     def attempt(self, fn):
         """Run an operation; when it finds no room (None) the manager must be exactly as before."""
@@ -93,18 +97,28 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.next_id += 1
         hit = self.mgr.lookup(prompt)
         n = min(chunk, len(prompt) - hit.num_cached_tokens)
-        alloc = self.attempt(lambda: self.mgr.allocate(rid, prompt, num_new_tokens=n))
+        req = KVRequest(rid, list(prompt))
+        alloc = self.attempt(lambda: self.mgr.allocate(req, n))
         if alloc is not None:
             assert alloc.num_cached_tokens == hit.num_cached_tokens < len(prompt)
             assert alloc.num_new_tokens >= 1
+            req.num_computed_tokens = alloc.num_cached_tokens
+            self.reqs[rid] = req
             self.write(alloc)
 
     @precondition(lambda self: self.live())
     @rule(pick=pick_st, tokens=st.one_of(tokens_st, st.lists(st.integers(0, 9), min_size=1, max_size=2)))
     def append(self, pick, tokens):
+        """Reserve the next len(tokens) slots: the request's own tokens not yet reserved (the rest of a chunked
+        prompt) come first; past them, ``tokens`` are appended to the request (decode tokens)."""
         rid = self.pick(pick)
-        alloc = self.attempt(lambda: self.mgr.append_slots(rid, tokens))
-        if alloc is not None:
+        req = self.reqs[rid]
+        new = tokens[len(req.all_token_ids) - self.mgr.num_tokens(rid):]
+        req.all_token_ids.extend(new)
+        alloc = self.attempt(lambda: self.mgr.append_slots(req, len(tokens)))
+        if alloc is None:
+            del req.all_token_ids[len(req.all_token_ids) - len(new):]
+        else:
             self.write(alloc)
 
     @precondition(lambda self: self.live())
@@ -114,22 +128,34 @@ class KVCacheMachine(RuleBasedStateMachine):
         rid = self.pick(pick)
         n = self.mgr.num_tokens(rid)
         if n > 1:
-            self.mgr.truncate(rid, max(1, n - k))
+            m = max(1, n - k)
+            self.mgr.truncate(rid, m)
+            req = self.reqs[rid]  # the caller drops the rejected tokens; the next ones may differ
+            del req.all_token_ids[m:]
+            req.num_computed_tokens = min(req.num_computed_tokens, m)
 
     @precondition(lambda self: self.live())
-    @rule(pick=pick_st)
-    def commit(self, pick):
-        self.mgr.commit(self.pick(pick))
+    @rule(pick=pick_st, behind=st.integers(0, 2))
+    def commit(self, pick, behind):
+        """The step computed the reserved tokens (all, or all but the last ``behind``): progress, then commit."""
+        rid = self.pick(pick)
+        req = self.reqs[rid]
+        req.num_computed_tokens = max(req.num_computed_tokens, self.mgr.num_tokens(rid) - behind)
+        self.mgr.commit(req)
 
     @precondition(lambda self: self.live())
     @rule(pick=pick_st, n=st.integers(1, 3))
     def fork(self, pick, n):
         rid = self.pick(pick)
-        self.mgr.commit(rid)  # fork needs written K/V
+        parent = self.reqs[rid]
+        parent.num_computed_tokens = self.mgr.num_tokens(rid)
+        self.mgr.commit(parent)  # fork needs written K/V
         before = {b: self.mgr.ref_cnt(b) for b in set(self.mgr.block_ids(rid))}
         children = [f"{rid}.{self.next_id}.{i}" for i in range(n)]
         self.next_id += 1
-        self.mgr.fork(rid, children)
+        self.mgr.fork(parent, children)
+        for c in children:  # each child its own request: a copy of the parent's tokens and progress
+            self.reqs[c] = KVRequest(c, list(parent.all_token_ids), parent.num_computed_tokens)
         for b, c in before.items():
             assert self.mgr.ref_cnt(b) == c + n, "fork must add exactly one reference per child per block"
 
@@ -138,6 +164,7 @@ class KVCacheMachine(RuleBasedStateMachine):
     def free(self, pick):
         rid = self.pick(pick)
         self.mgr.free(rid)
+        del self.reqs[rid]
         self.freed.append(rid)
 
     @precondition(lambda self: self.freed)
@@ -230,7 +257,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         for rid in self.live():
             alloc_table = self.mgr.request(rid)
             slots = alloc_table.slot_mapping()
-            toks = self.mgr.request(rid).token_ids
+            toks = self.reqs[rid].all_token_ids[:alloc_table.num_tokens]
+            assert len(toks) == alloc_table.num_tokens, f"{rid}: slots reserved for tokens it does not hold"
             assert self.shadow[slots].tolist() == [encode(t, p) for p, t in enumerate(toks)], f"{rid} corrupted"
 
     def resident_within_budget_and_no_in_use_eviction(self):
