@@ -12,10 +12,12 @@ import pytest
 from dataclasses import replace
 
 from engine_harness import alone, bundled
+from kv_driver import admit, append, compute
 from minienv.engine import InferenceEngine
 from minienv.kv.block_table import cdiv
 from minienv.lab.dynamic_blocks import DynamicBlockConfig, DynamicKVCacheManager, dynamic_blocks_factory
 from minienv.kv.errors import KVBudgetError
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.lab import block_size as bs
 from minienv.sampling import SamplingParams
@@ -113,29 +115,35 @@ def test_dynamic_manager_random_operations_keep_invariants_and_fail_atomically(s
     rng = random.Random(seed)
     mgr = DynamicKVCacheManager(40, DynamicBlockConfig(4, 8, 4))
     live: list[str] = []
+    reqs: dict = {}
     for step in range(1500):
         op = rng.random()
         if op < 0.2 and len(live) < 5:
             rid = f"r{step}"
             before = mgr.snapshot()
-            if mgr.allocate(rid, [rng.randrange(3) for _ in range(rng.randrange(1, 14))]) is None:
+            req, alloc = admit(mgr, rid, [rng.randrange(3) for _ in range(rng.randrange(1, 14))])
+            if alloc is None:
                 assert mgr.snapshot() == before, "a refused allocate changed the manager"
             else:
-                mgr.commit(rid)
+                compute(mgr, req)
                 live.append(rid)
+                reqs[rid] = req
         elif op < 0.85 and live:
             rid = rng.choice(live)
             before, reserved = mgr.snapshot(), {r: mgr.reserved(r) for r in live}
-            if mgr.append_slots(rid, [rng.randrange(3) for _ in range(rng.randrange(1, 5))]) is None:
+            if append(mgr, reqs[rid], [rng.randrange(3) for _ in range(rng.randrange(1, 5))]) is None:
                 assert mgr.snapshot() == before and {r: mgr.reserved(r) for r in live} == reserved
                 mgr.free(rid)
                 live.remove(rid)
             else:
-                mgr.commit(rid)
+                compute(mgr, reqs[rid])
         elif op < 0.9 and live:
             rid = rng.choice(live)
             if mgr.num_tokens(rid) > 1:
-                mgr.truncate(rid, rng.randrange(1, mgr.num_tokens(rid)))
+                n = rng.randrange(1, mgr.num_tokens(rid))
+                mgr.truncate(rid, n)
+                del reqs[rid].all_token_ids[n:]
+                reqs[rid].num_computed_tokens = n
         elif live:
             rid = live.pop(rng.randrange(len(live)))
             mgr.free(rid)
@@ -149,16 +157,16 @@ def test_dynamic_manager_random_operations_keep_invariants_and_fail_atomically(s
 
 def test_a_long_request_lies_in_runs_and_a_short_one_reserves_nothing():
     mgr = DynamicKVCacheManager(64, DynamicBlockConfig(4, 8, 4), enable_prefix_caching=False)
-    mgr.allocate("short", list(range(6)))
+    admit(mgr, "short", list(range(6)))
     assert mgr.reserved("short") == []  # below the threshold: block by block, like the plain manager
-    mgr.allocate("long", list(range(100, 133)))  # 33 tokens = 9 blocks: blocks 0-1 single, then runs of 4
+    long, _ = admit(mgr, "long", list(range(100, 133)))  # 33 tokens = 9 blocks: blocks 0-1 single, then runs of 4
     table = mgr.block_ids("long")
     assert len(table) == 9
     runs = np.split(np.asarray(table[2:]), np.nonzero(np.diff(table[2:]) != 1)[0] + 1)
     assert [len(r) for r in runs] == [7], f"blocks past the threshold should be one contiguous slab: {table}"
     assert mgr.reserved("long") == [table[-1] + 1]  # the rest of the second run
-    assert mgr.append_slots("long", list(range(3))) is not None  # 36 tokens: still block 8
-    assert mgr.append_slots("long", [7]) is not None  # block 9: the reserved one, no new run
+    assert append(mgr, long, list(range(3))) is not None  # 36 tokens: still block 8
+    assert append(mgr, long, [7]) is not None  # block 9: the reserved one, no new run
     assert mgr.block_ids("long")[-1] == table[-1] + 1 and mgr.reserved("long") == []
     mgr.free("long")
     assert mgr.num_reserved_blocks == 0
@@ -167,30 +175,35 @@ def test_a_long_request_lies_in_runs_and_a_short_one_reserves_nothing():
 
 def test_bad_calls_leave_the_manager_and_its_reserves_unchanged():
     mgr = DynamicKVCacheManager(32, DynamicBlockConfig(2, 2, 4))
-    mgr.allocate("a", list(range(5)))  # 3 blocks: 1 single, then a run of 4 (2 used, 2 reserved)
-    mgr.commit("a")
+    a, _ = admit(mgr, "a", list(range(5)))  # 3 blocks: 1 single, then a run of 4 (2 used, 2 reserved)
+    compute(mgr, a)
     reserved = mgr.reserved("a")
     assert reserved
     before = mgr.snapshot()
+    for bad in (0, -1, "abc", 1.5):
+        with pytest.raises((ValueError, TypeError)):
+            mgr.append_slots(a, bad)
+        assert mgr.snapshot() == before and mgr.reserved("a") == reserved
     for bad in ([], "abc", [1, -2]):
         with pytest.raises((ValueError, TypeError)):
-            mgr.append_slots("a", bad)
-        assert mgr.snapshot() == before and mgr.reserved("a") == reserved
+            mgr.allocate(KVRequest("b", bad))
     with pytest.raises(ValueError, match="num_new_tokens"):
-        mgr.allocate("b", [1, 2, 3], num_new_tokens=9)
+        mgr.allocate(KVRequest("b", [1, 2, 3]), 9)
     with pytest.raises(KeyError):
-        mgr.append_slots("nobody", [1])
+        mgr.append_slots(KVRequest("nobody", [1]), 1)
+    with pytest.raises(TypeError, match="request object"):
+        mgr.append_slots("a", 1)
     assert mgr.snapshot() == before and mgr.reserved("a") == reserved
     mgr.check_invariants()
 
 
 def test_reserves_are_taken_back_before_an_allocation_would_fail():
     mgr = DynamicKVCacheManager(12, DynamicBlockConfig(1, 0, 8), enable_prefix_caching=False)
-    mgr.allocate("a", [1])
+    admit(mgr, "a", [1])
     assert len(mgr.reserved("a")) == 7  # one run of 8: 1 used, 7 reserved
-    assert mgr.allocate("b", list(range(10))) is not None  # needs 10 of 12: a's reserve is reclaimed
+    assert admit(mgr, "b", list(range(10)))[1] is not None  # needs 10 of 12: a's reserve is reclaimed
     assert mgr.reserves_reclaimed == 1 and mgr.reserved("a") == []
-    assert mgr.allocate("c", [1, 2, 3]) is None  # genuinely full: None, as the plain manager
+    assert admit(mgr, "c", [1, 2, 3])[1] is None  # genuinely full: None, as the plain manager
     mgr.check_invariants()
 
 
@@ -270,8 +283,7 @@ def test_the_240_token_prefix_gets_no_hit_with_784_token_blocks():
     prefix = list(range(240))
     for b, expected in ((784, 0), (256, 0), (128, 128), (16, 240)):
         mgr = KVCacheManager.from_budget(8 * 784, b)
-        mgr.allocate("first", prefix + [5000, 5001])
-        mgr.commit("first")
+        compute(mgr, admit(mgr, "first", prefix + [5000, 5001])[0])
         mgr.free("first")
         assert mgr.lookup(prefix + [6000, 6001]).num_cached_tokens == expected, b
 

@@ -34,6 +34,7 @@ from minienv.exercises import tour as ex00
 from minienv.exercises import speculative_decoding as ex12
 from minienv.kv import OutOfBlocksError
 from minienv.kv.hashing import ROOT_HASH, hash_block_chain, hash_block_tokens
+from kv_driver import admit, compute
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -1037,8 +1038,9 @@ def test_cached_tokens_reference_agrees_with_the_manager():
         cached: set = set()
         for i in range(int(rng.integers(0, 3))):
             p = stem[: int(rng.integers(1, len(stem) + 1))]
-            assert mgr.allocate(i, p) is not None
-            mgr.commit(i)
+            req, alloc = admit(mgr, i, p)
+            assert alloc is not None
+            compute(mgr, req)
             cached |= set(hash_block_chain(p, bs))
         prompt = stem[: int(rng.integers(1, len(stem) + 1))] + [int(t) for t in rng.integers(0, 5, 2)]
         assert ex05.cached_tokens_reference(prompt, cached, bs) == mgr.lookup(prompt).num_cached_tokens
@@ -1124,11 +1126,12 @@ def test_conversations_that_fit_reference_is_what_the_manager_holds():
         while True:
             conv = system + [10_000 + held] * (n - s)
             try:
-                if mgr.allocate(held, conv) is None:
+                req, alloc = admit(mgr, held, conv)
+                if alloc is None:
                     break
             except OutOfBlocksError:
                 break
-            mgr.commit(held)
+            compute(mgr, req)
             held += 1
         assert held == ex15.conversations_that_fit_reference(num_blocks, b, s, n), (num_blocks, b, s, n)
 

@@ -8,6 +8,7 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("plotly")
 pytest.importorskip("anywidget")
 
+from kv_driver import admit, append, child, compute  # noqa: E402
 from minienv.kv.kv_cache_manager import KVCacheManager  # noqa: E402
 from minienv.viz.kv_views import (  # noqa: E402
     ManagerView,
@@ -24,10 +25,8 @@ B = 4
 
 def shared_manager() -> KVCacheManager:
     m = KVCacheManager(12, B)
-    m.allocate("A", list(range(10)))
-    m.commit("A")
-    m.allocate("B", list(range(8)) + [50, 51, 52])
-    m.commit("B")
+    compute(m, admit(m, "A", list(range(10)))[0])
+    compute(m, admit(m, "B", list(range(8)) + [50, 51, 52])[0])
     return m
 
 
@@ -53,8 +52,7 @@ def test_manager_cells_show_refcounts_owners_and_states():
 def test_manager_cells_hash_labels_and_many_owners():
     m = KVCacheManager(8, B)
     for r in "abcd":
-        m.allocate(r, list(range(9)))
-        m.commit(r)
+        compute(m, admit(m, r, list(range(9)))[0])
     cells = manager_cells(m)
     assert cells[0].label == "×4" and cells[0].refcount == 4
     hashed = manager_cells(m, labels="hash")
@@ -77,13 +75,12 @@ def test_free_queue_items_match_the_manager_in_lru_order():
 def test_manager_view_highlights_evictions_as_they_happen():
     m = KVCacheManager(6, B)
     view = ManagerView(m)
-    m.allocate("A", list(range(16)))  # 4 full blocks
-    m.commit("A")
+    compute(m, admit(m, "A", list(range(16)))[0])  # 4 full blocks
     view.update("A")
     m.free("A")
     view.update("A done")
     assert view.queue.head == m.free_queue()[0][0] and view.last_evicted == ()
-    m.allocate("C", list(range(100, 112)))  # 3 blocks: 2 free-empty, then evicts A's tail block
+    admit(m, "C", list(range(100, 112)))  # 3 blocks: 2 free-empty, then evicts A's tail block
     view.update("C")
     assert len(view.last_evicted) == 1 and view.last_evicted[0] in m.block_ids("C")
     assert view.queue.evicted == view.last_evicted
@@ -96,17 +93,17 @@ def test_manager_view_highlights_evictions_as_they_happen():
 def test_manager_view_reports_copy_on_write_and_reattaches():
     m = KVCacheManager(8, B)
     view = ManagerView(m, queue=False)
-    m.allocate("P", list(range(6)))
-    m.commit("P")
-    m.fork("P", ["S"])
+    parent, _ = admit(m, "P", list(range(6)))
+    compute(m, parent)
+    m.fork(parent, ["S"])
     view.update()
-    m.append_slots("S", [9])
+    append(m, child(parent, "S"), [9])
     view.update()
     assert view.last_copies == ((m.block_ids("P")[1], m.block_ids("S")[1]),)
     other = KVCacheManager(8, B)
     view.attach(other)
     assert len(view.grid.cells) == 8 and all(c.state == "free" for c in view.grid.cells)
-    m.allocate("Z", [1])  # the old manager is no longer listened to
+    admit(m, "Z", [1])  # the old manager is no longer listened to
     view.update()
     assert view.last_events == ()
     with pytest.raises(ValueError, match="blocks"):
@@ -130,6 +127,5 @@ def test_hash_chain_svg_draws_shared_blocks_once_and_marks_partial_blocks():
 def test_chain_hashes_equal_the_managers_index():
     m = KVCacheManager(8, B)
     p = list(range(13))
-    m.allocate("r", p)
-    m.commit("r")
+    compute(m, admit(m, "r", p)[0])
     assert {e.block_hash for e in m.index} == set(chain_hashes(p, B))

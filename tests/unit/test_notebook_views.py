@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kv_driver import admit, append, child, compute
 from minienv.engine import InferenceEngine
 from minienv.lab.scheduling_demos import mixed_workload, tiny_model
 from minienv.sampling import SamplingParams
@@ -191,8 +192,7 @@ def test_05_manager_views_draw_refcounts_and_cached_free_blocks():
     mgr = KVCacheManager(48, 4)
     view = ManagerView(mgr, title="pool", columns=16, cell_px=56)
     for rid in ("r0", "r1", "r2", "r3"):
-        mgr.allocate(rid, prompts[rid])
-        mgr.commit(rid)
+        compute(mgr, admit(mgr, rid, prompts[rid])[0])
     mgr.free("r0")
     view.update(caption="r1..r3 run")
     sys_blocks = mgr.lookup(prompts["r1"]).block_ids[: shared // 4]
@@ -202,18 +202,17 @@ def test_05_manager_views_draw_refcounts_and_cached_free_blocks():
         mgr.free(rid)
     view.update(caption="everyone left")
     assert all(view.grid.cells[b].state == "cached" for b in sys_blocks)
-    mgr.allocate("r5", prompts["r5"])
-    mgr.commit("r5")
+    compute(mgr, admit(mgr, "r5", prompts["r5"])[0])
     view.update(caption="r5")
     assert "rc1" in view.to_html() and sum(c.state == "cached" for c in view.grid.cells) > 0
 
     fork = KVCacheManager(16, 4)
     fork_view = ManagerView(fork, title="fork", columns=16, cell_px=56)
-    fork.allocate("P", prompts["r0"][:10])
-    fork.commit("P")
-    fork.fork("P", ["S1", "S2"])
+    parent, _ = admit(fork, "P", prompts["r0"][:10])
+    compute(fork, parent)
+    fork.fork(parent, ["S1", "S2"])
     fork_view.update(caption="fork")
     assert fork_view.grid.cells[0].text()[0] == "0 ·rc3" and fork_view.grid.cells[0].shared
-    fork.append_slots("S1", [500])
+    append(fork, child(parent, "S1"), [500])
     fork_view.update(caption="S1 writes")
     assert fork_view.last_copies == ((2, 3),)

@@ -23,6 +23,7 @@ import pytest
 from minienv.generate import dense_greedy
 from minienv.kv import KVPool, PagedAttentionBackend, PagedAttentionMetadata
 from minienv.kv.block_table import cdiv
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.model import LlamaConfig, LlamaModel, random_weights
 from minienv.lab.serving import serve_greedy
@@ -120,36 +121,41 @@ def test_fork_copy_on_write_through_the_model(model):
     mgr = KVCacheManager(64, block_size)  # bookkeeping only: this step applies the copies it asks for
     backend = PagedAttentionBackend(kv)
 
+    reqs = {"p": KVRequest("p", list(prompt))}  # each sequence's tokens and progress (the manager reads them)
+
+    def append(rid, token):
+        reqs[rid].all_token_ids.append(token)
+        return mgr.append_slots(reqs[rid], 1)
+
     def step(rids, allocs):
         kv.copy_blocks(pair for a in allocs for pair in a.blocks_to_copy)
         meta = PagedAttentionMetadata.from_block_tables([mgr.request(r) for r in rids],
                                                         [a.num_new_tokens for a in allocs])
         backend.set_metadata(meta)
-        toks = [t for a in allocs for t in a.token_ids]
+        toks = [t for r, a in zip(rids, allocs) for t in reqs[r].all_token_ids[a.start:a.start + a.num_new_tokens]]
         out = model.forward_step(toks, meta.positions, backend, logits_indices=meta.query_start_loc[1:] - 1)
         for r in rids:
-            mgr.commit(r)
+            reqs[r].num_computed_tokens = len(reqs[r].all_token_ids)
+            mgr.commit(reqs[r])
         return [int(np.argmax(row)) for row in out]
 
-    step(["p"], [mgr.allocate("p", prompt)])
+    step(["p"], [mgr.allocate(reqs["p"])])
     children = [f"c{i}" for i in range(3)]
-    mgr.fork("p", children)
+    mgr.fork(reqs["p"], children)
+    reqs.update((c, KVRequest(c, list(prompt), len(prompt))) for c in children)
     forced = [11, 22, 33]
-    allocs = [mgr.append_slots(c, [t]) for c, t in zip(children, forced, strict=True)]
+    allocs = [append(c, t) for c, t in zip(children, forced, strict=True)]
     # every child writes into the shared half-full block, so each copies it (the parent still holds the original)
     assert all(len(a.blocks_to_copy) == 1 for a in allocs), "the shared half-full block is copied on write"
-    seqs = {c: prompt + [t] for c, t in zip(children, forced, strict=True)}
     nxt = step(children, allocs)
     for _ in range(3):
-        for c, t in zip(children, nxt, strict=True):
-            seqs[c].append(t)
-        nxt = step(children, [mgr.append_slots(c, [seqs[c][-1]]) for c in children])
+        nxt = step(children, [append(c, t) for c, t in zip(children, nxt, strict=True)])
     for c, t in zip(children, nxt, strict=True):
-        seqs[c].append(t)
+        reqs[c].all_token_ids.append(t)
     for c, t in zip(children, forced, strict=True):
-        assert seqs[c] == prompt + [t] + dense_greedy(model, prompt + [t], 4)
+        assert reqs[c].all_token_ids == prompt + [t] + dense_greedy(model, prompt + [t], 4)
     # the parent's own K/V were never overwritten: it continues as if nothing happened
-    alloc_p = mgr.append_slots("p", [44])
+    alloc_p = append("p", 44)
     assert alloc_p.blocks_to_copy == (), "the parent is now the block's only holder: it writes in place"
     nxt_p = step(["p"], [alloc_p])
     assert nxt_p[0] == dense_greedy(model, prompt + [44], 1)[0]
