@@ -139,8 +139,10 @@ def bench_ops(num_blocks: int, cycles: int, rounds: int, seed: int) -> dict:
         counts["calls"] += 1
         before = mgr.stats().evicted_blocks
         for p in fresh:
-            allocate("e", p)
-            commit("e")
+            req = KVRequest("e", p)
+            allocate(req)
+            req.num_computed_tokens = len(p)  # the step computed the prompt
+            commit(req)
             free("e")
         counts["evictions"] = mgr.stats().evicted_blocks - before
         recent[:] = fresh[-min(cycles, num_blocks // 4):]
@@ -150,8 +152,10 @@ def bench_ops(num_blocks: int, cycles: int, rounds: int, seed: int) -> dict:
         picks = [recent[int(j)] for j in rng.integers(0, len(recent), cycles)]
         hits_before = mgr.stats().prefix_hits_tokens
         for p in picks:
-            allocate("h", p)
-            commit("h")
+            req = KVRequest("h", p)
+            allocate(req)
+            req.num_computed_tokens = len(p)  # the step computed the prompt
+            commit(req)
             free("h")
         counts["hit_blocks"] = (mgr.stats().prefix_hits_tokens - hits_before) // BLOCK_SIZE
 

@@ -119,17 +119,23 @@ assert naive_demo.ours_hit_tokens >= (len(prompts) - 1) * (shared // B) * B
 # (model, dtype, cache salt) so models or tenants never share K/V, and a hit compares the stored tokens too (a
 # collision costs a miss, never wrong K/V). A **refcount** counts the tables holding a block (+1 per hit, −1 per
 # free); at 0 the block keeps K/V and hash (**cached-free**, findable until notebook 06 evicts it). A block is
-# indexed at `commit`, after the step that wrote its K/V. Stats count **tokens**.
+# indexed at `commit`, after the step that wrote its K/V. Stats count **tokens**. The request's tokens and how
+# many are computed live in the request object the caller owns (here a `KVRequest`; in the engine, its `Request`);
+# the manager only reads them, as vLLM's `KVCacheManager` reads `request.all_token_ids`.
 
 # %%
 # NBVAL_CHECK_OUTPUT
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager
 
 mgr = KVCacheManager(num_blocks=64, block_size=B)
-a0 = mgr.allocate("r0", prompts["r0"])
-mgr.commit("r0")  # (the model step that writes r0's K/V happens between allocate and commit)
-a1 = mgr.allocate("r1", prompts["r1"])
-mgr.commit("r1")
+r0, r1 = KVRequest("r0", list(prompts["r0"])), KVRequest("r1", list(prompts["r1"]))  # tokens + progress: yours
+a0 = mgr.allocate(r0)  # the manager reads r0's tokens, takes its prefix hit, reserves slots for the rest
+r0.num_computed_tokens = r0.num_tokens  # (the model step that writes r0's K/V happens here)
+mgr.commit(r0)  # r0's computed full blocks become findable
+a1 = mgr.allocate(r1)
+r1.num_computed_tokens = r1.num_tokens
+mgr.commit(r1)
 print(f"r0: {a0.num_cached_tokens} cached, computes {a0.num_new_tokens} tokens; blocks {mgr.block_ids('r0')}")
 print(f"r1: {a1.num_cached_tokens} cached, computes {a1.num_new_tokens} tokens; blocks {mgr.block_ids('r1')}")
 common = [b for b in mgr.block_ids("r0") if b in mgr.block_ids("r1")]
@@ -244,14 +250,20 @@ def parallel_sampling(n, cases, block_size=16):
     for prompt, out_lens in cases:
         mgr = KVCacheManager(n * cdiv(len(prompt) + max(out_lens), block_size) + 1, block_size,
                              enable_prefix_caching=False)
-        mgr.allocate("s0", prompt)
-        mgr.commit("s0")
-        mgr.fork("s0", [f"s{i}" for i in range(1, n)])  # n tables, one copy of the prompt's blocks
+        reqs = {f"s{i}": KVRequest(f"s{i}", list(prompt)) for i in range(n)}  # each sample: its own request
+        mgr.allocate(reqs["s0"])
+        for r in reqs.values():  # the prompt's K/V computed once (by s0), the forks inherit that progress
+            r.num_computed_tokens = len(prompt)
+        mgr.commit(reqs["s0"])
+        mgr.fork(reqs["s0"], [f"s{i}" for i in range(1, n)])  # n tables, one copy of the prompt's blocks
         alive, step = {f"s{i}": length for i, length in enumerate(out_lens)}, 0
         while alive:
             for i, sid in enumerate(alive):  # each sample writes its own token (copy-on-write on the shared tail)
-                mgr.append_slots(sid, [30_000 + 1000 * i + step])
-                mgr.commit(sid)
+                r = reqs[sid]
+                r.all_token_ids.append(30_000 + 1000 * i + step)  # the sampled token joins the request...
+                mgr.append_slots(r, 1)  # ...then the manager reserves its slot
+                r.num_computed_tokens += 1
+                mgr.commit(r)
             named, held, step = named + mgr.sharing().logical_blocks, held + mgr.sharing().physical_blocks, step + 1
             for sid in [sid for sid, length in alive.items() if length == step]:
                 mgr.free(sid)

@@ -119,25 +119,34 @@ assert taken == [4, 5, 1] and sorted(toy_index) == ["a", "c", "d"]
 # %%
 # NBVAL_CHECK_OUTPUT
 from minienv.kv import OutOfBlocksError  # the exercise's toy evictor raises it (misuse of a pool)
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager
+
+
+def admit(m, rid, tokens):
+    """A request arrives: the manager reads its tokens (the request is ours), takes its hit, reserves the rest."""
+    req = KVRequest(rid, tokens)
+    alloc = m.allocate(req)
+    if alloc is not None:
+        req.num_computed_tokens = req.num_tokens  # (the model step writes the K/V here)
+        m.commit(req)  # its full blocks become findable
+    return alloc
+
 
 B = 4
 m = KVCacheManager(num_blocks=8, block_size=B)
-m.allocate("A", list(range(13)))  # 13 tokens: 3 full blocks + 1
-m.commit("A")
-m.allocate("X", [90, 91, 92, 93, 94])  # 5 tokens: 1 full block + 1
-m.commit("X")
+admit(m, "A", list(range(13)))  # 13 tokens: 3 full blocks + 1
+admit(m, "X", [90, 91, 92, 93, 94])  # 5 tokens: 1 full block + 1
 a_blocks = m.block_ids("A")
 print("A holds", a_blocks, "| X holds", m.block_ids("X"))
 m.free("A")
 print("A finished; free queue head first (block, cached?):", m.free_queue())
 assert [b for b, _ in m.free_queue()][-len(a_blocks):] == a_blocks[::-1]  # freed last block first
 before = m.snapshot()
-no_room = m.allocate("Y", list(range(200, 230)))  # 30 tokens = 8 blocks; X holds 2 of the 8
+no_room = admit(m, "Y", list(range(200, 230)))  # 30 tokens = 8 blocks; X holds 2 of the 8
 print("30 tokens need 8 blocks, X holds 2 -> allocate returned", no_room)
 assert no_room is None and m.snapshot() == before  # all or nothing
-y = m.allocate("Y", list(range(200, 222)))  # 22 tokens = 6 blocks: 2 free-empty, A's partial block, 3 evictions
-m.commit("Y")
+y = admit(m, "Y", list(range(200, 222)))  # 22 tokens = 6 blocks: 2 free-empty, A's partial block, 3 evictions
 s = m.stats()
 print("Y took", m.block_ids("Y"), f"-> evicted {s.evicted_blocks} blocks ({s.evicted_tokens} tokens)")
 print("A's prompt now hits", m.lookup(list(range(13))).num_cached_tokens, "tokens; free queue:", m.free_queue())
@@ -408,10 +417,9 @@ print("ns per allocate+free at", pop0.sizes, "blocks: naive list", [f"{x:.0f}" f
       "| minienv", [f"{x:.0f}" for x in pop0.ours_ns_per_op])
 trap["pop(0) grows with the pool, ours flat"] = pop0.naive_growth > 5 and pop0.ours_growth < pop0.naive_growth / 3
 t = KVCacheManager(4, B)
-t.allocate("P", list(range(8)))
-t.commit("P")
+admit(t, "P", list(range(8)))
 t.free("P")  # 2 cached-free blocks
-t.allocate("Q", list(range(50, 62)))  # 3 blocks: 2 free-empty + evicts 1 cached
+admit(t, "Q", list(range(50, 62)))  # 3 blocks: 2 free-empty + evicts 1 cached
 trap["#4764 evicted hash left the index"] = t.lookup(list(range(9))).num_cached_tokens == 4 and len(t.index) == 1
 t.check_invariants()
 for name, ok in trap.items():  # the naive evictor, LMCache #184 and "nothing evictable" are proved above

@@ -249,9 +249,13 @@ def run_checked(engine, prompts, params):
         done.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
         engine.check_invariants()
         kv = engine.kv_cache_manager
-        for req in engine.scheduler.running:
-            held = kv.request(req.request_id).token_ids
-            assert list(held) == req.all_token_ids[:req.num_computed_tokens] and len(held) == req.num_computed_tokens
+        for req in engine.scheduler.running:  # KV slots for exactly the computed tokens: no draft's slot survives
+            table, B = kv.request(req.request_id), kv.block_size
+            assert table.num_tokens == req.num_computed_tokens
+            for j, block_hash in enumerate(table.block_hashes):  # and every hashed block holds real tokens only
+                entry = kv.index.entry_for_hash(block_hash)
+                assert entry is None or entry.block_id != table.block_ids[j] or \
+                    list(entry.key.token_ids) == req.all_token_ids[j * B:(j + 1) * B]
     return [done[i] for i in ids]
 
 

@@ -40,13 +40,16 @@
 
 # %%
 # NBVAL_CHECK_OUTPUT
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager
 
 system_prompt = list(range(1000, 1240))  # 240 tokens
 for B in (784, 256, 128, 64, 16):
     mgr = KVCacheManager.from_budget(8 * 784, B)
-    mgr.allocate("first", system_prompt + [1, 2, 3])  # computes the system prompt and its question
-    mgr.commit("first")
+    first = KVRequest("first", system_prompt + [1, 2, 3])  # the system prompt and its question
+    mgr.allocate(first)
+    first.num_computed_tokens = first.num_tokens  # the step computes them...
+    mgr.commit(first)  # ...and their full blocks become findable
     mgr.free("first")  # finished: its full blocks stay cached
     hit = mgr.lookup(system_prompt + [7, 8, 9]).num_cached_tokens
     print(f"block size {B:>3}: the next request finds {hit:>3} of 240 system-prompt tokens cached ({hit / 240:.0%})")
@@ -114,8 +117,10 @@ def fill_pool(B):
     """Allocate the six requests one after another (each commits before the next looks up)."""
     mgr = KVCacheManager.from_budget(POOL, B)
     for name, prompt in grid_requests.items():
-        assert mgr.allocate(name, prompt) is not None
-        mgr.commit(name)
+        req = KVRequest(name, list(prompt))
+        assert mgr.allocate(req) is not None
+        req.num_computed_tokens = req.num_tokens
+        mgr.commit(req)
     return mgr
 
 

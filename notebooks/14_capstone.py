@@ -44,7 +44,10 @@
 #
 # The engine's scheduler needs more than this (slot mappings, stats, request bookkeeping); a small adapter,
 # `minienv.exercises.capstone.PluggedManager`, supplies those around your class and adds no policy of its own —
-# every block id, refcount, hit and eviction is yours. Your class answers this:
+# every block id, refcount, hit and eviction is yours. minienv's own manager is handed the request object and
+# reads its tokens and progress (`all_token_ids`, `num_computed_tokens`: the engine's `Request` owns them); your
+# contract is simpler, with ids and token lists, and the adapter reads them out of the request for each call. Your
+# class answers this:
 
 # %%
 from minienv.exercises import capstone
@@ -75,6 +78,7 @@ print(capstone.CONTRACT)
 # %%
 import ipywidgets as widgets
 
+from minienv.kv.interface import KVRequest
 from minienv.kv.kv_cache_manager import KVCacheManager
 from minienv.viz import Stepper
 from minienv.viz.kv_views import ManagerView
@@ -83,19 +87,34 @@ B = 4
 A_PROMPT = list(range(10, 19))  # 9 tokens: 2 full blocks + 1
 B_PROMPT = A_PROMPT[:8] + [70, 71, 72]
 NEW_PROMPT = list(range(40, 60))  # 20 tokens: 5 blocks
+demo, requests = {}, {}  # the requests are the caller's: minienv's manager only reads them
+
+
+def admit(m, rid, prompt):
+    """The contract's allocate(rid, token_ids, n), as minienv's manager takes it: the request object."""
+    requests[rid] = KVRequest(rid, list(prompt))
+    return m.allocate(requests[rid])
+
+
+def commit(m, rid):
+    """The contract's commit(rid): the step computed the reserved tokens, so their full blocks become findable."""
+    requests[rid].num_computed_tokens = requests[rid].num_tokens
+    return m.commit(requests[rid])
+
+
 SCRIPT = [
-    ("admit a (9 tokens) and commit it", lambda m: (m.allocate("a", A_PROMPT), m.commit("a"))),
-    ("admit b: its first 8 tokens are a's 2 full blocks", lambda m: (m.allocate("b", B_PROMPT), m.commit("b"))),
+    ("admit a (9 tokens) and commit it", lambda m: (admit(m, "a", A_PROMPT), commit(m, "a"))),
+    ("admit b: its first 8 tokens are a's 2 full blocks", lambda m: (admit(m, "b", B_PROMPT), commit(m, "b"))),
     ("free a: last block first; shared blocks keep refcount 1", lambda m: m.free("a")),
     ("free b: its blocks join the queue's tail, cached ones stay findable", lambda m: m.free("b")),
-    ("admit new (5 blocks): taken from the head, a cached one evicted", lambda m: m.allocate("new", NEW_PROMPT)),
-    ("commit new", lambda m: m.commit("new")),
+    ("admit new (5 blocks): taken from the head, a cached one evicted", lambda m: admit(m, "new", NEW_PROMPT)),
+    ("commit new", lambda m: commit(m, "new")),
 ]
-demo = {}
 
 
 def demo_reset():
     demo["mgr"] = KVCacheManager(6, B)
+    requests.clear()
     if "view" not in demo:
         demo["view"] = ManagerView(demo["mgr"], title="minienv's KVCacheManager: 6 blocks of 4 tokens", columns=6)
     else:
@@ -278,9 +297,10 @@ capstone.check_random_ops(MyKVCacheManager)
 #
 # `InferenceEngine(..., kv_cache_manager_factory=...)` is the seam: the engine calls
 # `factory(num_blocks, block_size, enable_prefix_caching)` instead of building its own manager, and drives what it
-# returns through the `KVManager` protocol (`minienv/kv/interface.py`: `lookup`, `allocate`, `append_slots`,
-# `commit`, `free`, `undo_allocate`, ...). `capstone.plug(MyKVCacheManager)` is such a factory: it wraps your class
-# in that protocol. Eight greedy requests (half share a 16-token prefix) run
+# returns through the `KVManager` protocol (`minienv/kv/interface.py`: `lookup`, `allocate(request, n)`,
+# `append_slots(request, n)`, `commit(request)`, `free`, `undo_allocate`, ...; the calls that need a request's
+# tokens or progress read them from the request). `capstone.plug(MyKVCacheManager)` is such a factory: it wraps your
+# class in that protocol. Eight greedy requests (half share a 16-token prefix) run
 # with your manager; their outputs must equal minienv's manager with the cache on, with it off, and each request
 # generated alone by `minienv.generate` — and again at a 48-token budget, where requests are preempted and resume,
 # the victims chosen by your `fewest_computed` from notebook 07 if you pasted it above (the check holds it to its
