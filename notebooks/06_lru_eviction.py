@@ -419,7 +419,7 @@ trap["pop(0) grows with the pool, ours flat"] = pop0.naive_growth > 5 and pop0.o
 t = KVCacheManager(4, B)
 admit(t, "P", list(range(8)))
 t.free("P")  # 2 cached-free blocks
-admit(t, "Q", list(range(50, 62)))  # 3 blocks: 2 free-empty + evicts 1 cached
+t.allocate(KVRequest("Q", list(range(50, 62))))  # (not yet computed) 3 blocks: 2 free-empty + evicts 1 cached
 trap["#4764 evicted hash left the index"] = t.lookup(list(range(9))).num_cached_tokens == 4 and len(t.index) == 1
 t.check_invariants()
 for name, ok in trap.items():  # the naive evictor, LMCache #184 and "nothing evictable" are proved above
