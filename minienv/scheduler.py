@@ -197,7 +197,7 @@ class Scheduler:
         for s in reversed(plan.scheduled):
             req = self.requests.get(s.request_id)
             if s.is_new and req is not None:
-                released = self.kv.undo_allocate(s.request_id)
+                self.kv.undo_allocate(s.request_id)  # its blocks back where they were in the free queue
                 self.running.remove(req)
                 req.status = RequestStatus.PREEMPTED if s.is_resume else RequestStatus.WAITING
                 req.num_computed_tokens = 0
@@ -205,8 +205,7 @@ class Scheduler:
                     req.metrics.num_cached_tokens = 0  # set by this (undone) first admission
                 self.waiting.appendleft(req)
             else:  # a running request's chunk or decode (or a padding token)
-                released = self.kv.truncate(s.request_id, s.num_computed_tokens)
-            self.kv.return_to_head(released)
+                self.kv.return_to_head(self.kv.truncate(s.request_id, s.num_computed_tokens))
         self.num_steps = plan.step
 
     def _plan(self, out: SchedulerOutput) -> None:
@@ -313,7 +312,7 @@ class Scheduler:
         return False
 
     @staticmethod
-    def _scheduled(req: Request, alloc: SlotAllocation, n: int, start: int, spec: list[int] = [], *,  # noqa: B006
+    def _scheduled(req: Request, alloc: SlotAllocation, n: int, start: int, spec: Sequence[int] = (), *,
                    is_new: bool = False, is_resume: bool = False) -> ScheduledRequest:
         """The step's part for ``req``: its ``n`` tokens from ``start`` (read from the request) and its drafts."""
         samples = start + n == req.num_tokens

@@ -116,13 +116,10 @@ class PluggedManager:
     """The student's manager (``core``) seen through the :class:`~minienv.kv.interface.KVManager` protocol the
     scheduler calls.
 
-    The protocol hands over the request object; the contract takes ids and token lists, so the adapter reads the
-    tokens out of ``request.all_token_ids`` for each call (it keeps no copy of them). It keeps what the contract
-    leaves out (reserved slots per request, the prefix-cache counters) and turns block tables into slot mappings.
-    Not supported, with a clear error: rollback to fewer tokens (``truncate``: a step that failed mid-way,
-    speculative decoding), slots for tokens the request does not hold (drafts, static padding) and
-    ``reset_prefix_cache``.
-    It emits no :class:`~minienv.kv.kv_cache_manager.KVEvent`, so step records show none.
+    The contract takes ids and token lists: the adapter reads them out of the request object for each call (no
+    copy), keeps what the contract leaves out (reserved slots, prefix-cache counters) and makes slot mappings. Not
+    supported, with a clear error: ``truncate`` (a step failed mid-way, speculation), slots for tokens the request
+    does not hold (drafts, static padding), ``reset_prefix_cache``. It emits no KV events.
     """
 
     extra_key = b""
@@ -200,10 +197,9 @@ class PluggedManager:
         start = req.num_tokens
         new = [int(t) for t in request.all_token_ids[start:start + num_new_tokens]]
         if len(new) != num_new_tokens:
-            raise KVCacheError(f"the capstone's contract reserves slots for tokens the request holds: request "
-                               f"{request.request_id!r} holds {len(request.all_token_ids)} tokens, {start} have "
-                               f"slots, {num_new_tokens} asked (speculative drafts and static padding are not "
-                               "supported: run the engine without them)")
+            raise KVCacheError(f"the capstone's contract reserves slots for tokens the request holds: "
+                               f"{request.request_id!r} holds {len(request.all_token_ids)}, {start} have slots, "
+                               f"{num_new_tokens} asked (run without speculative drafts and static padding)")
         if not self.core.append_slots(request.request_id, new):
             return None
         req.num_tokens = start + num_new_tokens

@@ -11,7 +11,9 @@ Invariants (``check_invariants`` and the stateful test):
 
 1. ``num_free_blocks + num_used_blocks == num_blocks``;
 2. a block is in the free queue **iff** its refcount is 0;
-3. every operation either succeeds completely or raises before changing anything.
+3. every operation either succeeds completely or raises before changing anything;
+4. the free queue is sorted by each block's ``free_order`` (a block freed to the tail gets a higher one than all
+   others, a block moved to the head a lower one), so a rollback can put a block back exactly where it was.
 
 **The garbage collector.** Each block is one small object, so a pool of ``n`` blocks is ``n`` objects that Python's
 cyclic collector walks in every *full* collection (measured: about +7 ms per full collection at 100 k blocks on a
@@ -45,6 +47,9 @@ class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: bytes | None = None
+    #: its place in the free queue (invariant 4); kept when it leaves, so :meth:`FreeBlockQueue.put_back` can
+    #: return it there
+    free_order: int = 0
 
 
 class FreeBlockQueue:
@@ -54,10 +59,13 @@ class FreeBlockQueue:
     ``append`` and ``remove`` from anywhere are O(1) (vLLM hand-rolls the list with ``prev/next`` on each block).
     """
 
-    __slots__ = ("_queue",)
+    __slots__ = ("_queue", "next_tail", "_next_head")
 
     def __init__(self, blocks: Iterable[KVCacheBlock] = ()):
         self._queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in blocks)
+        for i, block in enumerate(self._queue.values()):
+            block.free_order = i
+        self.next_tail, self._next_head = len(self._queue), -1  # the free_order of the next tail / head block
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -76,11 +84,26 @@ class FreeBlockQueue:
         return self._queue.popitem(last=False)[1]
 
     def append(self, block: KVCacheBlock) -> None:
+        block.free_order, self.next_tail = self.next_tail, self.next_tail + 1
         self._queue[block.block_id] = block
 
     def move_to_head(self, block_id: int) -> None:
         """Make a free block the next one allocated (undoing an allocation)."""
+        block = self._queue[block_id]
+        block.free_order, self._next_head = self._next_head, self._next_head - 1
         self._queue.move_to_end(block_id, last=False)
+
+    def put_back(self, blocks: Iterable[tuple[KVCacheBlock, int]]) -> None:
+        """Return free blocks to the places they left (``(block, its free_order then)``): a rolled-back prefix
+        hit. O(n log n), for a failed step only."""
+        moved = False
+        for block, order in blocks:
+            if block.block_id in self._queue:
+                block.free_order, moved = order, True
+        if moved:
+            items = sorted(self._queue.items(), key=lambda item: item[1].free_order)
+            self._queue.clear()
+            self._queue.update(items)
 
     def remove(self, block: KVCacheBlock) -> None:
         del self._queue[block.block_id]
@@ -180,7 +203,7 @@ class BlockPool:
                 raise DoubleFreeError(block.block_id)
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_block_queue._queue[block.block_id] = block
+                self.free_block_queue.append(block)
             return
         ids = [self._check_id(b) for b in block_ids]
         counts: dict[int, int] = {}
@@ -188,24 +211,24 @@ class BlockPool:
             counts[bid] = counts.get(bid, 0) + 1
             if counts[bid] > blocks[bid].ref_cnt:
                 raise DoubleFreeError(bid)
-        queue = self.free_block_queue._queue
+        append = self.free_block_queue.append
         for bid in ids:
             block = blocks[bid]
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                queue[bid] = block  # invariant 2
+                append(block)  # invariant 2
 
     def release(self, block_ids: Iterable[int]) -> list[KVCacheBlock]:
         """:meth:`free` for an owner of block tables releasing ids it took from this pool (the KV cache manager):
         each id names a block its tables hold, so it is in range and referenced, and only that is asserted.
         Returns the blocks that became free, in order."""
-        blocks, queue, freed = self.blocks, self.free_block_queue._queue, []
+        blocks, append, freed = self.blocks, self.free_block_queue.append, []
         for bid in block_ids:
             block = blocks[bid]
             assert block.ref_cnt > 0, f"block {bid} released more times than it is referenced"
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                queue[bid] = block  # invariant 2
+                append(block)  # invariant 2
                 freed.append(block)
         return freed
 
@@ -239,6 +262,8 @@ class BlockPool:
             assert (block.ref_cnt == 0) == (block.block_id in free), (
                 f"block {block.block_id}: refcount {block.ref_cnt} but in free queue = {block.block_id in free}")
         assert self.num_free_blocks + self.num_used_blocks == self.num_blocks
+        orders = [b.free_order for b in self.free_block_queue]
+        assert orders == sorted(orders), "the free queue is out of free_order (invariant 4)"
 
     def __repr__(self) -> str:
         return f"BlockPool(num_blocks={self.num_blocks}, free={self.num_free_blocks}, used={self.num_used_blocks})"

@@ -351,14 +351,20 @@ class KVCacheManager:
         return self._slots(req, n_cached, new_ids, (), n_cached)
 
     def undo_allocate(self, request_id: RequestId) -> list[int]:
-        """Undo an admission whose step failed before it committed: :meth:`free` the request's blocks and take
-        its lookup back out of the prefix-cache counters (it never happened). Returns the released blocks."""
+        """Undo an admission whose step failed before it committed: :meth:`free` the request's blocks, put each one
+        that was free (a cached-free prefix hit, a block taken from the head) back where it was in the free queue,
+        and take its lookup back out of the prefix-cache counters (it never happened). Returns the released
+        blocks."""
         req = self._requests.get(request_id)
         if req is None:
             raise UnknownRequestError(request_id, "undo the allocation of")
         s = self.prefix_stats
         s.requests, s.queries, s.hits = s.requests - 1, s.queries - req.num_queried_tokens, s.hits - req.num_cached_tokens
-        return self.free(request_id)
+        blocks = self.pool.blocks
+        places = [(blocks[bid], blocks[bid].free_order) for bid in req.block_ids]  # kept since they left the queue
+        released = self.free(request_id)
+        self.pool.free_block_queue.put_back(places)
+        return released
 
     def append_slots(self, request: KVRequestState, num_new_tokens: int) -> SlotAllocation | None:
         """Reserve slots for the request's next ``num_new_tokens`` tokens (a decode token, the next prefill chunk,

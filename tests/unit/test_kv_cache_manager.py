@@ -532,6 +532,22 @@ def test_undo_allocate_frees_the_admission_and_uncounts_its_lookup():
         mgr.undo_allocate("b")
 
 
+def test_undo_allocate_puts_cached_free_hit_blocks_back_where_they_were():
+    """A failed step's admission took cached-free blocks out of the middle of the free queue: undone, they return to
+    those places (not the tail), so a failed step leaves the LRU order as it found it."""
+    mgr = KVCacheManager(8, B)
+    compute(mgr, admit(mgr, "a", list(range(9)))[0])
+    compute(mgr, admit(mgr, "x", [50, 51, 52, 53, 54])[0])
+    mgr.free("a")
+    mgr.free("x")
+    before = mgr.free_queue()
+    _, alloc = admit(mgr, "b", list(range(8)) + [99])  # a two-block hit on a's cached-free blocks
+    assert alloc.num_cached_tokens == 2 * B
+    mgr.undo_allocate("b")  # what the scheduler's rollback does for an admission
+    assert mgr.free_queue() == before
+    mgr.check_invariants()
+
+
 def test_commit_reuses_the_lookups_miss_hash_only_for_the_same_block():
     """The admission's lookup hashed block 0 (a miss); the commit reuses that hash only while the block still holds
     the tokens it was computed from — a chunked prompt whose next chunk differs is hashed afresh."""
