@@ -29,7 +29,8 @@ State is owned once: a request's tokens and ``num_computed_tokens`` live in its 
 (the scheduler advances them; the manager reads them), the block tables in the manager.
 
 Invariants (``check_invariants``): between steps a running request holds exactly ``num_computed_tokens`` reserved
-KV slots; a waiting one holds none; ``len(running) <= max_num_seqs``; a step schedules ``<= max_num_batched_tokens`` tokens.
+KV slots; a waiting one holds none; ``len(running) <= max_num_seqs``; a step schedules
+``<= max_num_batched_tokens`` tokens.
 """
 
 from __future__ import annotations

@@ -434,8 +434,9 @@ class KVCacheManager:
         n_full = min(computed, len(token_ids)) // self.block_size
         if not self.enable_prefix_caching or n_full <= len(req.block_hashes):
             return []
-        B = self.block_size
-        check_token_ids(token_ids[len(req.block_hashes) * B:n_full * B], f"request {req.request_id!r}'s all_token_ids")
+        B = self.block_size  # the tokens about to be hashed are checked first: bad ones raise, nothing indexed
+        check_token_ids(token_ids[len(req.block_hashes) * B:n_full * B],
+                        f"request {req.request_id!r}'s all_token_ids")
         return self._index_full_blocks(req, token_ids, n_full)
 
     def _index_full_blocks(self, req: RequestKV, token_ids: Sequence[int], n_full: int) -> list[int]:

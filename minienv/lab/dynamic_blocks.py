@@ -271,8 +271,8 @@ class DynamicKVCacheManager(KVCacheManager):
         if not hasattr(request, "request_id") or not self.has_request(request.request_id):
             return super().append_slots(request, num_new_tokens)  # raises
         first = len(self.request(request.request_id).block_ids)
-        return self._with_reserves(request.request_id, first, lambda: super(DynamicKVCacheManager, self).append_slots(
-            request, num_new_tokens))
+        return self._with_reserves(request.request_id, first, lambda: super(
+            DynamicKVCacheManager, self).append_slots(request, num_new_tokens))
 
     def free(self, request_id: RequestId) -> list[int]:
         released = super().free(request_id)  # validates first
