@@ -304,7 +304,7 @@ for i, action in enumerate(ACTIONS):
 
 # %% [markdown]
 # Read the free queue in the last lines: blocks come back in the order their owners finished, each table
-# tail first, and block 0 — shared by A and C — comes back only when C, its last holder, finishes.
+# tail first, and block 0<!--out--> — shared by A and C — comes back only when C, its last holder, finishes.
 #
 # **Why bother, in one number.** An engine without paging reserves, when a request arrives, one contiguous
 # region big enough for the request's final length. Even if it knew those lengths in advance, it would need:
@@ -319,7 +319,7 @@ print(f"paged + shared, as above: at most {peak_in_use} of {pool.num_blocks} blo
 assert (reserve_up_front, peak_in_use) == (10, 7)
 
 # %% [markdown]
-# Reserving up front would need 10<!--out--> blocks of a pool of 8; paged and shared, the demo never held more
+# Reserving up front would need 10<!--out--> blocks of a pool of 8<!--out-->; paged and shared, the demo never held more
 # than 7<!--out-->. Paging (take a block only when a request crosses a block boundary) and sharing (C reuses A's
 # first block) are the two savings; notebook 03 measures the first on a realistic workload, notebook 05 the second.
 #
@@ -424,8 +424,8 @@ display(grid.static(), queue.static())
 # - **The queue order is the eviction order.** Blocks return to the tail, so the head is the block that has
 #   been free longest. In notebook 06 freed blocks keep their contents (*cached-free*), and the head of this
 #   same queue is the block evicted next: that is LRU eviction for free.
-# - **A refcount decides when a block is free, not its first owner.** Block 0 stayed in use after A finished,
-#   because C held it too. Getting this wrong — freeing a block someone still reads — is the bug the naive
+# - **A refcount decides when a block is free, not its first owner.** Block 0<!--out:above--> stayed in use after A
+#   finished, because C held it too. Getting this wrong — freeing a block someone still reads — is the bug the naive
 #   design ships (notebook 05).
 #
 # ## Exercises

@@ -161,8 +161,8 @@ assert mgr.lookup(A_PROMPT).num_cached_tokens == 4  # the tail of a's chain went
 
 # %% [markdown]
 # The queue after both frees holds each request's blocks tail-first. The five blocks `new` needs come from the
-# head: the free-empty ones first, then one cached block — the *second* block of the shared chain, its tail — so
-# `a`'s prompt still finds its first block.
+# head: the free-empty ones first, then one cached block, block 1<!--out--> — the *second* block of the shared
+# chain, its tail — so `a`'s prompt still finds its first block.
 #
 # ## Your turn: `MyKVCacheManager`
 #
