@@ -460,7 +460,7 @@ check_ngram(propose)
 # %% [markdown]
 # **Does it pay here?** `benchmarks/bench_spec_decode.py` measures k = 1 … 8 for both proposers. On this CPU a
 # call's cost is mostly per-call overhead, not weight reads, so the draft's `k` calls cost almost as much as the
-# target's one — fewer target calls (0.4–0.6 per token with the draft) do not become wall-clock speed: the draft
+# target's one — fewer target calls (0.42–0.73 per token with the draft, `docs/BENCHMARKS.md`) do not become wall-clock speed: the draft
 # proposer is slower than plain decoding at every k we measured. N-gram lookup costs nothing to propose and wins
 # where the text is already in the prompt (a user pasting an earlier answer back, an edit, code with repeated
 # patterns). On a GPU, decoding is bound by reading the weights, the draft is truly cheap, and the verify call
@@ -470,10 +470,12 @@ check_ngram(propose)
 #
 # **On a real model the verdict moves, but on a CPU only partly** (notebook 15). SmolLM2-135M-Instruct is
 # memory-bound: a decode step reads 538 MB of float32 weights for one token, so verifying drafts no longer costs
-# one step per draft — but numpy's several-row matrix product (GEMM) is still ~3× the one-row product (GEMV) on one
-# core. Measured by `benchmarks/bench_real_model.py` (paired rounds, a shared 2-core machine): n-gram speculation
-# 0.98× plain on a grounded task (copying a passage from the prompt, 54 % of drafts accepted) and 0.87× on free chat
-# (36 %) — from the toy's clear loss to break-even where the answer is in the prompt, and still a loss on free text.
+# one step per draft — but one token streams the weights at full read bandwidth while a 5-token verify step still
+# goes through BLAS and costs ~4.5 decode steps. Measured by `benchmarks/bench_real_model.py --parts spec` on a quiet
+# host (paired rounds; `docs/BENCHMARKS.md`, "The other parts on a quiet host"): n-gram speculation runs at 0.70×
+# plain on a grounded task (copying a passage from the prompt, 54 % of drafts accepted) and 0.68× on free chat
+# (36 %) — a smaller loss than the toy's, not a win. (An earlier run on a loaded host read 0.98× / 0.87×: plain
+# decoding has since become faster, the verify step has not.)
 #
 # ## Traps real engines shipped
 #
