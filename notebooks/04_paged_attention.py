@@ -492,21 +492,25 @@ for k in KERNELS:
 #
 # (How they work — stubs, checks, hints, `solutions/04_paged_attention.py` — is explained in notebook 00.)
 #
-# ### Exercise 1: the gather
+# ### Exercise 1: gather a token range
 #
-# Write `my_gather(k_layer, block_table, num_tokens)` that returns a sequence's K as a contiguous
-# `[num_tokens, kv_heads, head_dim]` array, from `k_layer [num_blocks, block_size, kv_heads, head_dim]` and the
-# sequence's block table. Rules: (1) token `t` is slot `t % block_size` of block `block_table[t // block_size]` —
-# the blocks in the table's (logical) order; (2) the last block is cut at `num_tokens`; (3) the result has shape
-# `[num_tokens, kv_heads, head_dim]`; (4) no Python loop over tokens — read whole blocks (the check counts how often
-# your code indexes the pool).
+# The build-it-small above gathered a *whole* sequence. Attention often needs only part of it: a sliding-window
+# layer reads the last `W` tokens, a chunk of a long prompt attends to a range, a cached prefix is copied out from a
+# given token. Write `my_gather(k_layer, block_table, start, stop)` that returns the K of tokens `start … stop − 1`
+# of a sequence as a contiguous `[stop − start, kv_heads, head_dim]` array, from `k_layer [num_blocks, block_size,
+# kv_heads, head_dim]` and the sequence's block table. Rules: (1) token `t` is slot `t % block_size` of block
+# `block_table[t // block_size]` — the blocks in the table's (logical) order; (2) read only the blocks the range
+# touches, `start // block_size` … `(stop − 1) // block_size` (the check points the table's other entries past the
+# pool); (3) the range starts `start % block_size` slots into its first block, includes its partial last block, and
+# ends at `stop`; (4) the result has shape `[stop − start, kv_heads, head_dim]` (an empty range gives 0 rows);
+# (5) no Python loop over tokens — read whole blocks (the check counts how often your code indexes the pool).
 
 # %%
 from minienv.exercises.paged_attention import check_gather, check_new_blocks_needed
 
 
-def my_gather(k_layer, block_table, num_tokens):
-    """A sequence's K, contiguous, read through its block table."""
+def my_gather(k_layer, block_table, start, stop):
+    """The K of tokens start … stop - 1 of a sequence, contiguous, read through its block table."""
     raise NotImplementedError("your code here")
 
 
@@ -516,13 +520,14 @@ check_gather(my_gather)
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `np.take(k_layer, block_table, axis=0)` picks the sequence's blocks in logical order: `[n_blocks, B, H, D]`.
+# Which logical blocks hold tokens `start` and `stop − 1`? Take only that slice of the block table, in order,
+# with one `np.take(..., axis=0)`.
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# Merge the first two axes with a `reshape(-1, H, D)`: row `j * B + s` is slot `s` of logical block `j`, i.e.
-# token `j * B + s`. Then cut with `[:num_tokens]`.
+# After merging the first two axes (`reshape(-1, H, D)`), row `r` is token `first_block * B + r`: skip
+# `start − first_block * B` rows and keep `stop − start`.
 # </details>
 
 # %% [markdown]

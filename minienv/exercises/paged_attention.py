@@ -1,4 +1,5 @@
-"""Notebook 04's exercises: gathering a sequence's K through its block table, and when a new block is taken.
+"""Notebook 04's exercises: gathering a token range of a sequence's K through its block table, and when a new
+block is taken.
 
 The gather's process rule (no Python loop over tokens) is checked by handing the student's function a pool that
 counts how often it is indexed: a loop over tokens indexes it once per token, a gather of whole blocks a few times.
@@ -11,50 +12,74 @@ import numpy as np
 from minienv.exercises._check import exercise, fail, require
 
 
-@exercise("write my_gather(k_layer, block_table, num_tokens) -> K as [num_tokens, kv_heads, head_dim]")
+@exercise("write my_gather(k_layer, block_table, start, stop) -> K of tokens start..stop-1 as [stop - start, "
+          "kv_heads, head_dim]")
 def check_gather(fn) -> str:
     rng = np.random.default_rng(7)
-    for block_size, num_tokens in [(4, 8), (1, 5), (4, 9), (4, 12), (16, 3)]:
-        num_blocks = 12
-        k_layer = rng.standard_normal((num_blocks, block_size, 2, 3), dtype=np.float32)
-        table = rng.permutation(num_blocks)[: -(-num_tokens // block_size)]  # scattered, not sorted
-        if len(table) > 1 and np.all(np.diff(table) > 0):
-            table = table[::-1].copy()
-        want = np.stack([k_layer[table[t // block_size], t % block_size] for t in range(num_tokens)])
-        where = f"block size {block_size}, {num_tokens} tokens, table {table.tolist()}"
-        try:
-            got = np.asarray(fn(k_layer, table, num_tokens))
-        except Exception as err:  # noqa: BLE001
-            fail("the gather must work for any block size and token count", f"{where}: "
-                 f"your function raised {type(err).__name__}: {err}")
-        if got.ndim == 3 and got.shape[1:] == want.shape[1:] and got.shape[0] > num_tokens:
-            fail("cut the last block at num_tokens: its tail slots hold no token yet",
-                 f"{where}: expected {num_tokens} rows, got {got.shape[0]}")
-        require(got.shape == want.shape, "the result is [num_tokens, kv_heads, head_dim]",
-                f"{where}: expected shape {want.shape}, got {got.shape}")
-        if not np.array_equal(got, want):
-            rule = "token t is slot t % block_size of block table[t // block_size]: take the blocks in the table's " \
-                   "(logical) order"
-            if np.array_equal(got, np.take(k_layer, np.sort(table), axis=0).reshape(-1, 2, 3)[:num_tokens]):
-                rule += " — you took them in physical (sorted) order"
-            fail(rule, f"{where}: values differ")
+    # (block size, tokens in the sequence, start, stop): whole sequence, both ends mid-block, both on boundaries,
+    # one token, inside one block, block size 1, a long block, an empty range on and off a boundary
+    cases = [(4, 12, 0, 12), (4, 12, 5, 11), (4, 12, 4, 8), (4, 12, 6, 7), (4, 12, 1, 3), (1, 5, 2, 4),
+             (16, 40, 17, 40), (4, 13, 9, 13), (4, 12, 7, 7), (4, 12, 8, 8)]
+    for poisoned in (False, True):
+        for block_size, seq_len, start, stop in cases:
+            num_blocks = 12
+            k_layer = rng.standard_normal((num_blocks, block_size, 2, 3), dtype=np.float32)
+            table = rng.permutation(num_blocks)[: -(-seq_len // block_size)]  # scattered, not sorted
+            if len(table) > 1 and np.all(np.diff(table) > 0):
+                table = table[::-1].copy()
+            want = np.zeros((0, 2, 3), np.float32) if stop == start else np.stack(
+                [k_layer[table[t // block_size], t % block_size] for t in range(start, stop)])
+            first, last = start // block_size, -(-stop // block_size)
+            where = f"block size {block_size}, table {table.tolist()}, tokens [{start}, {stop})"
+            if poisoned:  # the blocks outside the range point past the pool: reading them raises
+                table[:first] = num_blocks + 100
+                table[last:] = num_blocks + 100
+                where = f"block size {block_size}, table {table.tolist()} (ids past the pool: blocks outside the " \
+                        f"range), tokens [{start}, {stop})"
+            try:
+                got = np.asarray(fn(k_layer, table, start, stop))
+            except Exception as err:  # noqa: BLE001
+                rule = "read only the blocks the range touches (start // block_size … (stop − 1) // block_size)" \
+                    if poisoned else "the gather must work for any block size and token range"
+                fail(rule, f"{where}: your function raised {type(err).__name__}: {err}")
+            n = stop - start
+            if got.ndim == 3 and got.shape[1:] == want.shape[1:] and got.shape[0] != n:
+                if got.shape[0] > n:
+                    fail("cut the range at stop: the rows after token stop − 1 are not asked for",
+                         f"{where}: expected {n} rows, got {got.shape[0]}")
+                fail("include the range's partial last block: it is block (stop − 1) // block_size, "
+                     "i.e. ceil(stop / block_size) − 1", f"{where}: expected {n} rows, got {got.shape[0]}")
+            require(got.shape == want.shape, "the result is [stop − start, kv_heads, head_dim]",
+                    f"{where}: expected shape {want.shape}, got {got.shape}")
+            if not np.array_equal(got, want):
+                rows = np.take(k_layer, np.clip(table[first:last], 0, num_blocks - 1), axis=0).reshape(-1, 2, 3)
+                if n and np.array_equal(got, rows[:n]):
+                    fail("the range starts start % block_size slots into its first block (skip them)",
+                         f"{where}: values differ — your rows start at the first block's slot 0")
+                rule = "token t is slot t % block_size of block table[t // block_size]: take the blocks in the " \
+                       "table's (logical) order"
+                if not poisoned and np.array_equal(
+                        got, np.take(k_layer, np.sort(table), axis=0).reshape(-1, 2, 3)[start:stop]):
+                    rule += " — you took them in physical (sorted) order"
+                fail(rule, f"{where}: values differ")
     # the process rule: whole blocks, not token by token. A loop over tokens indexes the pool once per token; one
-    # np.take on the block axis (or a loop over the table's blocks) indexes it a handful of times.
-    block_size, num_tokens = 16, 40
+    # np.take on the block axis (or a loop over the range's blocks) indexes it a handful of times.
+    block_size, start, stop = 16, 5, 40
     pool = rng.standard_normal((12, block_size, 2, 3), dtype=np.float32).view(_CountingPool)
     table = np.array([7, 2, 9])
     pool.reads = 0
     fn.rule = "no Python loop over tokens: read the pool block by block"
-    got = np.asarray(fn(pool, table, num_tokens))
-    require(got.shape == (num_tokens, 2, 3) and np.array_equal(
-        got, np.take(np.asarray(pool), table, axis=0).reshape(-1, 2, 3)[:num_tokens]),
+    got = np.asarray(fn(pool, table, start, stop))
+    require(got.shape == (stop - start, 2, 3) and np.array_equal(
+        got, np.take(np.asarray(pool), table, axis=0).reshape(-1, 2, 3)[start:stop]),
         "token t is slot t % block_size of block table[t // block_size]",
-        f"block size {block_size}, {num_tokens} tokens, table {table.tolist()}: values differ")
+        f"block size {block_size}, table {table.tolist()}, tokens [{start}, {stop}): values differ")
     require(pool.reads <= len(table) + 2, "no Python loop over tokens: read the pool block by block (one np.take "
                                           "on the block axis gathers them all)",
-            f"block size {block_size}, {num_tokens} tokens in {len(table)} blocks: your function indexed the pool "
-            f"{pool.reads} times")
-    return "my_gather reads every token's K through the block table, a block at a time"
+            f"block size {block_size}, tokens [{start}, {stop}) in {len(table)} blocks: your function indexed "
+            f"the pool {pool.reads} times")
+    return "my_gather reads exactly the range's tokens through the block table, only the blocks it touches, " \
+           "a block at a time"
 
 
 class _CountingPool(np.ndarray):

@@ -315,6 +315,19 @@ def _rand_mgr_gather(k_layer, table, n):
     return np.take(k_layer, table, axis=0).reshape(-1, *k_layer.shape[2:])[:n]
 
 
+def _token_loop(k_layer, table, start, stop):
+    bs = k_layer.shape[1]
+    return np.array([k_layer[table[i // bs], i % bs] for i in range(start, stop)]).reshape(-1, *k_layer.shape[2:])
+
+
+def _range_gather(k_layer, table, start, stop, offset=True, cut=True, last_floor=False):
+    bs = k_layer.shape[1]
+    first, last = start // bs, (stop // bs if last_floor else -(-stop // bs))
+    rows = np.take(k_layer, table[first:last], axis=0).reshape(-1, *k_layer.shape[2:])
+    off = start - first * bs if offset else 0
+    return rows[off:off + stop - start] if cut else rows[off:]
+
+
 def _chain_own_tokens(tokens, bs):
     return [hash_block_tokens(ROOT_HASH, tokens[j * bs:(j + 1) * bs]) for j in range(len(tokens) // bs)]
 
@@ -724,15 +737,19 @@ WRONG = [
         (lambda l, L, A: [l, min(A, L) - l, A - min(A, L)], "return a tuple"),
     ]),
     ("04_paged_attention", ex04.check_gather, "my_gather", [
-        (lambda k, t, n: _rand_mgr_gather(k, np.sort(t), n), "physical (sorted) order"),
-        (lambda k, t, n: np.take(k, t, axis=0).reshape(-1, *k.shape[2:]), "cut the last block at num_tokens"),
-        (lambda k, t, n: np.take(k, t, axis=0).reshape(-1, k.shape[2] * k.shape[3])[:n], "[num_tokens, kv_heads"),
-        (lambda k, t, n: np.take(k, t, axis=0).transpose(1, 0, 2, 3).reshape(-1, *k.shape[2:])[:n],
-         "take the blocks in the table's"),
-        (lambda k, t, n: np.stack([k[i // k.shape[1], i % k.shape[1]] for i in range(n)]),
-         "take the blocks in the table's"),  # the pool's blocks 0, 1, ... instead of the table's
-        (lambda k, t, n: np.stack([k[t[i // k.shape[1]], i % k.shape[1]] for i in range(n)]),
-         "no Python loop over tokens"),  # right values, token by token: the rule the exercise states
+        (lambda k, t, a, b: _rand_mgr_gather(k, np.sort(t), b)[a:], "physical (sorted) order"),
+        # the lesson's whole-sequence gather, then sliced: reads blocks outside the range
+        (lambda k, t, a, b: _rand_mgr_gather(k, t, b)[a:b], "read only the blocks the range touches"),
+        (lambda k, t, a, b: _range_gather(k, t, a, b, offset=False), "starts start % block_size slots"),
+        (lambda k, t, a, b: _range_gather(k, t, a, b, cut=False), "cut the range at stop"),
+        (lambda k, t, a, b: _range_gather(k, t, a, b, last_floor=True), "include the range's partial last block"),
+        (lambda k, t, a, b: _range_gather(k, t, a, b).reshape(b - a, -1), "[stop − start, kv_heads"),
+        (lambda k, t, a, b: np.take(k, t[a // k.shape[1]:-(-b // k.shape[1])], axis=0).transpose(1, 0, 2, 3)
+         .reshape(-1, *k.shape[2:])[a % k.shape[1]:a % k.shape[1] + b - a], "take the blocks in the table's"),
+        (lambda k, t, a, b: _token_loop(k, np.arange(len(k)), a, b), "take the blocks in the table's"),  # the
+        # pool's blocks 0, 1, ... instead of the table's
+        (lambda k, t, a, b: _token_loop(k, t, a, b), "no Python loop over tokens"),  # right values, token by token
+        (lambda k, t, a, b: _range_gather(k, t, a, b) if b > a else None, "the result is [stop − start"),
     ]),
     ("04_paged_attention", ex04.check_new_blocks_needed, "new_blocks_needed", [
         (lambda n, k, b: -(-k // b), "fits in the last block's free slots"),
