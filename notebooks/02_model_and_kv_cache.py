@@ -447,7 +447,7 @@ assert reserved == 8 * 2 * cfg.num_hidden_layers * cfg.max_position_embeddings *
 # check uses scores in the thousands).
 
 # %%
-from minienv.exercises.model import check_decode_attention, check_kv_bytes_per_token
+from minienv.exercises.model import check_decode_attention, check_kv_bytes_for_context
 
 
 def decode_attention(q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
@@ -475,31 +475,39 @@ check_decode_attention(decode_attention)
 # With the weights `w` (summing to 1), the output is `w @ V`: a weighted sum of the rows of `V`.
 # </details>
 #
-# ### Exercise 2: the price of one token
+# ### Exercise 2: the price of a context with sliding-window layers
 #
-# Write `kv_bytes_per_token(num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes)`: the KV-cache bytes one
-# token costs. Rules: (1) a token stores a K **and** a V vector; (2) with grouped-query attention only the
-# **KV heads** are stored; (3) every layer keeps its own; (4) times the bytes per element. The check ends on the
-# table above: Llama-3-8B, Llama-2-13B and Qwen2.5-7B.
+# The table above prices a token in a model whose every layer attends to the whole context. Some models mix in
+# **sliding-window** layers, which attend only to the last `window` tokens and so keep only those in the cache
+# (Mistral-7B v0.1 used a window everywhere, Gemma 2 alternates window and global layers). Write
+# `kv_bytes_for_context(num_tokens, num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes, window,
+# global_every)`: the KV-cache bytes one request of `num_tokens` tokens holds. Rules: (1) a token stores a K **and**
+# a V vector; (2) only the **KV heads** are stored; (3) every layer keeps its own, (4) times the bytes per element;
+# (5) layers `global_every − 1`, `2 × global_every − 1`, … (0-based) are global and keep every token; the others are
+# sliding-window layers and keep `min(num_tokens, window)`; `window=None` means every layer is global. The check
+# ends on the table above (one token, `window=None`).
 
 # %%
-def kv_bytes_per_token(num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes):
-    """Bytes of K and V one token adds to the cache."""
+def kv_bytes_for_context(num_tokens, num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes, window,
+                         global_every):
+    """Bytes of K and V a request of num_tokens tokens holds, with sliding-window layers."""
     raise NotImplementedError("your code here")
 
 
 # %%
-check_kv_bytes_per_token(kv_bytes_per_token)
+check_kv_bytes_for_context(kv_bytes_for_context)
 
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# One of the five arguments does not appear in the answer. Which heads does `k_proj` produce?
+# Split the layers into two kinds and price each kind: how many of the `num_layers` are global? (Count the
+# multiples of `global_every` among `1 … num_layers`.) One of the arguments does not appear in the answer.
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# It is a product of four of the arguments and a constant.
+# `2 × kv_heads × head_dim × bytes × (global × num_tokens + (num_layers − global) × min(num_tokens, window))`,
+# with `global = num_layers // global_every` (or `num_layers` when `window` is None).
 # </details>
 
 # %% [markdown]

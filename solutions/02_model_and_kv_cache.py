@@ -9,5 +9,9 @@ def decode_attention(q, K, V):
     return (w / w.sum()) @ V
 
 
-def kv_bytes_per_token(num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes):
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes  # K and V, every layer, KV heads only
+def kv_bytes_for_context(num_tokens, num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes, window,
+                         global_every):
+    per_token_layer = 2 * num_kv_heads * head_dim * dtype_bytes  # K and V, KV heads only
+    num_global = num_layers if window is None else num_layers // global_every  # layers g-1, 2g-1, ...
+    kept_local = num_tokens if window is None else min(num_tokens, window)  # a window layer keeps its last tokens
+    return per_token_layer * (num_global * num_tokens + (num_layers - num_global) * kept_local)

@@ -53,24 +53,37 @@ def check_decode_attention(fn) -> str:
 
 
 # (num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes) -> bytes, with the rule the case isolates
+_LAYERS_RULE = "layers global_every − 1, 2 × global_every − 1, … are global: num_layers // global_every of them " \
+               "(layer 0 is a sliding-window layer unless global_every is 1)"
+# (num_tokens, num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes, window, global_every), bytes, the rule
 _KV_CASES = [
-    ((1, 4, 4, 8, 1), 64, "a token stores a K and a V vector: two tensors, so × 2"),
-    ((1, 32, 8, 128, 1), 2048, "with grouped-query attention only the KV heads are stored (8 here, not the 32 "
-                               "query heads)"),
-    ((32, 1, 1, 4, 1), 256, "every layer keeps its own K and V: × num_layers"),
-    ((1, 2, 2, 16, 4), 256, "× the bytes per element (4 for float32, 2 for fp16)"),
-    ((32, 32, 8, 128, 2), 128 * 1024, "Llama-3-8B in fp16: 128 KiB per token"),
-    ((40, 40, 40, 128, 2), 800 * 1024, "Llama-2-13B in fp16: 800 KiB per token"),
-    ((28, 28, 4, 128, 2), 56 * 1024, "Qwen2.5-7B in fp16: 56 KiB per token"),
+    ((1, 1, 4, 4, 8, 1, None, 1), 64, "a token stores a K and a V vector: two tensors, so × 2"),
+    ((1, 1, 32, 8, 128, 1, None, 1), 2048, "with grouped-query attention only the KV heads are stored (8 here, not "
+                                           "the 32 query heads)"),
+    ((1, 32, 1, 1, 4, 1, None, 1), 256, "every layer keeps its own K and V: × num_layers"),
+    ((1, 1, 2, 2, 16, 4, None, 1), 256, "× the bytes per element (4 for float32, 2 for fp16)"),
+    ((5, 2, 1, 1, 1, 1, None, 1), 20, "× the tokens of the context"),
+    ((10, 2, 1, 1, 1, 1, 4, 2), 28, "a sliding-window layer keeps only the last `window` tokens"),
+    ((3, 2, 1, 1, 1, 1, 4, 2), 12, "a window longer than the context keeps the whole context: min(tokens, window)"),
+    ((4, 2, 1, 1, 1, 1, 4, 2), 16, "a context exactly as long as the window fills it: min(tokens, window)"),
+    ((10, 7, 1, 1, 1, 1, 4, 6), 68, _LAYERS_RULE),
+    ((10, 5, 1, 1, 1, 1, 4, 2), 2 * (2 * 10 + 3 * 4), _LAYERS_RULE),
+    ((10, 3, 1, 1, 1, 1, 4, 1), 60, "global_every = 1: every layer is global, the window applies to none"),
+    ((0, 4, 1, 1, 8, 2, 4, 2), 0, "an empty context costs nothing"),
+    ((1, 32, 32, 8, 128, 2, None, 1), 128 * 1024, "Llama-3-8B in fp16: 128 KiB per token (the table above)"),
+    ((1, 40, 40, 40, 128, 2, None, 1), 800 * 1024, "Llama-2-13B in fp16: 800 KiB per token (the table above)"),
+    ((1, 28, 28, 4, 128, 2, None, 1), 56 * 1024, "Qwen2.5-7B in fp16: 56 KiB per token (the table above)"),
 ]
 
 
-@exercise("write kv_bytes_per_token(num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes)")
-def check_kv_bytes_per_token(fn) -> str:
+@exercise("write kv_bytes_for_context(num_tokens, num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes, "
+          "window, global_every)")
+def check_kv_bytes_for_context(fn) -> str:
     for args, want, rule in _KV_CASES:
         try:
             got = fn(*args)
         except Exception as err:  # noqa: BLE001
             fail(rule, f"{args}: your function raised {type(err).__name__}: {err}")
-        require(got == want, rule, f"(layers, heads, kv_heads, head_dim, bytes) = {args}: expected {want}, got {got}")
-    return "2 × layers × kv_heads × head_dim × bytes, checked on three published models"
+        require(got == want, rule, f"(tokens, layers, heads, kv_heads, head_dim, bytes, window, global_every) = "
+                                   f"{args}: expected {want}, got {got}")
+    return "2 × kv_heads × head_dim × bytes × (global layers × tokens + window layers × min(tokens, window))"

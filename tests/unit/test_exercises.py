@@ -315,6 +315,12 @@ def _rand_mgr_gather(k_layer, table, n):
     return np.take(k_layer, table, axis=0).reshape(-1, *k_layer.shape[2:])[:n]
 
 
+def _kv_context(n, layers, heads, d, b, window, every, keep=min, globals_=lambda L, g: L // g):
+    num_global = layers if window is None else globals_(layers, every)
+    local = n if window is None else keep(n, window)
+    return 2 * heads * d * b * (num_global * n + (layers - num_global) * local)
+
+
 def _token_loop(k_layer, table, start, stop):
     bs = k_layer.shape[1]
     return np.array([k_layer[table[i // bs], i % bs] for i in range(start, stop)]).reshape(-1, *k_layer.shape[2:])
@@ -718,11 +724,22 @@ WRONG = [
         (lambda q, K, V: _softmax_attend(q, K, V, stable=False), "numerically stable"),
         (_weights_only, "one vector of size D"),
     ]),
-    ("02_model_and_kv_cache", ex02.check_kv_bytes_per_token, "kv_bytes_per_token", [
-        (lambda L, h, kv, d, b: L * kv * d * b, "a K and a V vector"),
-        (lambda L, h, kv, d, b: 2 * L * h * d * b, "only the KV heads are stored"),
-        (lambda L, h, kv, d, b: 2 * kv * d * b, "every layer"),
-        (lambda L, h, kv, d, b: 2 * L * kv * d, "bytes per element"),
+    ("02_model_and_kv_cache", ex02.check_kv_bytes_for_context, "kv_bytes_for_context", [
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g) // 2, "a K and a V vector"),
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, h, d, b, w, g), "only the KV heads are stored"),
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, 1, kv, d, b, w, g), "every layer"),
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, 1, w, g), "bytes per element"),
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(1, L, kv, d, b, w, g), "× the tokens of the context"),
+        (lambda n, L, h, kv, d, b, w, g: 2 * L * kv * d * b * n, "a sliding-window layer keeps only the last"),
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g, keep=lambda n, w: w if n >= w else n + 1),
+         "a window longer than the context keeps the whole context"),
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g, keep=lambda n, w: w),
+         "a window longer than the context keeps the whole context"),
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g, globals_=lambda L, g: -(-L // g)),
+         "num_layers // global_every"),  # counts layer 0 as global
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g, globals_=lambda L, g: L // g - (g == 1)),
+         "global_every = 1: every layer is global"),
+        (lambda n, L, h, kv, d, b, w, g: max(1, _kv_context(n, L, kv, d, b, w, g)), "an empty context costs nothing"),
     ]),
     ("03_kv_memory", ex03.check_internal_frag, "internal_frag", [
         (lambda n, b: b - n % b, "exactly full wastes nothing"),
