@@ -5,7 +5,8 @@
     .venv/bin/python benchmarks/bench_kv_memory.py --rate 2    # plus a Poisson-arrival run (2 req/s, 40 ms steps)
     .venv/bin/python benchmarks/bench_kv_memory.py --quick     # 200 requests: a smoke run, not the figure
 
-Runs the same simulation as notebooks/03_kv_memory (same workload, memory and block size by default) and prints
+Runs notebook 03's own `serve` loop (taken from notebooks/03_kv_memory.py: the chapter's one route for these
+numbers; same workload, memory and block size by default) and prints
 (1) the Figure-2 table, ours beside the paper's and the ratio, (2) the contiguous schemes with a first-fit
 allocator instead of the paper's assumed buddy allocator, (3) the paged block-size sweep with the predicted
 last-block waste, and ends with exactly one JSON line. Numbers are deterministic (seeded); only the timings vary
@@ -30,9 +31,11 @@ from minienv.lab.memory_accounting import (  # noqa: E402
     PAPER_FIGURE2,
     SCHEME_LABELS,
     SCHEMES,
-    figure2,
+    average_slots,
     format_figure2_table,
-    simulate,
+    hole_blocked_fraction,
+    kv_memory,
+    notebook_serve,
 )
 from minienv.lab.workload import sharegpt_like, workload_stats
 
@@ -64,8 +67,16 @@ def main(argv: list[str] | None = None) -> int:
           f"mean prompt {st['prompt_mean']:.1f} (paper 161.31), mean output {st['output_mean']:.1f} (paper 337.99)")
     print(f"memory: {args.kv_slots} KV slots, max_len {MAX_LEN}, block size {BLOCK_SIZE}\n")
 
+    serve = notebook_serve()
+
+    def run(reqs, scheme, step_duration=1.0, window="loaded", **kw):
+        """(breakdown, mean running requests, hole-blocked fraction) of the loop serving ``reqs``."""
+        steps = list(serve(reqs, kv_memory(scheme, args.kv_slots, max_len=MAX_LEN, **kw), step_duration))
+        return (*average_slots(steps, window), hole_blocked_fraction(steps))
+
     t0 = time.perf_counter()
-    res = figure2(requests, args.kv_slots, max_len=MAX_LEN, block_size=BLOCK_SIZE)  # buddy allocator
+    runs = {s: run(requests, s, block_size=BLOCK_SIZE) for s in SCHEMES}  # contiguous: the buddy allocator
+    res = {s: r[0] for s, r in runs.items()}
     t_fig2 = time.perf_counter() - t0
     print("Figure 2 (percent of KV memory; contiguous schemes on a buddy allocator, as the paper assumed)")
     print(format_figure2_table(res))
@@ -84,26 +95,26 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"reservation+internal {ours:.1f}/{paper['reservation+internal']:.1f}")
         print(f"  {SCHEME_LABELS[s]:<14} " + ", ".join(cells))
     print("\nrequests running on average:",
-          ", ".join(f"{SCHEME_LABELS[s]} {r.mean_running:.1f}" for s, r in res.items()),
-          f"(paged preemptions: {res['paged'].preemptions})")
+          ", ".join(f"{SCHEME_LABELS[s]} {r[1]:.1f}" for s, r in runs.items()))
 
-    ff = figure2(requests, args.kv_slots, max_len=MAX_LEN, schemes=SCHEMES[:3], allocator="first_fit")
+    ff_runs = {s: run(requests, s, allocator="first_fit") for s in SCHEMES[:3]}
+    ff = {s: r[0] for s, r in ff_runs.items()}
     print("\ncontiguous schemes with a first-fit allocator (token states %, and how often a waiting request "
           "was blocked only by holes):")
-    for s, r in ff.items():
+    for s, (r, _, holes) in ff_runs.items():
         print(f"  {SCHEME_LABELS[s]:<14} {r.percent()['token_states']:5.1f} %  (buddy {pct[s]['token_states']:.1f} %,"
-              f" paper {PAPER_FIGURE2[s]['token_states']:.1f} %)  hole-blocked {r.hole_blocked_fraction:.0%}")
+              f" paper {PAPER_FIGURE2[s]['token_states']:.1f} %)  hole-blocked {holes:.0%}")
 
     print("\npaged block-size sweep (percent of KV memory)")
     print(f"{'block':>6}{'token':>8}{'reserv':>8}{'int.frag':>9}{'ext':>6}{'tail':>7}{'predicted':>10}{'sim s':>7}")
     sweep = {}
     for b in BLOCK_SIZES:
         t = time.perf_counter()
-        r = simulate(requests, "paged", args.kv_slots, max_len=MAX_LEN, block_size=b)
+        r, mean_running, _ = run(requests, "paged", block_size=b)
         dt = time.perf_counter() - t
         p = r.percent()
         tail = p["reservation"] + p["internal_frag"]
-        predicted = r.mean_running * (b - 1) / 2 / args.kv_slots * 100  # (B-1)/2 empty slots per running request
+        predicted = mean_running * (b - 1) / 2 / args.kv_slots * 100  # (B-1)/2 empty slots per running request
         sweep[b] = p
         print(f"{b:>6}{p['token_states']:>8.2f}{p['reservation']:>8.2f}{p['internal_frag']:>9.2f}"
               f"{p['external_frag']:>6.2f}{tail:>7.2f}{predicted:>10.2f}{dt:>7.2f}")
@@ -111,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     poisson = None
     if args.rate is not None:
         reqs_p = sharegpt_like(args.requests, max_len=MAX_LEN, seed=args.seed, rate=args.rate)
-        resp = figure2(reqs_p, args.kv_slots, max_len=MAX_LEN, block_size=BLOCK_SIZE,
-                       step_duration=args.step_seconds, measure="all")
+        resp = {s: run(reqs_p, s, args.step_seconds, "all", block_size=BLOCK_SIZE)[0] for s in SCHEMES}
         print(f"\nPoisson arrivals at {args.rate} req/s, {args.step_seconds * 1000:.0f} ms per step, whole run:")
         print(format_figure2_table(resp))
         print("token states excluding idle free memory: " + ", ".join(

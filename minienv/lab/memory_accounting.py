@@ -88,7 +88,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Sequence
+from pathlib import Path
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 from minienv.kv.block_pool import BlockPool
 from minienv.lab.contiguous_allocators import BuddyAllocator, FirstFitAllocator, next_pow2
@@ -442,6 +443,20 @@ def hole_blocked_fraction(steps: Iterable[StepSlots]) -> float:
     in total would hold its chunk, but no single hole does (external fragmentation in its purest form)."""
     blocked = [st.hole_blocked for st in steps if st.waiting]
     return sum(blocked) / len(blocked) if blocked else 0.0
+
+
+def notebook_serve(path: Path | None = None) -> Callable:
+    """Notebook 03's ``serve`` loop, taken from the notebook's own source (in a source checkout). The chapter's
+    results have one route, the loop its reader reads; the benchmark and the tests run that loop, not a copy."""
+    path = Path(__file__).resolve().parents[2] / "notebooks" / "03_kv_memory.py" if path is None else path
+    try:
+        src = path.read_text(encoding="utf-8")
+        start = src.index("def serve(requests, memory, step_duration=1.0):")
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"notebook 03's serve loop not found in {path} (a source checkout is needed): {exc}") from None
+    namespace = {"deque": deque, "Arrivals": Arrivals}
+    exec(src[start:src.index("\n\n\n", start)], namespace)  # noqa: S102 - the repository's own notebook
+    return namespace["serve"]
 
 
 def format_figure2_table(results: dict[str, MemoryBreakdown], paper: dict = PAPER_FIGURE2) -> str:

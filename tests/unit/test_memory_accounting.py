@@ -4,7 +4,6 @@ from): every category checked on tiny hand-computed workloads, plus properties."
 from __future__ import annotations
 
 import re
-from collections import deque
 from pathlib import Path
 
 import pytest
@@ -28,24 +27,13 @@ from minienv.lab.memory_accounting import (
     hole_blocked_fraction,
     kv_memory,
     next_pow2,
+    notebook_serve,
     paged_internal_fragmentation,
 )
 from minienv.lab.workload import RequestSpec, sharegpt_like
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "03_kv_memory.py"
-
-
-def _notebook_serve():
-    """The `serve` loop notebook 03 shows its reader, taken from the notebook itself (so this tests what they read)."""
-    src = NOTEBOOK.read_text(encoding="utf-8")
-    start = src.index("def serve(requests, memory, step_duration=1.0):")
-    end = src.index("\n\n\n", start)
-    namespace = {"deque": deque, "Arrivals": Arrivals}
-    exec(src[start:end], namespace)  # noqa: S102 - the repository's own notebook
-    return namespace["serve"]
-
-
-SERVE = _notebook_serve()
+SERVE = notebook_serve(NOTEBOOK)  # the loop notebook 03 shows its reader, from the notebook itself
 
 
 class Watched:
