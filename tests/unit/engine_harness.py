@@ -86,6 +86,20 @@ class TokenizerProxy:
 _ALONE: dict[tuple, tuple[int, ...]] = {}
 
 
+def tiny_engine_factory() -> Callable[[], Any]:
+    """A fresh engine per call on a 2-layer random model (block size 4, 16 blocks, at most 4 sequences): steps
+    in microseconds, preempts with a handful of prompts (the metrics views' tests)."""
+    from minienv.engine import InferenceEngine
+    from minienv.model import LlamaConfig, LlamaModel, random_weights
+    from minienv.tokenizer import BPETokenizer
+
+    cfg = LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=96, tie_word_embeddings=True)
+    model = LlamaModel(cfg, random_weights(cfg, seed=1, scale=0.3))
+    return lambda: InferenceEngine(model, BPETokenizer([]), kv_budget_tokens=64, block_size=4, max_num_seqs=4,
+                                   max_num_batched_tokens=32)
+
+
 def params_key(sp: SamplingParams) -> tuple:
     return (sp.max_tokens, float(sp.temperature), sp.top_k, float(sp.top_p), sp.seed, tuple(sp.stop_strings))
 

@@ -10,11 +10,9 @@ import pytest
 pytest.importorskip("prometheus_client")
 pytest.importorskip("ipywidgets")
 
-from minienv.engine import InferenceEngine  # noqa: E402
+from engine_harness import tiny_engine_factory  # noqa: E402
 from minienv.metrics import metrics_of  # noqa: E402
-from minienv.model import LlamaConfig, LlamaModel, random_weights  # noqa: E402
 from minienv.sampling import SamplingParams  # noqa: E402
-from minienv.tokenizer import BPETokenizer  # noqa: E402
 from minienv.viz.scrape_view import ROWS, ScrapeView, scrape  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "The quick brown cat", "To be, or not", "xyz" * 5, "The quick brown owl"]
@@ -22,11 +20,7 @@ PROMPTS = ["The quick brown fox", "The quick brown cat", "To be, or not", "xyz" 
 
 @pytest.fixture(scope="module")
 def engine_factory():
-    cfg = LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8, max_position_embeddings=96, tie_word_embeddings=True)
-    model = LlamaModel(cfg, random_weights(cfg, seed=1, scale=0.3))
-    return lambda: InferenceEngine(model, BPETokenizer([]), kv_budget_tokens=64, block_size=4, max_num_seqs=4,
-                                   max_num_batched_tokens=32)
+    return tiny_engine_factory()
 
 
 def _serve(engine, view, on_scrape):
