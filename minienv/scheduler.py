@@ -182,18 +182,20 @@ class Scheduler:
         try:
             self._plan(out)
         except BaseException:
-            self.rollback(out)
+            self.rollback(out, kv_written=False)
             raise
         out.waiting = [r.request_id for r in self.waiting]
         out.running = [r.request_id for r in self.running]
         return out
 
-    def rollback(self, plan: SchedulerOutput) -> None:
+    def rollback(self, plan: SchedulerOutput, *, kv_written: bool = True) -> None:
         """Undo the latest plan, whose step failed before it committed: every scheduled request back where it was.
 
         Reserved slots are given back (freed blocks return to the head of the free queue, where they were taken),
-        admitted requests return to the head of the waiting queue in order, the step count and the prefix-cache
-        counters are restored. Preemptions stand: a preempted request is a valid waiting one with the same output.
+        copy-on-writes are undone where the original's K/V are intact, admitted requests return to the head of the
+        waiting queue in order, the step count and the prefix-cache counters are restored. Preemptions stand: a
+        preempted request is a valid waiting one with the same output. ``kv_written``: the step applied its copies
+        and called the model (False when planning or building the inputs failed).
         """
         for s in reversed(plan.scheduled):
             req = self.requests.get(s.request_id)
@@ -206,7 +208,7 @@ class Scheduler:
                     req.metrics.num_cached_tokens = 0  # set by this (undone) first admission
                 self.waiting.appendleft(req)
             else:  # a running request's chunk or decode (or a padding token)
-                self.kv.return_to_head(self.kv.truncate(s.request_id, s.num_computed_tokens))
+                self.kv.undo_append_slots(s.request_id, s.num_computed_tokens, kv_written=kv_written)
         self.num_steps = plan.step
 
     def _plan(self, out: SchedulerOutput) -> None:
@@ -433,8 +435,8 @@ class StaticBatchScheduler(Scheduler):
         self._batch_before = frozenset(self._batch)
         return super().schedule()
 
-    def rollback(self, plan: SchedulerOutput) -> None:
-        super().rollback(plan)
+    def rollback(self, plan: SchedulerOutput, *, kv_written: bool = True) -> None:
+        super().rollback(plan, kv_written=kv_written)
         self._batch = set(self._batch_before)
 
     def _plan(self, out: SchedulerOutput) -> None:

@@ -424,7 +424,7 @@ class InferenceEngine:
         sch = self.scheduler
         t0 = time.perf_counter()
         self._kv_events.clear()
-        plan = None
+        plan = inputs = None
         ctrl_c = self._ctrl_c
         try:
             with ctrl_c.deferred():  # bookkeeping: a Ctrl-C waits for its end (then the plan is rolled back)
@@ -439,7 +439,7 @@ class InferenceEngine:
         except BaseException:
             if plan is not None:
                 with ctrl_c.deferred():
-                    sch.rollback(plan)
+                    sch.rollback(plan, kv_written=inputs is not None)  # inputs built: copies applied
                     self.counters.failed_steps += 1
             raise
         with ctrl_c.deferred():

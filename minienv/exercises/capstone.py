@@ -227,9 +227,9 @@ class PluggedManager:
         s.requests, s.queries, s.hits = s.requests - 1, s.queries - req.num_queried_tokens, s.hits - req.num_cached_tokens
         return self.free(request_id)
 
-    def return_to_head(self, block_ids: Sequence[int]) -> None:
-        """After a failed step minienv puts reserved blocks back where they were taken; the contract has no such
-        call, so here the LRU order after a failure may differ (outputs cannot)."""
+    def undo_append_slots(self, request_id: Any, num_tokens: int, *, kv_written: bool) -> list[int]:
+        """A failed step's append: rolled back as :meth:`truncate` would (the contract has no rollback)."""
+        return self.truncate(request_id, num_tokens)
 
     def truncate(self, request_id: Any, num_tokens: int) -> list[int]:
         raise KVCacheError("the capstone's manager cannot roll a request back to fewer tokens (a failed step, "

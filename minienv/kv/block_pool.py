@@ -87,6 +87,10 @@ class FreeBlockQueue:
         block.free_order, self.next_tail = self.next_tail, self.next_tail + 1
         self._queue[block.block_id] = block
 
+    def head_place(self) -> int:
+        """The ``free_order`` of the block at the head (the next one allocated): its place, for :meth:`put_back`."""
+        return next(iter(self._queue.values())).free_order
+
     def move_to_head(self, block_id: int) -> None:
         """Make a free block the next one allocated (undoing an allocation)."""
         block = self._queue[block_id]

@@ -161,7 +161,7 @@ class KVManager(Protocol):
     """The contract the engine calls. A request's life: ``lookup`` -> ``allocate`` (the prefix hit + slots of the
     first chunk) -> the step writes K/V, the caller advances ``num_computed_tokens`` -> ``commit`` ->
     ``append_slots`` -> ``commit`` ... -> ``free``; a step that fails is undone with ``undo_allocate`` (an
-    admission) or ``truncate`` (a running request, then ``return_to_head`` with the blocks released).
+    admission) or ``undo_append_slots`` (a running request).
 
     The calls that read a request's tokens or progress take the request (a :class:`KVRequestState`); the others
     name it by id. The manager changes only its own state: block tables, reserved slots, hashes, counters."""
@@ -200,8 +200,10 @@ class KVManager(Protocol):
         """``free`` an admission whose step failed (its blocks back where they were in the free queue), and uncount
         its lookup from the prefix-cache counters."""
 
-    def return_to_head(self, block_ids: Sequence[int]) -> None:
-        """Put blocks a rollback released back where allocation took them (the LRU order is left as found)."""
+    def undo_append_slots(self, request_id: RequestId, num_tokens: int, *, kv_written: bool) -> list[int]:
+        """Roll a failed step's append back to ``num_tokens`` tokens (blocks back where allocation took them) and
+        undo its copy-on-write; ``kv_written``: the step applied its copies and called the model. Returns the
+        blocks released."""
 
     def has_request(self, request_id: RequestId) -> bool: ...
 

@@ -91,6 +91,20 @@ class RequestKV(BlockTable):
     pending_hash: CachedBlock | None = field(default=None, compare=False, repr=False)
     #: tokens the admission looked up (counted as prefix-cache queries; :meth:`KVCacheManager.undo_allocate`)
     num_queried_tokens: int = field(default=0, compare=False, repr=False)
+    #: the copy-on-write of the latest :meth:`KVCacheManager.append_slots`, if it made one (for
+    #: :meth:`KVCacheManager.undo_append_slots`)
+    cow: CopyOnWrite | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class CopyOnWrite:
+    """What an append's copy-on-write changed: the request's last block ``original`` became ``private`` (taken
+    from the free queue, where it had ``private_place``); ``original_hash`` is the original's hash then."""
+
+    original: int
+    private: int
+    original_hash: BlockHash | None
+    private_place: int
 
 
 @dataclass(frozen=True)
@@ -366,6 +380,42 @@ class KVCacheManager:
         self.pool.free_block_queue.put_back(places)
         return released
 
+    def undo_append_slots(self, request_id: RequestId, num_tokens: int, *, kv_written: bool) -> list[int]:
+        """Undo the latest :meth:`append_slots` of a step that failed before it committed: :meth:`truncate` the
+        request back to ``num_tokens`` (released blocks return to the head of the free queue, where they were
+        taken) and undo that append's copy-on-write. Returns the blocks released.
+
+        ``kv_written``: whether the step got as far as writing K/V (its ``blocks_to_copy`` applied, then the model
+        called); a step whose planning or input building failed wrote nothing. The request gets its original last
+        block back whenever the original's K/V are intact — still held by another request, still cached, or
+        nothing written at all (it may have been evicted by the step's planning and returned by its undo). Else
+        it keeps the private copy, which the step filled. Never a block whose K/V are not the request's own: a
+        private block nothing was copied into must not stay in a table (its old K/V would be read as this
+        request's).
+        """
+        req = self._requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(request_id, "undo the append of")
+        cow, req.cow = req.cow, None
+        released = self.truncate(request_id, num_tokens)
+        self.return_to_head(released)
+        if cow is None or req.block_ids[-1] != cow.private:
+            return released
+        original = self.pool.blocks[cow.original]
+        cached = cow.original_hash is not None and original.block_hash == cow.original_hash
+        if not (original.ref_cnt > 0 or cached or not kv_written):
+            return released  # the original may have been written: keep the private copy the step made
+        if original.ref_cnt == 0:  # cached-free or free-empty: it leaves the free queue again
+            self.pool.free_block_queue.remove(original)
+            self._num_cached_free -= original.block_hash is not None
+        original.ref_cnt += 1
+        req.block_ids[-1] = cow.original
+        private = self.pool.blocks[cow.private]
+        self.pool.free([cow.private])
+        self.pool.free_block_queue.put_back([(private, cow.private_place)])
+        self.cow_copies -= 1
+        return released + [cow.private]
+
     def append_slots(self, request: KVRequestState, num_new_tokens: int) -> SlotAllocation | None:
         """Reserve slots for the request's next ``num_new_tokens`` tokens (a decode token, the next prefill chunk,
         speculative drafts: counted, never read — only computed tokens of ``request.all_token_ids`` are hashed).
@@ -389,8 +439,11 @@ class KVCacheManager:
             return None
         # --- validated; nothing below can fail
         copies: tuple[tuple[int, int], ...] = ()
+        req.cow = None
         if needs_cow:
+            place = self.pool.free_block_queue.head_place()
             (private,) = self._take_free_blocks(1, request_id)
+            req.cow = CopyOnWrite(last.block_id, private, last.block_hash, place)
             # A shared original stays in use by its other holders; an indexed one held only by us becomes
             # cached-free, its K/V intact for future hits.
             self.pool.free([last.block_id])

@@ -564,3 +564,66 @@ def test_commit_reuses_the_lookups_miss_hash_only_for_the_same_block():
     assert mgr.request("a").block_hashes == [hash_block_tokens(ROOT_HASH, (1, 2, 9, 9))]
     mgr.check_invariants()
     assert mgr.lookup([1, 2, 9, 9, 7]).num_cached_tokens == B and mgr.lookup([1, 2, 3, 4, 7]).num_cached_tokens == 0
+
+
+def _into_an_indexed_block(num_blocks=16):
+    """Request "a" rolled back into its indexed block 1 (partial now, held only by a): its next append copies it."""
+    mgr = KVCacheManager(num_blocks * B, B)
+    run(mgr, "a", list(range(12)), decode=[1])
+    a = REQS["a"]
+    mgr.truncate("a", 6)
+    del a.all_token_ids[6:]
+    a.num_computed_tokens = 6
+    return mgr, a
+
+
+@pytest.mark.parametrize("kv_written", [False, True])
+def test_undoing_a_failed_steps_copy_on_write_gives_the_original_back(kv_written):
+    """A step that copied a block on write, then failed: the request holds its original block again (its K/V are
+    still there, cached) and the copy goes back to the head of the free queue. The old rollback (truncate) kept
+    the copy, into which nothing may have been copied: the request would read that block's previous K/V."""
+    mgr, a = _into_an_indexed_block()
+    before, table = mgr.snapshot(), list(mgr.block_ids("a"))
+    alloc = append(mgr, a, [99])
+    ((original, private),) = alloc.blocks_to_copy
+    assert mgr.block_ids("a")[-1] == private
+    mgr.undo_append_slots("a", 6, kv_written=kv_written)
+    del a.all_token_ids[6:]
+    assert mgr.block_ids("a") == table and table[-1] == original
+    assert mgr.snapshot() == before, "the failed step left a trace"
+    mgr.check_invariants()
+    again = append(mgr, a, [99])  # the retried step copies again, into the same block
+    assert again.blocks_to_copy == ((original, private),)
+    compute(mgr, a)
+    mgr.check_invariants()
+
+
+def test_undo_of_a_copy_on_write_whose_original_was_evicted_keeps_only_blocks_with_the_requests_kv():
+    """The step's planning evicted the original (freed by the copy-on-write, then taken by an admission): if the
+    step wrote K/V, the original may hold the admission's now and the copy is the request's; if nothing was
+    written, the copy is empty and the original still holds the request's K/V."""
+    for kv_written in (True, False):
+        mgr, a = _into_an_indexed_block(num_blocks=5)
+        alloc = append(mgr, a, [99])
+        ((original, private),) = alloc.blocks_to_copy
+        assert mgr.block_state(original) is BlockState.CACHED_FREE
+        n_free = mgr.pool.num_free_blocks
+        other, got = admit(mgr, "b", [50 + i for i in range(n_free * B)])
+        assert got is not None and original in mgr.block_ids("b"), "the admission evicted the original"
+        mgr.undo_allocate("b")
+        mgr.undo_append_slots("a", 6, kv_written=kv_written)
+        assert mgr.block_ids("a")[-1] == (private if kv_written else original)
+        mgr.check_invariants()
+
+
+def test_undo_append_slots_without_a_copy_is_a_truncate_back_in_place():
+    mgr = KVCacheManager(16 * B, B)
+    run(mgr, "a", list(range(7)))
+    a = REQS["a"]
+    before = mgr.snapshot()
+    append(mgr, a, [1, 2])  # fills block 1 and takes block 2 from the head
+    assert mgr.undo_append_slots("a", 7, kv_written=True) == [mgr.pool.free_block_ids()[0]]
+    assert mgr.snapshot() == before
+    with pytest.raises(UnknownRequestError):
+        mgr.undo_append_slots("nobody", 1, kv_written=True)
+    assert mgr.snapshot() == before

@@ -122,6 +122,39 @@ class KVCacheMachine(RuleBasedStateMachine):
             self.write(alloc)
 
     @precondition(lambda self: self.live())
+    @rule(pick=pick_st, tokens=st.lists(st.integers(0, 9), min_size=1, max_size=3), other=st.one_of(st.none(), tokens_st),
+          kv_written=st.booleans())
+    def failed_step(self, pick, tokens, other, kv_written):
+        """A step that appends to a request (copy-on-write included), may admit another (whose allocation may evict
+        the copied original), then fails: before writing anything, or after its copies and some K/V were written.
+        The scheduler's rollback: the admission undone, then the append. Every request must read back its own
+        tokens (the invariant below), whichever block it holds afterwards."""
+        rid = self.pick(pick)
+        req = self.reqs[rid]
+        if self.mgr.num_tokens(rid) != len(req.all_token_ids):
+            return  # a chunked prompt mid-way: its next slots are its own tokens, covered by append
+        n = len(req.all_token_ids)
+        req.all_token_ids.extend(tokens)
+        alloc = self.attempt(lambda: self.mgr.append_slots(req, len(tokens)))
+        if alloc is None:
+            del req.all_token_ids[n:]
+            return
+        admitted = None
+        if other is not None:
+            oreq = KVRequest(f"r{self.next_id}", list(other))
+            self.next_id += 1
+            self.reqs[oreq.request_id] = oreq
+            admitted = self.attempt(lambda: self.mgr.allocate(oreq, len(other) - self.mgr.lookup(other).num_cached_tokens))
+        if kv_written:  # the step applied its copies and the model wrote K/V before it failed
+            self.write(alloc)
+            if admitted is not None:
+                self.write(admitted)
+        if admitted is not None:
+            self.mgr.undo_allocate(admitted.request_id)
+        self.mgr.undo_append_slots(rid, n, kv_written=kv_written)
+        del req.all_token_ids[n:]
+
+    @precondition(lambda self: self.live())
     @rule(pick=pick_st, k=st.integers(1, 6))
     def truncate(self, pick, k):
         """Roll back the last k tokens (speculative decoding's rejected tokens)."""
