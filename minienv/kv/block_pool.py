@@ -167,13 +167,9 @@ class BlockPool:
     def allocate(self, num_blocks: int = 1) -> list[int]:
         """Take ``num_blocks`` blocks from the head of the free queue; return their ids in allocation order. All or
         nothing: a half-served request would hold blocks it cannot use while others are preempted."""
-        queue = self.free_block_queue._queue
-        if num_blocks == 1 and type(num_blocks) is int and queue:  # the hot path: one block at a block boundary
-            block = queue.popitem(False)[1]
-            block.ref_cnt = 1
-            return [block.block_id]
         if type(num_blocks) is not int or num_blocks < 0:
             raise ValueError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
+        queue = self.free_block_queue._queue
         if num_blocks > len(queue):
             raise OutOfBlocksError(num_blocks, len(queue), self.num_blocks)
         ids = []
@@ -183,16 +179,6 @@ class BlockPool:
             ids.append(block.block_id)
         return ids
 
-    def allocate_block(self) -> KVCacheBlock | None:
-        """The decode fast path's allocation: the head block itself (refcount 0 -> 1), or None if none is free.
-        :meth:`allocate` for one block without the list, the argument check or the exception."""
-        queue = self.free_block_queue._queue
-        if not queue:
-            return None
-        block = queue.popitem(False)[1]
-        block.ref_cnt = 1  # invariant 2
-        return block
-
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one reference to each block; blocks reaching 0 join the free queue's tail, in order. (Callers free a
         sequence last block first, so a cached chain's tail is evicted before its parent.)
@@ -200,31 +186,17 @@ class BlockPool:
         Raises before changing anything: :class:`UnknownBlockError` for an id not in the pool,
         :class:`DoubleFreeError` for a block freed more times than it is referenced.
         """
-        blocks = self.blocks
-        if type(block_ids) is list and len(block_ids) == 1:  # the hot path: one block
-            block = blocks[self._check_id(block_ids[0])]
-            if block.ref_cnt == 0:
-                raise DoubleFreeError(block.block_id)
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self.free_block_queue.append(block)
-            return
         ids = [self._check_id(b) for b in block_ids]
         counts: dict[int, int] = {}
         for bid in ids:
             counts[bid] = counts.get(bid, 0) + 1
-            if counts[bid] > blocks[bid].ref_cnt:
+            if counts[bid] > self.blocks[bid].ref_cnt:
                 raise DoubleFreeError(bid)
-        append = self.free_block_queue.append
-        for bid in ids:
-            block = blocks[bid]
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                append(block)  # invariant 2
+        self.release(ids)
 
     def release(self, block_ids: Iterable[int]) -> list[KVCacheBlock]:
-        """:meth:`free` for an owner of block tables releasing ids it took from this pool (the KV cache manager):
-        each id names a block its tables hold, so it is in range and referenced, and only that is asserted.
+        """The body of :meth:`free`, without its checks: for an owner of block tables releasing ids it took from this
+        pool (the KV cache manager), where each id names a block its tables hold (in range, referenced; asserted).
         Returns the blocks that became free, in order."""
         blocks, append, freed = self.blocks, self.free_block_queue.append, []
         for bid in block_ids:
