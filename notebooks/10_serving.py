@@ -604,20 +604,33 @@ assert all(rendezvous_order(k, five)[0] == five[-1] for k in keys
 # caches are already warm.
 
 # %% [markdown]
-# ### Exercise 2: a prefix router with a fallback
+# ### Exercise 2: a home that stays put, and a fallback
 #
-# Write `pick_instance(prompt_ids, loads, block_size, max_load)` → the index of the instance a request goes to.
-# `loads[i]` is the number of requests in flight on instance `i`. Rules: (1) the **home** instance is
-# `int.from_bytes(hash_block_tokens(ROOT_HASH, prompt_ids[:block_size])[:8], "big") % len(loads)` — only the first
-# full block decides; (2) a home instance with `max_load` or more requests in flight is **overloaded**: the
-# request goes to the least-loaded instance instead (the lowest index among equals); (3) a prompt shorter than one
-# block has no full block to share: the least-loaded instance. The check runs one case per rule, then a trace of
-# shared system prompts. (minienv's `PrefixRouter` does the same with rendezvous hashing and a relative overload
-# rule; `mod N` and a fixed `max_load` keep the exercise small.)
+# `home_instance` above is `mod N`, and the cell above shows its flaw: change N and most prefixes get a new home.
+# Write a router without it: `pick_instance(prompt_ids, loads, block_size, max_load)` → the **name** of the instance
+# a request goes to. `loads` maps each instance's name (its address) to the number of requests in flight on it.
+# Rules:
+# (1) only the prompt's first full block decides its home (the key `hash_block_tokens(ROOT_HASH,
+# prompt_ids[:block_size])`), and the set of instances does — not their order in `loads`;
+# (2) every instance is home to a fair share of the prefixes;
+# (3) adding or removing an instance moves only the prefixes that must move: those the new instance wins, those the
+# removed one held;
+# (4) a home with fewer than `max_load` requests in flight keeps the request, however idle the others are; with
+# `max_load` or more it is **overloaded**: the request goes to the least-loaded instance — among equals the home
+# if it is one of them (all overloaded), then the smallest name;
+# (5) a prompt shorter than one block has no home: the least-loaded instance, the smallest name among equals.
+#
+# Score the instances yourself with `hashlib.sha256` (minienv's `rendezvous_order` is the answer to rules 1–3: leave
+# it out). The check measures rules 1–3 on your own homes — so a ring of points (consistent hashing) passes too, if
+# it has enough points per instance — then every fallback rule at its edges (exactly at `max_load`, ties, every
+# instance overloaded, one instance, an empty prompt), then a trace of shared system prompts.
 
 # %%
+import hashlib
+
+
 def pick_instance(prompt_ids, loads, block_size, max_load):
-    """The instance for this request: its prefix's home, unless that one is overloaded."""
+    """The name of the instance for this request: its prefix's home, unless that one is overloaded."""
     raise NotImplementedError("your code here")
 
 
@@ -627,19 +640,22 @@ check_pick_instance(pick_instance)
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Compute the least-loaded instance first: `min(range(len(loads)), key=lambda i: (loads[i], i))` — the tuple
-# breaks ties by index. Rules 2 and 3 both answer it.
+# `mod N` moves prefixes because a prefix's home depends on N. Make it depend only on the prefix and on each
+# instance taken alone: give every (prefix, instance) pair a score that looks random, and let the best score win.
+# Removing an instance then cannot change who wins among the others.
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# `hash_block_tokens(ROOT_HASH, prompt_ids[:block_size])` is 32 bytes; read the first 8 as one big integer and
-# take it modulo the number of instances. Check `len(prompt_ids) < block_size` before you hash.
+# Hash the key and the instance's name together: sha256 of the two byte strings, one after the other. Two digests
+# compare like the numbers they spell, so `max` over the names with that score as its `key` finds the home.
 # </details>
 #
 # <details><summary>Hint 3</summary>
 #
-# "Overloaded" is `loads[home] >= max_load` — at the limit counts.
+# Rules 4 and 5 are each one `min` over `loads` whose `key` is a tuple: the load first, then what breaks a tie
+# (in rule 4: whether the name is the home — `False` sorts before `True` — then the name). "Overloaded" counts
+# the limit itself: `max_load` requests in flight is already too many.
 # </details>
 
 # %% [markdown]

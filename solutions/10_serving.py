@@ -1,5 +1,7 @@
 """Solutions to notebook 10's exercises."""
 
+import hashlib
+
 from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
 
 
@@ -8,9 +10,10 @@ def retry_ceilings(max_attempts, initial_backoff, multiplier, max_backoff):
 
 
 def pick_instance(prompt_ids, loads, block_size, max_load):
-    least_loaded = min(range(len(loads)), key=lambda i: (loads[i], i))
-    if len(prompt_ids) < block_size:
-        return least_loaded
+    if len(prompt_ids) < block_size:  # no full block: no home
+        return min(loads, key=lambda name: (loads[name], name))
     key = hash_block_tokens(ROOT_HASH, prompt_ids[:block_size])
-    home = int.from_bytes(key[:8], "big") % len(loads)
-    return home if loads[home] < max_load else least_loaded
+    home = max(loads, key=lambda name: hashlib.sha256(key + name.encode()).digest())  # rendezvous hashing
+    if loads[home] < max_load:
+        return home
+    return min(loads, key=lambda name: (loads[name], name != home, name))  # the home wins a tie

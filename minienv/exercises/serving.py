@@ -1,13 +1,17 @@
-"""Notebook 10's exercises: the backoff ceilings of gRPC's retry policy, and a prefix-aware router with a fallback.
+"""Notebook 10's exercises: the backoff ceilings of gRPC's retry policy, and a prefix-aware router that keeps each
+prefix's home when instances come and go, with a fallback under load.
 
-Both checks run offline (no server): the first against gRPC's retry rule, the second against the routing rule the
-notebook states, on hand-made cases (one per rule) and then on a trace of shared system prompts where the check
-also measures what the routing is for — every prompt of a system prompt lands where its prefix is cached.
+Both checks run offline (no server). The first compares with gRPC's retry rule. The second measures the home rules
+as properties of the student's own homes — only the first block decides, a fair share each, adding or removing an
+instance moves only the prefixes that must move (which ``mod N`` breaks) — then each fallback rule at its edges,
+then a trace of shared system prompts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections import Counter
 
 import numpy as np
 
@@ -60,111 +64,205 @@ def check_retry_ceilings(fn) -> str:
 
 
 # ------------------------------------------------------------------------------------------ prefix routing
-def first_block_instance(prompt_ids: list[int], n_instances: int, block_size: int) -> int:
-    """Where the prefix of ``prompt_ids`` lives: its first full block's chain hash (notebook 05's
-    ``hash_block_tokens(ROOT_HASH, ...)``), read as a big-endian integer from its first 8 bytes, mod the number of
-    instances. Stable across processes and machines (sha256, never Python's ``hash()``)."""
+ADDRESSES = [f"10.0.0.{i}:50051" for i in range(1, 7)]  # instance names, as a client knows its servers
+
+R_TYPE = "return the name of an instance: a key of loads"
+R_BLOCK = "only the prompt's first full block decides its home: what follows it does not matter"
+R_EXACT = ("a prompt of exactly one block has a full block: its home decides (only a prompt shorter than one "
+           "block has none)")
+R_ORDER = "the home depends on the set of instances, not on their order in loads"
+R_SPREAD = "every instance is home to a fair share of the prefixes (the key must pick among all of them)"
+R_STABLE = ("adding or removing an instance moves only the prefixes that must move: those the new instance wins, "
+            "those the removed one held (mod N moves most of them)")
+R_AFFINITY = ("a home with fewer than max_load requests in flight keeps the request, even when another instance "
+              "is less loaded (its prefix is cached there)")
+R_OVERLOAD = "a home with max_load or more requests in flight is overloaded: send the request elsewhere"
+R_LEAST = "the fallback is the least-loaded instance"
+R_TIE = "among equally loaded instances (the home not among them), the smallest name"
+R_ALL = ("when every instance is overloaded, the least-loaded one still takes the request — the home included, "
+         "and the home wins a tie (its cache has the prefix)")
+R_SHORT = ("a prompt shorter than one block has no full block, so no home: the least-loaded instance, the "
+           "smallest name on ties")
+R_ONE = "with one instance, every request goes to it, overloaded or not"
+R_INPUT = "do not modify loads"
+
+
+def rendezvous_home(prompt_ids: list[int], names, block_size: int) -> str:
+    """The instance of the highest score ``sha256(key + name)``, key = the first full block's chain hash
+    (notebook 05's ``hash_block_tokens(ROOT_HASH, ...)``): rendezvous (highest-random-weight) hashing. Stable
+    across processes (sha256, never Python's ``hash()``); one of the answers the check accepts."""
     key = hash_block_tokens(ROOT_HASH, list(prompt_ids[:block_size]))
-    return int.from_bytes(key[:8], "big") % n_instances
+    return max(names, key=lambda name: hashlib.sha256(key + name.encode()).digest())
 
 
-def pick_instance_reference(prompt_ids: list[int], loads: list[int], block_size: int, max_load: int) -> int:
-    """The routing rule the notebook states, written plainly (the check compares against it)."""
-    least_loaded = min(range(len(loads)), key=lambda i: (loads[i], i))
+def pick_instance_reference(prompt_ids: list[int], loads: dict[str, int], block_size: int, max_load: int,
+                            home: str | None = None) -> str:
+    """The routing rule the notebook states, written plainly, given the prefix's ``home`` (None: computed by
+    :func:`rendezvous_home`). The check measures the home rules on the student's own homes, then asks this."""
     if len(prompt_ids) < block_size:
-        return least_loaded  # no full block: nothing cached anywhere to go to
-    home = first_block_instance(prompt_ids, len(loads), block_size)
-    return home if loads[home] < max_load else least_loaded
+        return min(loads, key=lambda name: (loads[name], name))  # no full block: nothing cached anywhere
+    if home is None:
+        home = rendezvous_home(prompt_ids, list(loads), block_size)
+    if loads[home] < max_load:
+        return home
+    return min(loads, key=lambda name: (loads[name], name != home, name))
 
 
 def _tokens(rng: np.random.Generator, n: int) -> list[int]:
     return [int(t) for t in rng.integers(3, 2000, n)]
 
 
-@exercise("write pick_instance(prompt_ids, loads, block_size, max_load): the instance index a request goes to")
+@exercise("write pick_instance(prompt_ids, loads, block_size, max_load): the name of the instance a request goes to")
 def check_pick_instance(fn) -> str:
-    """One case per rule, then a trace of shared system prompts against the rule written plainly."""
-    bs = 8
+    """The home rules as properties of the student's own homes (any stable, balanced hash passes: rendezvous, or a
+    ring with enough points), each fallback rule at its edges, then a trace of shared system prompts."""
+    bs, max_load = 8, 4
     rng = np.random.default_rng(10)
-    system = _tokens(rng, 3 * bs)
 
-    def ask(prompt, loads, max_load=4):
-        got = fn(list(prompt), list(loads), bs, max_load)
-        require(isinstance(got, (int, np.integer)) and not isinstance(got, bool) and 0 <= got < len(loads),
-                "return an instance index in range(len(loads))", f"loads {loads}: got {got!r}")
-        return int(got)
+    def ask(prompt, loads, limit=max_load):
+        given = dict(loads)
+        got = fn(list(prompt), given, bs, limit)
+        require(isinstance(got, str) and got in loads, R_TYPE,
+                f"loads {loads}: got {got!r}" + (" (an index? return the name)" if isinstance(got, int) else ""))
+        require(given == loads and list(given) == list(loads), R_INPUT, f"loads {loads} became {given}")
+        return got
 
-    # Rule 1: the chain hash of the first full block picks the instance; nothing after it matters.
-    for n in (2, 3, 4):
-        idle = [0] * n
-        for tail in (_tokens(rng, 5), _tokens(rng, 17), []):  # [] last: the boundary
-            prompt = system[:bs] + tail
-            want = first_block_instance(prompt, n, bs)
-            got = ask(prompt, idle)
-            rule = ("a prompt of exactly one block has a full block: its home decides (only a prompt shorter than "
-                    "one block goes to the least-loaded instance)" if not tail else
-                    "an idle home instance is int.from_bytes(hash_block_tokens(ROOT_HASH, first block)[:8], 'big') "
-                    "% len(loads): only the first full block decides")
-            require(got == want, rule, f"{n} idle instances, a {len(prompt)}-token prompt: expected {want}, got {got}")
-    # Rule 2: an overloaded home instance (load >= max_load) -> the least-loaded one, lowest index on ties.
-    for n in (2, 3, 4):
-        for trial in range(6):
-            prompt = _tokens(rng, bs + 3)
-            home = first_block_instance(prompt, n, bs)
-            loads = [int(x) for x in rng.integers(0, 3, n)]
-            loads[home] = 4 + (trial % 2)  # at max_load (4), then above it
-            low = min(loads)
-            if trial % 3 == 0:  # make a tie for the least load, one index before the other
-                others = [i for i in range(n) if i != home]
-                for i in others:
-                    loads[i] = low
-            want = pick_instance_reference(prompt, loads, bs, 4)
+    def idle(names):
+        return {name: 0 for name in names}
+
+    def home(prompt, names):
+        """The student's home for ``prompt``: where it goes when nobody is busy."""
+        return ask(prompt, idle(names))
+
+    four, five = ADDRESSES[:4], ADDRESSES[:5]
+    # Rule 1: only the first full block decides; the order of loads does not.
+    fn.rule = R_BLOCK
+    for _ in range(12):
+        first = _tokens(rng, bs)
+        homes = {home(first + _tokens(rng, t), four) for t in (1, 5, 9, 17)}  # the second block differs too
+        require(len(homes) == 1, R_BLOCK, f"four idle instances; prompts {first[:3]}… that share their first "
+                f"block ({bs} tokens) went to {sorted(homes)}")
+    fn.rule = R_EXACT
+    for _ in range(8):
+        first = _tokens(rng, bs)
+        want, got = home(first + _tokens(rng, 5), four), home(first, four)
+        require(got == want, R_EXACT, f"four idle instances: a {bs}-token prompt went to {got}, the same block "
+                f"with a tail to {want}")
+    fn.rule = R_ORDER
+    for _ in range(12):
+        prompt = _tokens(rng, bs + 3)
+        shuffled = [str(a) for a in rng.permutation(five)]
+        a, b = home(prompt, five), home(prompt, shuffled)
+        require(a == b, R_ORDER, f"five idle instances: {a} with loads in the order {five}, {b} in the order "
+                f"{shuffled}")
+    # Rule 2: a fair share each. Rule 3: stable when the set changes.
+    prompts = [_tokens(rng, bs + 2) for _ in range(400)]
+    fn.rule = R_SPREAD
+    for n in (2, 3, 5):
+        shares = Counter(home(p, ADDRESSES[:n]) for p in prompts)
+        low, high = min(shares.get(a, 0) for a in ADDRESSES[:n]), max(shares.values())
+        require(low >= 0.5 * len(prompts) / n and high <= 1.6 * len(prompts) / n, R_SPREAD,
+                f"{len(prompts)} prefixes over {n} idle instances: homes {dict(sorted(shares.items()))}")
+    fn.rule = R_STABLE
+    on4, on5 = [home(p, four) for p in prompts], [home(p, five) for p in prompts]
+    moved = [(a, b) for a, b in zip(on4, on5) if a != b]
+    require(all(b == five[-1] for _, b in moved), R_STABLE, f"adding {five[-1]} to four instances moved "
+            f"{sum(b != five[-1] for _, b in moved)} of {len(prompts)} prefixes between the old ones")
+    gone = five[1]
+    rest = [a for a in five if a != gone]
+    on_rest = [home(p, rest) for p in prompts]
+    kept = sum(b != a for a, b in zip(on5, on_rest) if a != gone)
+    require(kept == 0, R_STABLE, f"removing {gone} from five instances moved {kept} prefixes it did not hold")
+    # Rule 4: affinity below max_load; at max_load or above, the least-loaded instance.
+    fn.rule = R_AFFINITY
+    for n in (2, 3, 5):
+        for extra in (0, 5):
+            prompt = _tokens(rng, bs + extra)
+            names = ADDRESSES[:n]
+            h = home(prompt, names)
+            loads = {a: (max_load - 1 if a == h else 0) for a in names}
             got = ask(prompt, loads)
-            if got == home:
-                fail("a home instance at max_load or above is overloaded: send the request elsewhere",
-                     f"loads {loads}, max_load 4, home {home}: got {got}")
-            require(loads[got] == min(loads), "the fallback is the least-loaded instance",
-                    f"loads {loads}, home {home} overloaded: expected {want}, got {got}")
-            require(got == want, "among equally loaded instances, the lowest index",
-                    f"loads {loads}, home {home} overloaded: expected {want}, got {got}")
-    # Rule 1, its edges: a home below max_load keeps the request even when another instance is idle; a prompt of
-    # exactly one block has a full block (it is not "shorter than one block").
-    for n in (2, 3, 4):
-        for _ in range(4):
-            prompt = _tokens(rng, bs + int(rng.integers(0, 2)) * 5)  # exactly one block, or one block and a tail
-            home = first_block_instance(prompt, n, bs)
-            loads = [0] * n
-            loads[home] = 3  # busy, but below max_load (4)
+            require(got == h, R_AFFINITY, f"loads {loads}, max_load {max_load}: home {h}, got {got}")
+    for ties in (False, True):  # first one least-loaded instance (is it the fallback?), then ties among them
+        for n in (2, 3, 4, 5) if not ties else (3, 4, 5):
+            for trial in range(4):
+                prompt = _tokens(rng, bs + 3)
+                names = [str(a) for a in rng.permutation(ADDRESSES[:n])]  # any order: ties go by name
+                h = home(prompt, names)
+                others = [a for a in names if a != h]
+                if ties:  # two or more share the least load
+                    low = int(rng.integers(0, max_load))
+                    loads = {a: (low if i < 2 or trial % 2 else low + 1 + i % 2) for i, a in enumerate(others)}
+                else:  # distinct loads below max_load
+                    loads = dict(zip(others, (int(x) for x in rng.permutation(max_load)[:n - 1])))
+                loads[h] = max_load + (trial % 2)  # exactly at max_load, then above it
+                loads = {a: loads[a] for a in names}
+                want = pick_instance_reference(prompt, loads, bs, max_load, home=h)
+                fn.rule = R_OVERLOAD
+                got = ask(prompt, loads)
+                require(got != h, R_OVERLOAD, f"loads {loads}, max_load {max_load}: home {h} (load {loads[h]}), "
+                        f"got {got}")
+                require(loads[got] == min(loads.values()), R_LEAST, f"loads {loads}, home {h} overloaded: "
+                        f"expected {want} (load {loads[want]}), got {got} (load {loads[got]})")
+                require(got == want, R_TIE, f"loads {loads}, home {h} overloaded: expected {want}, got {got}")
+    # Every instance overloaded: the least loaded, the home winning a tie.
+    fn.rule = R_ALL
+    for n in (2, 3, 5):
+        for case in ("home least", "all equal", "home tied"):
+            prompt = _tokens(rng, bs + 1)
+            names = [str(a) for a in rng.permutation(ADDRESSES[:n])]
+            h = home(prompt, names)
+            loads = {a: max_load + 2 + int(rng.integers(0, 3)) for a in names}
+            if case == "home least":
+                loads[h] = max_load
+            elif case == "all equal":
+                loads = {a: max_load + 1 for a in names}
+            else:  # the home ties with the smallest name among the others for the least load
+                other = min(a for a in names if a != h)
+                loads[h] = loads[other] = max_load + 1
+            want = pick_instance_reference(prompt, loads, bs, max_load, home=h)
             got = ask(prompt, loads)
-            require(got == home, "a home instance below max_load keeps the request, even when another instance is "
-                    "less loaded (its prefix is cached there)", f"{len(prompt)}-token prompt, loads {loads}, "
-                    f"max_load 4: home {home}, got {got}")
-    # Rule 3: a prompt shorter than one block has no full block to share: the least-loaded instance.
-    for loads in ([3, 1, 2], [2, 2, 0, 5], [1, 1]):
-        prompt = _tokens(rng, bs - 3)
-        want = pick_instance_reference(prompt, loads, bs, 4)
-        got = ask(prompt, loads)
-        require(got == want, "a prompt shorter than one block has no full block: the least-loaded instance "
-                "(lowest index on ties)", f"a {len(prompt)}-token prompt (block size {bs}), loads {loads}: "
-                f"expected {want}, got {got}")
+            require(got == want, R_ALL, f"loads {loads}, max_load {max_load} (all overloaded), home {h}: "
+                    f"expected {want}, got {got}")
+    # Rule 5: a prompt shorter than one block has no home.
+    fn.rule = R_SHORT
+    for length in (0, 1, bs - 1):
+        for loads in ({ADDRESSES[2]: 3, ADDRESSES[0]: 1, ADDRESSES[1]: 2}, {ADDRESSES[1]: 2, ADDRESSES[3]: 0,
+                      ADDRESSES[0]: 2, ADDRESSES[2]: 0}, idle(reversed(four)), {ADDRESSES[1]: 5, ADDRESSES[0]: 5}):
+            prompt = _tokens(rng, length)
+            want = pick_instance_reference(prompt, loads, bs, max_load)
+            got = ask(prompt, loads)
+            require(got == want, R_SHORT, f"a {length}-token prompt (block size {bs}), loads {loads}: expected "
+                    f"{want}, got {got}")
+    # One instance: nowhere else to go.
+    fn.rule = R_ONE
+    only = ADDRESSES[3]
+    for length, load in ((bs + 2, 0), (bs + 2, max_load), (bs + 2, max_load + 3), (0, max_load), (bs, 1)):
+        got = ask(_tokens(rng, length), {only: load})
+        require(got == only, R_ONE, f"loads {{{only!r}: {load}}}, a {length}-token prompt: got {got!r}")
     # A trace: 5 system prompts × 12 questions arriving in a seeded order, 3 instances, load = requests in flight
-    # (each request stays 4 arrivals). Every decision must be the rule's; then count where the prefixes went.
+    # (each request stays 4 arrivals). Every decision must follow the rules for the student's own homes.
+    fn.rule = "every decision follows the rules"
     systems = [_tokens(rng, 2 * bs) for _ in range(5)]
     order = [(s, q) for s in range(5) for q in range(12)]
     rng.shuffle(order)
-    n, max_load, stay = 3, 3, 4
-    inflight: list[list[int]] = []  # [instance, arrivals left]
+    names, limit, stay = ADDRESSES[:3], 3, 4
+    inflight: list[list] = []  # [instance, arrivals left]
     homes_of: dict[int, set] = {s: set() for s in range(5)}
     for s, q in order:
-        loads = [sum(1 for i, _ in inflight if i == k) for k in range(n)]
+        loads = {a: sum(1 for i, _ in inflight if i == a) for a in names}
         prompt = systems[s] + _tokens(rng, 1 + q % 5)
-        want = pick_instance_reference(prompt, loads, bs, max_load)
-        got = ask(prompt, loads, max_load)
-        require(got == want, "every decision follows the three rules (home by first-block hash; overloaded → "
-                "least loaded; lowest index on ties)", f"loads {loads}, max_load {max_load}: expected {want}, "
-                f"got {got}")
+        want = pick_instance_reference(prompt, loads, bs, limit, home=home(prompt, names))
+        got = ask(prompt, loads, limit)
+        require(got == want, "every decision follows the rules (its home below max_load; overloaded → least "
+                "loaded, the home winning a tie, then the smallest name)", f"loads {loads}, max_load {limit}: "
+                f"expected {want}, got {got}")
         homes_of[s].add(got)
         inflight = [[i, left - 1] for i, left in inflight if left > 1] + [[got, stay]]
     spread = sum(len(h) for h in homes_of.values()) / len(homes_of)
-    return (f"pick_instance routes by the first block and spills over only under load: each system prompt was "
-            f"served by {spread:.1f} of {n} instances on average (round robin: all {n})")
+    by_mod = sum(int.from_bytes(hash_block_tokens(ROOT_HASH, p[:bs])[:8], "big") % 5
+                 != int.from_bytes(hash_block_tokens(ROOT_HASH, p[:bs])[:8], "big") % 4 for p in prompts)
+    return (f"pick_instance keeps each prefix's home: removing one of five instances moved only its own "
+            f"{sum(a == gone for a in on5) / len(prompts):.0%} of {len(prompts)} prefixes and adding a fifth to four "
+            f"moved {len(moved) / len(prompts):.0%} (mod N: {by_mod / len(prompts):.0%}); on the trace each system "
+            f"prompt was served by {spread:.1f} of {len(names)} instances on average (round robin: all {len(names)})")

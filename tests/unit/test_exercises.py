@@ -8,6 +8,8 @@ The wrong answers are the mistakes a student is likely to make, at least one per
 from __future__ import annotations
 
 import ast
+import bisect
+import hashlib
 import importlib.util
 from collections import Counter
 from pathlib import Path
@@ -56,28 +58,71 @@ def _ceilings(first_exponent=0, cap=True, growth="exp", extra=0):
     return fn
 
 
-def _home(prompt, n, block_size, whole=False, builtin=False):
-    block = list(prompt) if whole else list(prompt[:block_size])
-    if builtin:
-        return hash(tuple(block)) % n
-    return int.from_bytes(hash_block_tokens(ROOT_HASH, block)[:8], "big") % n
+def _key(prompt, block_size, blocks=1, whole=False):
+    """The prefix key a (possibly wrong) router hashes: the first ``blocks`` full blocks, or the whole prompt."""
+    if whole:
+        return hash_block_tokens(ROOT_HASH, list(prompt))
+    return hash_block_chain(list(prompt), block_size, max_blocks=blocks)[-1]
 
 
-def _pick(whole=False, builtin=False, fallback=True, next_one=False, ties_high=False, strict=False,
-          short_by_hash=False):
+def _hrw(key, names, score="both"):
+    def rank(name):
+        data = {"both": key + name.encode(), "name only": name.encode(), "key only": key}[score]
+        return hashlib.sha256(data).digest()
+    return max(names, key=rank)
+
+
+def _ring(key, names):  # consistent hashing with one point per instance (no virtual nodes)
+    points = sorted((hashlib.sha256(n.encode()).digest(), n) for n in names)
+    at = bisect.bisect(points, (key, ""))
+    return points[at % len(points)][1]
+
+
+def _pick(home="hrw", blocks=1, whole=False, score="both", fallback="least", ties="name", home_wins_tie=True,
+          strict=False, short="least", short_ties="name", exact_is_short=False, answer="name", mutate=False):
+    """A router by the exercise's rules with one of them changed (the keywords name what changes)."""
     def fn(prompt, loads, block_size, max_load):
-        least = min(range(len(loads)), key=lambda i: (loads[i], -i if ties_high else i))
-        if len(prompt) < block_size and not short_by_hash:
-            return least
-        home = _home(prompt, len(loads), block_size, whole, builtin)
-        overloaded = loads[home] > max_load if strict else loads[home] >= max_load
-        if next_one and overloaded:
-            return (home + 1) % len(loads)  # spill to the neighbour, whatever its load
-        return least if fallback and overloaded else home
+        names = list(loads)
+        by_tie = {"name": lambda a: a, "largest name": lambda a: tuple(-ord(c) for c in a),
+                  "dict order": names.index}[ties]
+        if len(prompt) < block_size or (exact_is_short and len(prompt) == block_size):
+            if short == "hash":
+                chosen = _hrw(hash_block_tokens(ROOT_HASH, list(prompt)), names)
+            elif short == "chain":
+                chosen = _hrw(hash_block_chain(list(prompt), block_size)[0], names)  # IndexError: no full block
+            else:
+                tie = (lambda a: a) if short_ties == "name" else names.index
+                chosen = min(names, key=lambda a: (loads[a], tie(a)))
+        else:
+            key = _key(prompt, block_size, blocks, whole)
+            ordered = sorted(names)
+            h = {"hrw": lambda: _hrw(key, names, score), "ring": lambda: _ring(key, names),
+                 "mod sorted": lambda: ordered[int.from_bytes(key[:8], "big") % len(names)],
+                 "mod order": lambda: names[int.from_bytes(key[:8], "big") % len(names)]}[home]()
+            over = loads[h] > max_load if strict else loads[h] >= max_load
+            if not over or fallback == "none":
+                chosen = h
+            elif fallback == "next":
+                chosen = ordered[(ordered.index(h) + 1) % len(ordered)]  # the neighbour, whatever its load
+            elif fallback == "first":
+                chosen = next(a for a in names if a != h) if len(names) > 1 else h
+            elif fallback == "others":  # the least loaded of the others, even when the home is less loaded
+                chosen = min((a for a in names if a != h), key=lambda a: (loads[a], by_tie(a)))
+            elif fallback == "compare":  # the best other, if it is less loaded: fails with no other instance
+                best = min((a for a in names if a != h), key=lambda a: (loads[a], by_tie(a)))
+                chosen = best if loads[best] < loads[h] else h
+            elif fallback == "home if least":  # below max_load too: the home only when it is the least loaded
+                chosen = min(names, key=lambda a: (loads[a], a != h, by_tie(a)))
+            else:
+                chosen = min(names, key=lambda a: (loads[a], (a != h) if home_wins_tie else 0, by_tie(a)))
+            if fallback == "home if least" and not over:
+                chosen = min(names, key=lambda a: (loads[a], a != h, by_tie(a)))
+        if mutate:
+            loads[chosen] += 1  # counts the request in: the caller's dict changes
+        return names.index(chosen) if answer == "index" else chosen
     return fn
 
 
-# ---------------------------------------------------------------------------------------- wrong answers
 def merge_pair(seq, pair, new_id):
     return _solutions("01_tokenizer").merge_pair(seq, pair, new_id)
 
@@ -223,14 +268,6 @@ def _fewest_then_largest_id(c):
 
 def _fewest_latest_by_id_order(c):
     return min(sorted(c, key=lambda r: r.request_id, reverse=True), key=lambda r: r.num_computed_tokens)
-
-
-def _pick_home_only_if_least(prompt, loads, block_size, max_load):
-    least = min(range(len(loads)), key=lambda i: (loads[i], i))
-    if len(prompt) < block_size:
-        return least
-    home = _home(prompt, len(loads), block_size)
-    return home if loads[home] == loads[least] and loads[home] < max_load else least
 
 
 def _latency_with(first_step=1, first_token="output", from_arrival=True, e2e="finished", key="id"):
@@ -862,17 +899,29 @@ WRONG = [
         (lambda m, i, k, c: [i] + _ceilings()(m, i, k, c)[1:] if m > 1 else [], "the first one included"),
     ]),
     ("10_serving", ex10.check_pick_instance, "pick_instance", [
-        (_pick(whole=True), "only the first full block decides"),
-        (_pick(builtin=True), "only the first full block decides"),
-        (_pick(fallback=False), "at max_load or above is overloaded"),
-        (_pick(strict=True), "at max_load or above is overloaded"),
-        (_pick(next_one=True), "the least-loaded instance"),
-        (_pick(ties_high=True), "lowest index"),
-        (_pick(short_by_hash=True), "shorter than one block"),
-        (_pick_home_only_if_least, "below max_load keeps the request"),
-        (lambda prompt, loads, b, m: _pick()(prompt[:b - 1] if len(prompt) == b else prompt, loads, b, m),
-         "a prompt of exactly one block has a full block"),
-        (lambda prompt, loads, b, m: len(loads), "return an instance index"),
+        (_pick(home="mod sorted"), "moves only the prefixes that must move"),
+        (_pick(home="mod order"), "not on their order in loads"),
+        (_pick(whole=True), "only the prompt's first full block decides"),
+        (_pick(blocks=2), "only the prompt's first full block decides"),
+        (_pick(score="name only"), "a fair share"),
+        (_pick(score="key only"), "not on their order in loads"),
+        (_pick(home="ring"), "a fair share"),
+        (_pick(exact_is_short=True), "a prompt of exactly one block has a full block"),
+        (_pick(fallback="none"), "max_load or more requests in flight is overloaded"),
+        (_pick(strict=True), "max_load or more requests in flight is overloaded"),
+        (_pick(fallback="next"), "the fallback is the least-loaded instance"),
+        (_pick(fallback="first"), "the fallback is the least-loaded instance"),
+        (_pick(ties="largest name"), "among equally loaded instances (the home not among them), the smallest name"),
+        (_pick(ties="dict order"), "among equally loaded instances (the home not among them), the smallest name"),
+        (_pick(fallback="others"), "when every instance is overloaded"),
+        (_pick(home_wins_tie=False), "the home wins a tie"),
+        (_pick(fallback="home if least"), "fewer than max_load requests in flight keeps the request"),
+        (_pick(short="hash"), "shorter than one block has no full block"),
+        (_pick(short="chain"), "shorter than one block has no full block"),  # the student's IndexError, named
+        (_pick(short_ties="dict order"), "shorter than one block has no full block"),
+        (_pick(fallback="compare"), "with one instance"),  # the student's ValueError (min of nothing), named
+        (_pick(answer="index"), "return the name of an instance"),
+        (_pick(mutate=True), "do not modify loads"),
     ]),
     ("11_persistent_kv", ex11.check_next_victim, "next_victim", [
         (lambda records: min(records, key=lambda r: r[2])[0], "evict only a chain's tail"),  # plain LRU
