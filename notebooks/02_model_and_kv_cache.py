@@ -484,8 +484,10 @@ check_decode_attention(decode_attention)
 # global_every)`: the KV-cache bytes one request of `num_tokens` tokens holds. Rules: (1) a token stores a K **and**
 # a V vector; (2) only the **KV heads** are stored; (3) every layer keeps its own, (4) times the bytes per element;
 # (5) layers `global_every − 1`, `2 × global_every − 1`, … (0-based) are global and keep every token; the others are
-# sliding-window layers and keep `min(num_tokens, window)`; `window=None` means every layer is global. The check
-# ends on the table above (one token, `window=None`).
+# sliding-window layers, which keep only the last `window` tokens; `window=None` means every layer is global. The
+# check names the rule a wrong answer breaks, tries the edges (a window longer than the context, exactly as long,
+# an empty context, `global_every` of 1 and larger than `num_layers`), and ends on the table above (one token,
+# `window=None`).
 
 # %%
 def kv_bytes_for_context(num_tokens, num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes, window,
@@ -500,14 +502,24 @@ check_kv_bytes_for_context(kv_bytes_for_context)
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Split the layers into two kinds and price each kind: how many of the `num_layers` are global? (Count the
-# multiples of `global_every` among `1 … num_layers`.) One of the arguments does not appear in the answer.
+# Price one layer first: what does one token cost it, and how many tokens does it hold? A global layer holds the
+# whole context; a sliding-window layer never looks further back than `window` tokens, so it has no reason to keep
+# older ones. The request's bytes are the sum over the layers. (One of the arguments does not appear in the answer.)
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# `2 × kv_heads × head_dim × bytes × (global × num_tokens + (num_layers − global) × min(num_tokens, window))`,
-# with `global = num_layers // global_every` (or `num_layers` when `window` is None).
+# The edges: a window of 4 over a 3-token context — how many tokens can the layer hold, 4 or 3? And a context of
+# exactly 4? Then count the global layers on paper for `num_layers = 7, global_every = 6` (only layer 5), for
+# `global_every = 1` and for `global_every` larger than `num_layers`: one integer operation gives all three.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Per layer and token: K and V, for each KV head, `head_dim` elements of `dtype_bytes` each. Multiply that by the
+# tokens held summed over the layers: the global layers hold `num_tokens` each, the window layers the smaller of
+# `num_tokens` and `window` each; the number of global layers is the quotient of `num_layers` by `global_every`
+# (all of them when `window` is None).
 # </details>
 
 # %% [markdown]

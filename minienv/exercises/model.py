@@ -52,10 +52,18 @@ def check_decode_attention(fn) -> str:
     return "one query attending to every cached token: O(t) work per step instead of O(t²)"
 
 
-# (num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes) -> bytes, with the rule the case isolates
+# The rules of exercise 2, as the check names them
 _LAYERS_RULE = "layers global_every − 1, 2 × global_every − 1, … are global: num_layers // global_every of them " \
                "(layer 0 is a sliding-window layer unless global_every is 1)"
-# (num_tokens, num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes, window, global_every), bytes, the rule
+_NONE_RULE = "window=None means every layer is global: there is no window to take a min with"
+_GLOBAL_RULE = ("a global layer keeps every token of the context, window or not: the window applies only to the "
+                "sliding-window layers")
+_EVERY1_RULE = "num_layers // global_every layers are global: with global_every = 1, every layer — the window applies " \
+               "to none"
+_WINDOW_RULE = "a sliding-window layer keeps only the last `window` tokens"
+_LONGER_RULE = "a window longer than the context keeps the whole context: min(tokens, window)"
+# (num_tokens, num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes, window, global_every), bytes, the rule.
+# Ordered so that each case isolates one rule: a wrong answer fails first on the case of the rule it breaks.
 _KV_CASES = [
     ((1, 1, 4, 4, 8, 1, None, 1), 64, "a token stores a K and a V vector: two tensors, so × 2"),
     ((1, 1, 32, 8, 128, 1, None, 1), 2048, "with grouped-query attention only the KV heads are stored (8 here, not "
@@ -63,16 +71,21 @@ _KV_CASES = [
     ((1, 32, 1, 1, 4, 1, None, 1), 256, "every layer keeps its own K and V: × num_layers"),
     ((1, 1, 2, 2, 16, 4, None, 1), 256, "× the bytes per element (4 for float32, 2 for fp16)"),
     ((5, 2, 1, 1, 1, 1, None, 1), 20, "× the tokens of the context"),
-    ((10, 2, 1, 1, 1, 1, 4, 2), 28, "a sliding-window layer keeps only the last `window` tokens"),
-    ((3, 2, 1, 1, 1, 1, 4, 2), 12, "a window longer than the context keeps the whole context: min(tokens, window)"),
+    ((10, 3, 1, 1, 1, 1, 4, 1), 60, _GLOBAL_RULE),  # every layer global although the window (4) is shorter
+    ((10, 2, 1, 1, 1, 1, 4, 2), 28, _WINDOW_RULE),
+    ((3, 2, 1, 1, 1, 1, 4, 2), 12, _LONGER_RULE),
+    ((3, 4, 1, 1, 1, 1, 100, 4), 24, _LONGER_RULE),  # a window far longer than the context
     ((4, 2, 1, 1, 1, 1, 4, 2), 16, "a context exactly as long as the window fills it: min(tokens, window)"),
     ((10, 7, 1, 1, 1, 1, 4, 6), 68, _LAYERS_RULE),
     ((10, 5, 1, 1, 1, 1, 4, 2), 2 * (2 * 10 + 3 * 4), _LAYERS_RULE),
-    ((10, 3, 1, 1, 1, 1, 4, 1), 60, "global_every = 1: every layer is global, the window applies to none"),
+    ((10, 3, 1, 1, 1, 1, 4, 5), 24, _LAYERS_RULE),  # global_every > num_layers: no global layer at all
     ((0, 4, 1, 1, 8, 2, 4, 2), 0, "an empty context costs nothing"),
+    ((0, 4, 1, 1, 8, 2, None, 1), 0, "an empty context costs nothing"),
     ((1, 32, 32, 8, 128, 2, None, 1), 128 * 1024, "Llama-3-8B in fp16: 128 KiB per token (the table above)"),
     ((1, 40, 40, 40, 128, 2, None, 1), 800 * 1024, "Llama-2-13B in fp16: 800 KiB per token (the table above)"),
     ((1, 28, 28, 4, 128, 2, None, 1), 56 * 1024, "Qwen2.5-7B in fp16: 56 KiB per token (the table above)"),
+    ((6000, 42, 16, 8, 256, 2, 4096, 2), 2 * 8 * 256 * 2 * (21 * 6000 + 21 * 4096),
+     "Gemma-2-9B-like, 6000 tokens: 21 global layers keep 6000, 21 window layers keep 4096"),
 ]
 
 
@@ -82,8 +95,16 @@ def check_kv_bytes_for_context(fn) -> str:
     for args, want, rule in _KV_CASES:
         try:
             got = fn(*args)
+        except TypeError as err:
+            if args[6] is None and "NoneType" in str(err):  # min(tokens, None) and the like
+                fail(_NONE_RULE, f"{args}: your function raised TypeError: {err}")
+            fail(rule, f"{args}: your function raised TypeError: {err}")
         except Exception as err:  # noqa: BLE001
             fail(rule, f"{args}: your function raised {type(err).__name__}: {err}")
+        if rule == _GLOBAL_RULE and got != want:  # every layer global: windowed everywhere, or miscounted?
+            n, layers, _, kv_heads, head_dim, dtype_bytes, window, _ = args
+            windowed = 2 * kv_heads * head_dim * dtype_bytes * layers * min(n, window)
+            rule = _GLOBAL_RULE if got == windowed else _EVERY1_RULE
         require(got == want, rule, f"(tokens, layers, heads, kv_heads, head_dim, bytes, window, global_every) = "
                                    f"{args}: expected {want}, got {got}")
     return "2 × kv_heads × head_dim × bytes × (global layers × tokens + window layers × min(tokens, window))"

@@ -775,8 +775,25 @@ WRONG = [
         (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g, globals_=lambda L, g: -(-L // g)),
          "num_layers // global_every"),  # counts layer 0 as global
         (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g, globals_=lambda L, g: L // g - (g == 1)),
-         "global_every = 1: every layer is global"),
+         "with global_every = 1, every layer"),
         (lambda n, L, h, kv, d, b, w, g: max(1, _kv_context(n, L, kv, d, b, w, g)), "an empty context costs nothing"),
+        (lambda n, L, h, kv, d, b, w, g: 2 * kv * d * b * ((L // g) * n + (L - L // g) * min(n, w)),
+         "window=None means every layer is global"),  # min(n, None): the student's TypeError, named
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g, globals_=lambda L, g: 0),
+         "a global layer keeps every token of the context"),  # the window applied to every layer
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g, keep=lambda n, w: min(n, w - 1)),
+         "a sliding-window layer keeps only the last `window` tokens"),  # the window counted without its last token
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g, keep=lambda n, w: max(n, w)),
+         "a sliding-window layer keeps only the last `window` tokens"),  # max for min: the window never cuts
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g, keep=lambda n, w: min(n, w) if n != w
+                                                     else n - 1),
+         "a context exactly as long as the window fills it"),  # "the window is full" tested with <
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g, globals_=lambda L, g: max(1, L // g)),
+         "num_layers // global_every"),  # at least one global layer, even when global_every > num_layers
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g, globals_=lambda L, g: (L - 1) // g),
+         "num_layers // global_every"),  # the multiples of global_every in range(1, num_layers): one too few
+        (lambda n, L, h, kv, d, b, w, g: _kv_context(max(n, 1), L, kv, d, b, w, g),
+         "an empty context costs nothing"),  # one token at least
     ]),
     ("03_kv_memory", ex03.check_internal_frag, "internal_frag", [
         (lambda n, b: b - n % b, "exactly full wastes nothing"),
