@@ -42,12 +42,13 @@
 # %% [markdown]
 # ## The contract
 #
-# The engine's scheduler needs more than this (slot mappings, stats, request bookkeeping); a small adapter,
-# `minienv.exercises.capstone.PluggedManager`, supplies those around your class and adds no policy of its own —
-# every block id, refcount, hit and eviction is yours. minienv's own manager is handed the request object and
-# reads its tokens and progress (`all_token_ids`, `num_computed_tokens`: the engine's `Request` owns them); your
-# contract is simpler, with ids and token lists, and the adapter reads them out of the request for each call. Your
-# class answers this:
+# Your class takes the calls the engine makes on minienv's own manager, with the same arguments: `allocate`,
+# `append_slots` and `commit` get the request object itself — the engine's `Request`, which owns its tokens and
+# progress (`all_token_ids`, `num_computed_tokens`), as vLLM's manager reads `request.all_token_ids` — and the
+# other calls get its id. Read the request at each call and keep no copy of its tokens: the engine appends every
+# token it decodes to that list, so a copy goes stale after one step. What the scheduler needs beyond your
+# answers (slot mappings, stats, counters) `capstone.plug` builds around your class, with no policy of its own:
+# every block id, refcount, hit and eviction is yours. Your class answers this:
 
 # %%
 from minienv.exercises import capstone
@@ -91,13 +92,14 @@ demo, requests = {}, {}  # the requests are the caller's: minienv's manager only
 
 
 def admit(m, rid, prompt):
-    """The contract's allocate(rid, token_ids, n), as minienv's manager takes it: the request object."""
+    """The contract's allocate(request, n): the request object is ours; the manager reads it (n: all the rest)."""
     requests[rid] = KVRequest(rid, list(prompt))
     return m.allocate(requests[rid])
 
 
 def commit(m, rid):
-    """The contract's commit(rid): the step computed the reserved tokens, so their full blocks become findable."""
+    """The contract's commit(request): the step computed the reserved tokens (we advance the request's progress),
+    so their full blocks become findable."""
     requests[rid].num_computed_tokens = requests[rid].num_tokens
     return m.commit(requests[rid])
 
@@ -173,23 +175,26 @@ assert mgr.lookup(A_PROMPT).num_cached_tokens == 4  # the tail of a's chain went
 # <details><summary>Hint 1: what to store</summary>
 #
 # Per block: its refcount and, if indexed, its hash. The free queue (all blocks at the start, `0 … n-1` in order).
-# The index `hash -> block`. Per request: its block table, its tokens, how many are computed, and the chain hashes
-# of its committed full blocks (so commit can continue the chain where it stopped).
+# The index `hash -> block`. Per request id: its block table and the chain hashes of its committed full blocks
+# (so commit can continue the chain where it stopped). Not its tokens, nor how many are computed: the request
+# object carries both, and `allocate`, `append_slots` and `commit` are handed it.
 # </details>
 #
 # <details><summary>Hint 2: allocate in two phases</summary>
 #
-# First decide: `hit = self.lookup(token_ids)`; new blocks needed = `ceil((len(hit)·B + n) / B) − len(hit)`; the
-# hit blocks with refcount 0 count against the free ones too (taking them empties queue slots). If the sum exceeds
-# the free queue, return `None` *before touching anything*. Only then take the hit (refcount +1, out of the queue)
+# First decide: `hit = self.lookup(request.all_token_ids)`; new blocks needed = `ceil((len(hit)·B + n) / B) −
+# len(hit)`; the hit blocks with refcount 0 count against the free ones too (taking them empties queue slots). If
+# the sum exceeds the free queue, return `None` *before touching anything*. Only then take the hit (refcount +1, out of the queue)
 # and then the new blocks from the head — hit first, so the new blocks cannot evict the hit.
 # `self.take_from_head(n)` (your notebook-06 `safe_victims`) names exactly those head blocks.
 # </details>
 #
 # <details><summary>Hint 3: commit and free</summary>
 #
-# Commit: for each full block `j` from the first not yet hashed to `num_tokens // B − 1`, compute
-# `h = hash_block_tokens(previous hash or ROOT_HASH, tokens[j·B:(j+1)·B])` (or take `self.block_keys(tokens)[j]`,
+# Append: the table must cover `request.num_computed_tokens + n` tokens. Commit: for each full block `j` from the
+# first not yet hashed to `request.num_computed_tokens // B − 1` (only computed tokens have K/V; the token the step
+# just sampled is in `all_token_ids` but not computed yet), compute `h = hash_block_tokens(previous hash or
+# ROOT_HASH, request.all_token_ids[j·B:(j+1)·B])` (or take `self.block_keys(request.all_token_ids)[j]`,
 # your notebook-05 chain hashes, at the cost of rehashing the prefix); index `h -> table[j]` unless `h` is
 # already indexed (another request computed the same block at the same time: keep yours private). Free: walk the
 # table **reversed**, refcount −1, and append each block that reaches 0 to the queue's tail; leave the index alone.
@@ -242,13 +247,13 @@ class MyKVCacheManager:
     def lookup(self, token_ids):
         raise NotImplementedError
 
-    def allocate(self, request_id, token_ids, num_new_tokens):
+    def allocate(self, request, num_new_tokens):
         raise NotImplementedError
 
-    def append_slots(self, request_id, token_ids):
+    def append_slots(self, request, num_new_tokens):
         raise NotImplementedError
 
-    def commit(self, request_id):
+    def commit(self, request):
         raise NotImplementedError
 
     def free(self, request_id):
@@ -270,12 +275,13 @@ class MyKVCacheManager:
 # %% [markdown]
 # ## Grading 1: one scenario per rule
 #
-# Each of the eleven scenarios is a few calls on a fresh manager, built so that one classic bug breaks its rule: a
+# Each of the twelve scenarios is a few calls on a fresh manager, built so that one classic bug breaks its rule: a
 # block indexed at allocation, a table freed head-first, a shared block without its second refcount, a hash of the
 # block's own tokens only, an evicted block left in the index, a cached-free hit left in the free queue (so it gets
 # evicted while in use), an allocation that half-happens, a cached-free hit not counted against the free blocks, new
 # blocks taken before the hit (the head of the queue may be the hit itself), a twin block indexed over the first
-# copy of its hash. The message names the scenario and its rule and shows the case; if your code raises, the
+# copy of its hash, a commit that hashes a private copy of the tokens (stale once the request decodes) or tokens
+# not yet computed. The message names the scenario and its rule and shows the case; if your code raises, the
 # message names the rule the scenario was checking and shows your error.
 
 # %%
@@ -285,9 +291,11 @@ capstone.check_rules(MyKVCacheManager)
 # ## Grading 2: invariants under random operations
 #
 # 400 random admissions, decodes, commits and frees over prompts built from a few recurring 4-token "words" (so
-# blocks repeat both as shared prefixes and at different positions). After every operation: each refcount equals
-# the number of tables holding the block, a block is in the free queue exactly when its refcount is 0, every block a
-# lookup returns holds K/V computed for exactly those tokens, and a prompt freed a moment ago is found again.
+# blocks repeat both as shared prefixes and at different positions), on `KVRequest` objects the check owns: it
+# appends each decoded token and advances `num_computed_tokens`, as the engine does. After every operation: each
+# refcount equals the number of tables holding the block, a block is in the free queue exactly when its refcount
+# is 0, every block a lookup returns holds K/V computed for exactly those tokens, and a prompt freed a moment ago is
+# found again.
 
 # %%
 capstone.check_random_ops(MyKVCacheManager)
@@ -298,9 +306,10 @@ capstone.check_random_ops(MyKVCacheManager)
 # `InferenceEngine(..., kv_cache_manager_factory=...)` is the seam: the engine calls
 # `factory(num_blocks, block_size, enable_prefix_caching)` instead of building its own manager, and drives what it
 # returns through the `KVManager` protocol (`minienv/kv/interface.py`: `lookup`, `allocate(request, n)`,
-# `append_slots(request, n)`, `commit(request)`, `free`, `undo_allocate`, ...; the calls that need a request's
-# tokens or progress read them from the request). `capstone.plug(MyKVCacheManager)` is such a factory: it wraps your
-# class in that protocol. Eight greedy requests (half share a 16-token prefix) run
+# `append_slots(request, n)`, `commit(request)`, `free`, `undo_allocate`, ...). `capstone.plug(MyKVCacheManager)`
+# is such a factory: the engine's calls reach your class unchanged — the same `Request` objects — and the plug
+# only turns your answers into the protocol's records (`SlotAllocation`, `PrefixHit`) and keeps the counters.
+# Eight greedy requests (half share a 16-token prefix) run
 # with your manager; their outputs must equal minienv's manager with the cache on, with it off, and each request
 # generated alone by `minienv.generate` — and again at a 48-token budget, where requests are preempted and resume,
 # the victims chosen by your `fewest_computed` from notebook 07 if you pasted it above (the check holds it to its

@@ -3,7 +3,9 @@ the notebook states — it subclasses nothing and imports only the chain hash.
 
 Data structures: a refcount per block, an ``OrderedDict`` free queue (head = least recently freed, O(1) removal
 of a prefix hit), ``hash -> block`` and ``block -> hash`` maps for the prefix index, and per request its block
-table, its tokens, how many are computed and the chain hashes of its committed full blocks.
+table and the chain hashes of its committed full blocks (so commit continues the chain where it stopped). The
+request's tokens and progress are NOT kept here: the caller's request object owns them (``all_token_ids``,
+``num_computed_tokens``) and every call reads them as they are now, as vLLM's manager reads its ``Request``.
 
 It hashes and takes head blocks inline, so that it stands alone; in the notebook the skeleton's ``block_keys``
 (your notebook-05 ``chain_hashes``) and ``take_from_head`` (your notebook-06 ``safe_victims``) do the same jobs.
@@ -24,9 +26,7 @@ class MyKVCacheManager:
         self.by_hash: dict[bytes, int] = {}
         self.hash_of: dict[int, bytes] = {}
         self.tables: dict[object, list[int]] = {}
-        self.tokens: dict[object, list[int]] = {}
-        self.computed: dict[object, int] = {}
-        self.hashes: dict[object, list[bytes]] = {}
+        self.hashes: dict[object, list[bytes]] = {}  # request id -> chain hashes of its committed full blocks
 
     # -- the prefix index
     def lookup(self, token_ids: list[int]) -> list[int]:
@@ -52,11 +52,10 @@ class MyKVCacheManager:
             out.append(bid)
         return out
 
-    def allocate(self, request_id, token_ids: list[int], num_new_tokens: int) -> int | None:
+    def allocate(self, request, num_new_tokens: int) -> int | None:
         B = self.block_size
-        hit = self.lookup(token_ids)
-        total = len(hit) * B + num_new_tokens
-        need = -(-total // B) - len(hit)
+        hit = self.lookup(request.all_token_ids)
+        need = -(-(len(hit) * B + num_new_tokens) // B) - len(hit)
         hit_free = sum(1 for b in hit if self.refs[b] == 0)  # taking these removes them from the free queue
         if need + hit_free > len(self.free_q):
             return None
@@ -64,28 +63,24 @@ class MyKVCacheManager:
             if self.refs[b] == 0:
                 del self.free_q[b]
             self.refs[b] += 1
-        self.tables[request_id] = hit + self._take(need)
-        self.tokens[request_id] = list(token_ids[:total])
-        self.computed[request_id] = len(hit) * B
-        self.hashes[request_id] = [self.hash_of[b] for b in hit]
+        self.tables[request.request_id] = hit + self._take(need)
+        self.hashes[request.request_id] = [self.hash_of[b] for b in hit]
         return len(hit) * B
 
-    def append_slots(self, request_id, token_ids: list[int]) -> bool:
-        toks, table = self.tokens[request_id], self.tables[request_id]
-        need = -(-(len(toks) + len(token_ids)) // self.block_size) - len(table)
+    def append_slots(self, request, num_new_tokens: int) -> bool:
+        table = self.tables[request.request_id]
+        need = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(table)
         if need > len(self.free_q):
             return False
-        table.extend(self._take(need))
-        toks.extend(token_ids)
+        table.extend(self._take(max(need, 0)))
         return True
 
-    def commit(self, request_id) -> None:
-        toks, table, hashes = self.tokens[request_id], self.tables[request_id], self.hashes[request_id]
-        self.computed[request_id] = len(toks)
+    def commit(self, request) -> None:
         if not self.caching:
             return
-        B = self.block_size
-        for j in range(len(hashes), len(toks) // B):
+        B, rid = self.block_size, request.request_id
+        table, hashes, toks = self.tables[rid], self.hashes[rid], request.all_token_ids
+        for j in range(len(hashes), request.num_computed_tokens // B):  # computed tokens only: their K/V exist
             h = hash_block_tokens(hashes[-1] if hashes else ROOT_HASH, toks[j * B:(j + 1) * B])
             hashes.append(h)
             if h not in self.by_hash and table[j] not in self.hash_of:  # one block per hash: a twin stays private
@@ -96,7 +91,7 @@ class MyKVCacheManager:
             self.refs[b] -= 1
             if self.refs[b] == 0:
                 self.free_q[b] = None  # tail of the queue: most recently freed
-        del self.tokens[request_id], self.computed[request_id], self.hashes[request_id]
+        del self.hashes[request_id]
 
     # -- observers
     def block_table(self, request_id) -> list[int]:

@@ -1,16 +1,18 @@
 """Notebook 14's capstone: grade a KV cache manager the student wrote from scratch, with the series' own proofs.
 
-The student's class keeps a small contract (``CONTRACT`` below, stated in the notebook). :class:`PluggedManager`
-adapts it to what minienv's scheduler asks of a :class:`~minienv.kv.kv_cache_manager.KVCacheManager` (slot
-mappings, :class:`SlotAllocation`, stats), and :func:`plug` turns the class into the ``kv_cache_manager_factory``
-of a real :class:`~minienv.engine.InferenceEngine`. The adapter adds no policy: every block id, refcount, hit and
-eviction is the student's.
+The student's class keeps a small contract (``CONTRACT`` below, stated in the notebook) shaped like the engine's
+:class:`~minienv.kv.interface.KVManager` protocol: ``allocate`` / ``append_slots`` / ``commit`` take the caller's
+request object and read its tokens and progress from it (the class keeps no copy), the rest take ids.
+:func:`~minienv.exercises.capstone_plug.plug` turns the class into the ``kv_cache_manager_factory`` of a real
+:class:`~minienv.engine.InferenceEngine`: the engine's calls reach it unchanged, and the plug adds only the
+protocol's return records, counters and events around it.
 
 Three checks, each an ``exercise`` (stub -> "not implemented yet", wrong -> the rule broken, right -> ✓):
 
 * :func:`check_rules` — one small scenario per rule of the contract (each classic bug breaks exactly one);
-* :func:`check_random_ops` — random admissions, appends, commits and frees: the structural invariants after every
-  operation, every prefix hit holds the right computed tokens, and a freed prompt is found again;
+* :func:`check_random_ops` — random admissions, appends, commits and frees on requests the check owns
+  (:class:`~minienv.kv.interface.KVRequest`): the structural invariants after every operation, every prefix hit
+  holds the right computed tokens, and a freed prompt is found again;
 * :func:`check_in_engine` — the student's manager inside the engine: outputs == minienv's manager (cache on) ==
   cache off == each request generated alone, and again under a budget so tight that requests are preempted.
 """
@@ -19,36 +21,37 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from minienv.exercises._check import ExerciseFailed, _NotYet, exercise, fail, require
-from minienv.kv.block_table import cdiv
-from minienv.kv.errors import KVCacheError
-from minienv.kv.interface import KVRequestState
-from minienv.kv.kv_cache_manager import KVCacheStats, PrefixHit, RequestKV, SlotAllocation
-from minienv.kv.prefix_cache import PrefixCacheStats
+from minienv.exercises.capstone_plug import PluggedManager, audit, plug
+from minienv.kv.interface import KVRequest
+
+__all__ = ["CONTRACT", "PluggedManager", "audit", "check_in_engine", "check_random_ops", "check_rules", "passed",
+           "plug", "run_engine"]
 
 CONTRACT = """\
+A request is the caller's object; read it at each call, never keep a copy of its tokens:
+  request.request_id, request.all_token_ids (prompt + output so far: the caller appends),
+  request.num_computed_tokens (how many of them have K/V: the caller advances it after each step)
 MyKVCacheManager(num_blocks, block_size, enable_prefix_caching=True): blocks 0 .. num_blocks-1, all in the free
                                     queue in that order (0 at the head)
 lookup(token_ids) -> list[int]      the blocks of the longest cached run of FULL blocks of token_ids, found by chain
                                     hash, at most (len-1)//block_size of them; [] with caching off; changes nothing
-allocate(rid, token_ids, n) -> int | None
-                                    admit a request: take its lookup hit (refcount +1; a cached-free hit leaves the
-                                    free queue), then new blocks from the free-queue HEAD for hit + n tokens; return
-                                    the tokens served from cache, or None (changing nothing) if the blocks don't fit
-append_slots(rid, token_ids) -> bool
-                                    reserve slots for more tokens (new blocks only when the last is full); False,
-                                    changing nothing, if they don't fit
-commit(rid)                         the step computed every reserved token: index each newly FULL block under its
-                                    chain hash (unless that hash is already indexed)
-free(rid)                           release the blocks LAST FIRST; a block whose refcount reaches 0 joins the free
+allocate(request, n) -> int | None  admit: take lookup(request.all_token_ids)'s hit (refcount +1; a cached-free hit
+                                    leaves the free queue), then new blocks from the free-queue HEAD for hit + n
+                                    tokens; return the tokens served from cache, or None (changing nothing) if the
+                                    blocks don't fit
+append_slots(request, n) -> bool    blocks for num_computed_tokens + n tokens (new ones only when the last is full);
+                                    False, changing nothing, if they don't fit
+commit(request)                     index each FULL block of all_token_ids[:num_computed_tokens] not indexed yet
+                                    under its chain hash (unless that hash is already indexed)
+free(request_id)                    release the blocks LAST FIRST; a block whose refcount reaches 0 joins the free
                                     queue's TAIL, still findable if indexed (cached-free)
 taking a block from the free queue evicts it: its hash leaves the index in that call
-observers: block_table(rid) -> list[int], ref_cnt(b) -> int, free_queue() -> list[int] (head first),
+observers: block_table(request_id) -> list[int], ref_cnt(b) -> int, free_queue() -> list[int] (head first),
            is_cached(b) -> bool (b is in the prefix index)"""
 
 
@@ -88,162 +91,20 @@ class _Watched:
             except ExerciseFailed:
                 raise
             except Exception as err:  # noqa: BLE001 - the student's bug, reported as the rule it broke
-                shown = ", ".join(repr(a) if len(repr(a)) < 60 else repr(a)[:57] + "…" for a in args)
+                shown = ", ".join(_shown(a) for a in args)
                 fail(self._scenario.rule, f"your {name}({shown}) raised {type(err).__name__}: {err}")
         return call
 
 
+def _shown(arg: Any) -> str:
+    if hasattr(arg, "all_token_ids"):  # a request: its id and progress, not its tokens
+        return (f"<request {arg.request_id!r}: {len(arg.all_token_ids)} tokens, {arg.num_computed_tokens} "
+                "computed>")
+    return repr(arg) if len(repr(arg)) < 60 else repr(arg)[:57] + "…"
+
+
 def _make(cls: Callable, scenario: _Scenario) -> Callable[..., _Watched]:
     return lambda *args: _Watched(cls(*args), scenario)
-
-
-class _PoolView:
-    """``manager.pool.num_used_blocks``, which the engine reads after every step."""
-
-    def __init__(self, core: Any, num_blocks: int):
-        self._core, self.num_blocks = core, num_blocks
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._core.free_queue())
-
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self._core.free_queue())
-
-
-class PluggedManager:
-    """The student's manager (``core``) seen through the :class:`~minienv.kv.interface.KVManager` protocol the
-    scheduler calls.
-
-    The contract takes ids and token lists: the adapter reads them out of the request object for each call (no
-    copy), keeps what the contract leaves out (reserved slots, prefix-cache counters) and makes slot mappings. Not
-    supported, with a clear error: ``truncate`` (a step failed mid-way, speculation), slots for tokens the request
-    does not hold (drafts, static padding), ``reset_prefix_cache``. It emits no KV events.
-    """
-
-    extra_key = b""
-
-    def __init__(self, core: Any, num_blocks: int, block_size: int, enable_prefix_caching: bool):
-        self.core, self.block_size = core, block_size
-        self.enable_prefix_caching = enable_prefix_caching
-        self.pool = _PoolView(core, num_blocks)
-        self.prefix_stats = PrefixCacheStats()
-        self._reqs: dict[Any, RequestKV] = {}
-        self._listeners: list[Callable] = []
-
-    num_blocks = property(lambda self: self.pool.num_blocks)
-    kv_budget_tokens = property(lambda self: self.pool.num_blocks * self.block_size)
-    num_free_blocks = property(lambda self: self.pool.num_free_blocks)
-
-    def add_listener(self, listener: Callable) -> None:
-        self._listeners.append(listener)
-
-    def remove_listener(self, listener: Callable) -> None:
-        self._listeners.remove(listener)
-
-    def has_request(self, request_id: Any) -> bool:
-        return request_id in self._reqs
-
-    def request_ids(self) -> list:
-        return list(self._reqs)
-
-    def _table(self, request_id: Any, num_tokens: int) -> list[int]:
-        table = list(self.core.block_table(request_id))
-        if len(table) != cdiv(num_tokens, self.block_size):
-            raise KVCacheError(f"your block_table({request_id!r}) has {len(table)} blocks for {num_tokens} tokens; "
-                               f"it must have ceil(tokens / block_size) = {cdiv(num_tokens, self.block_size)}")
-        return table
-
-    def request(self, request_id: Any) -> RequestKV:
-        req = self._reqs[request_id]
-        req.block_ids = self._table(request_id, req.num_tokens)
-        return req
-
-    def block_ids(self, request_id: Any) -> list[int]:
-        return list(self.request(request_id).block_ids)
-
-    def ref_cnt(self, block_id: int) -> int:
-        return self.core.ref_cnt(block_id)
-
-    def free_queue(self) -> list[tuple[int, bool]]:
-        return [(b, bool(self.core.is_cached(b))) for b in self.core.free_queue()]
-
-    def lookup(self, token_ids: Sequence[int]) -> PrefixHit:
-        hit = tuple(self.core.lookup(list(token_ids)))
-        return PrefixHit(hit, (), len(hit) * self.block_size)
-
-    def _slots(self, req: RequestKV, start: int, n_cached: int) -> SlotAllocation:
-        req = self.request(req.request_id)
-        return SlotAllocation(req.request_id, req.num_tokens - start, start,
-                              tuple(req.block_ids[start // self.block_size:]), self.block_size, (), (), n_cached)
-
-    def allocate(self, request: KVRequestState, num_new_tokens: int | None = None) -> SlotAllocation | None:
-        request_id, prompt = request.request_id, [int(t) for t in request.all_token_ids]
-        if num_new_tokens is None:
-            num_new_tokens = len(prompt) - self.lookup(prompt).num_cached_tokens
-        n_cached = self.core.allocate(request_id, prompt, num_new_tokens)
-        if n_cached is None:
-            return None
-        total = n_cached + num_new_tokens
-        self._reqs[request_id] = RequestKV(self.block_size, self._table(request_id, total), total, request_id,
-                                           n_cached, num_queried_tokens=len(prompt))
-        s = self.prefix_stats
-        s.requests, s.queries, s.hits = s.requests + 1, s.queries + len(prompt), s.hits + n_cached
-        return self._slots(self._reqs[request_id], n_cached, n_cached)
-
-    def append_slots(self, request: KVRequestState, num_new_tokens: int) -> SlotAllocation | None:
-        req = self._reqs[request.request_id]
-        start = req.num_tokens
-        new = [int(t) for t in request.all_token_ids[start:start + num_new_tokens]]
-        if len(new) != num_new_tokens:
-            raise KVCacheError(f"the capstone's contract reserves slots for tokens the request holds: "
-                               f"{request.request_id!r} holds {len(request.all_token_ids)}, {start} have slots, "
-                               f"{num_new_tokens} asked (run without speculative drafts and static padding)")
-        if not self.core.append_slots(request.request_id, new):
-            return None
-        req.num_tokens = start + num_new_tokens
-        return self._slots(req, start, 0)
-
-    def commit(self, request: KVRequestState) -> list[int]:
-        req = self._reqs[request.request_id]
-        if request.num_computed_tokens != req.num_tokens:
-            raise KVCacheError(f"the capstone's commit computes every reserved token: request "
-                               f"{request.request_id!r} has {req.num_tokens} reserved, "
-                               f"{request.num_computed_tokens} computed")
-        self.core.commit(request.request_id)
-        return []
-
-    def free(self, request_id: Any) -> list[int]:
-        released = self.core.block_table(request_id)[::-1]
-        self.core.free(request_id)
-        del self._reqs[request_id]
-        return released
-
-    def undo_allocate(self, request_id: Any) -> list[int]:
-        """A failed step's admission: freed, and its lookup uncounted."""
-        req = self._reqs[request_id]
-        s = self.prefix_stats
-        s.requests, s.queries, s.hits = s.requests - 1, s.queries - req.num_queried_tokens, s.hits - req.num_cached_tokens
-        return self.free(request_id)
-
-    def undo_append_slots(self, request_id: Any, num_tokens: int, *, kv_written: bool) -> list[int]:
-        """A failed step's append: rolled back as :meth:`truncate` would (the contract has no rollback)."""
-        return self.truncate(request_id, num_tokens)
-
-    def truncate(self, request_id: Any, num_tokens: int) -> list[int]:
-        raise KVCacheError("the capstone's manager cannot roll a request back to fewer tokens (a failed step, "
-                           "speculative decoding): run the engine without speculation")
-
-    def stats(self) -> KVCacheStats:
-        free = self.core.free_queue()
-        cached = sum(1 for b in free if self.core.is_cached(b))
-        s = self.prefix_stats
-        return KVCacheStats(self.num_blocks, self.block_size, len(free) - cached, cached,
-                            self.num_blocks - len(free), len(self._reqs), s.requests, s.queries, s.hits, 0, 0, 0)
-
-    def check_invariants(self) -> None:
-        audit(self.core, self.num_blocks, {rid: self.request(rid).block_ids for rid in self._reqs})
 
 
 #: the check -> what it last passed with (the student's class, and for the engine check their 07 functions too)
@@ -258,35 +119,6 @@ def passed(cls: type, victim_policy: Callable | None = None, plan_step: Callable
             and _PASSED.get("in_engine") == (cls, victim_policy, plan_step))
 
 
-def plug(manager_class: type) -> Callable[[int, int, bool], PluggedManager]:
-    """``InferenceEngine(..., kv_cache_manager_factory=plug(MyKVCacheManager))``: the student's class in the engine."""
-    def factory(num_blocks: int, block_size: int, enable_prefix_caching: bool) -> PluggedManager:
-        core = manager_class(num_blocks, block_size, enable_prefix_caching)
-        return PluggedManager(core, num_blocks, block_size, enable_prefix_caching)
-    return factory
-
-
-# ---------------------------------------------------------------------------------------------- invariants
-def audit(core: Any, num_blocks: int, tables: dict[Any, Sequence[int]]) -> None:
-    """The structural invariants, read through the observers; ``tables`` are the block tables the caller expects."""
-    holders = [0] * num_blocks
-    for rid, want in tables.items():
-        got = list(core.block_table(rid))
-        require(got == list(want), "block_table(rid) is the request's blocks in logical order, and only allocate / "
-                "append_slots change it", f"request {rid!r}: block_table {got}, expected {list(want)}")
-        for b in got:
-            holders[b] += 1
-    queue = list(core.free_queue())
-    require(len(set(queue)) == len(queue), "a block is in the free queue at most once", f"free queue {queue}")
-    for b in range(num_blocks):
-        rc = core.ref_cnt(b)
-        require(rc == holders[b], "a block's refcount equals the number of block tables holding it",
-                f"block {b}: ref_cnt {rc}, held by {holders[b]} table(s) {[r for r, t in tables.items() if b in t]}")
-        require((rc == 0) == (b in queue), "a block is in the free queue exactly when its refcount is 0 (an in-use "
-                "block must never be handed out, so never evicted)",
-                f"block {b}: ref_cnt {rc}, {'in' if b in queue else 'not in'} the free queue")
-
-
 # ---------------------------------------------------------------------------------------------- the checks
 B = 4  # block size of the scenarios
 
@@ -295,13 +127,23 @@ def _seq(start: int, n: int) -> list[int]:
     return list(range(start, start + n))
 
 
-def _admit(m: Any, rid: str, tokens: list[int], commit: bool = True) -> int:
-    n_cached = m.allocate(rid, tokens, len(tokens) - len(m.lookup(tokens)) * B)
+def _admit(m: Any, req: KVRequest, commit: bool = True) -> int:
+    """Admit ``req`` with every token not found in cache, as the engine does: allocate, then the caller sets
+    ``num_computed_tokens`` to the tokens served from cache; ``commit``: the step computes the rest, then commit."""
+    n = len(req.all_token_ids) - len(m.lookup(req.all_token_ids)) * B
+    n_cached = m.allocate(req, n)
     require(n_cached is not None, "allocate succeeds when the free queue holds enough blocks",
-            f"allocate({rid!r}, {len(tokens)} tokens) returned None with {len(m.free_queue())} free blocks")
+            f"allocate({req.request_id!r}, {n}) returned None with {len(m.free_queue())} free blocks")
+    req.num_computed_tokens = n_cached
     if commit:
-        m.commit(rid)
+        _computed(m, req)
     return n_cached
+
+
+def _computed(m: Any, req: KVRequest) -> None:
+    """The step computed every token of the request: the caller advances its progress, then commits."""
+    req.num_computed_tokens = len(req.all_token_ids)
+    m.commit(req)
 
 
 @exercise("implement MyKVCacheManager's methods (the contract above), then run this cell again")
@@ -311,18 +153,18 @@ def check_rules(cls) -> str:
     student_class = cls.fn
     scene = _Scenario()
     cls = _make(cls, scene)
+    R = KVRequest
     with _student():
         # 1. lifecycle + refcount on a shared block
         scene.rule = "scenario 1: allocate, lookup, commit and free keep a refcount per holder on a shared block"
         m = cls(8, B, True)
         a = _seq(0, 9)  # 2 full blocks + 1
-        require(_admit(m, "a", a) == 0, "allocate returns the tokens served from cache: 0 for a cold prompt")
+        require(_admit(m, R("a", a)) == 0, "allocate returns the tokens served from cache: 0 for a cold prompt")
         ta = m.block_table("a")
         require(len(ta) == 3, "allocate reserves ceil(tokens / block_size) blocks", f"9 tokens -> {ta}")
         require(m.free_queue()[0] == 3, "new blocks come from the HEAD of the free queue (block 0, 1, 2 first)",
                 f"table {ta}, free queue now {m.free_queue()}")
-        b = a[:8] + [99, 98]
-        got = _admit(m, "b", b)
+        got = _admit(m, R("b", a[:8] + [99, 98]))
         require(got == 8, "a committed full block is found by lookup: b shares a's 2 full blocks",
                 f"allocate('b') served {got} tokens from cache, expected 8")
         audit(m, 8, {"a": ta, "b": m.block_table("b")})
@@ -331,11 +173,12 @@ def check_rules(cls) -> str:
         # 2. index at commit, not at allocation
         scene.rule = "scenario 2: a block is indexed at commit, never at allocation"
         m = cls(8, B, True)
-        m.allocate("a", a, len(a))
+        ra = R("a", list(a))
+        m.allocate(ra, len(a))
         early = m.lookup(a + [7, 7])
         require(early == [], "a block is indexed at commit, never at allocation: its K/V do not exist yet",
                 f"lookup found {early} after allocate('a') but before commit('a')")
-        m.commit("a")
+        _computed(m, ra)
         require(m.lookup(a + [7]) == m.block_table("a")[:2], "commit indexes every newly full block",
                 f"after commit, lookup gave {m.lookup(a + [7])}, table {m.block_table('a')}")
         require(len(m.lookup(a[:8])) == 1, "lookup returns at most (len - 1) // block_size blocks: the last token "
@@ -345,7 +188,7 @@ def check_rules(cls) -> str:
         y = _seq(200, 4) + [1]  # x's 2nd block's tokens, but as a first block: no prefix before them
         scene.rule = "scenario 3: the hash of block j chains block j-1's hash"
         m = cls(8, B, True)
-        _admit(m, "x", x)
+        _admit(m, R("x", x))
         hit = m.lookup(y)
         require(hit == [], "the hash of block j chains block j-1's hash: the same tokens after a different prefix "
                 "must miss (their K/V differ)", f"x = {x}; lookup({y}) returned {hit}, but x's block 1 holds those "
@@ -354,12 +197,12 @@ def check_rules(cls) -> str:
         scene.rule = "scenario 4: free releases the last block first; eviction cuts a cached prefix from its tail"
         m = cls(4, B, True)
         p = _seq(0, 13)  # 3 full blocks + 1 -> 4 blocks: the whole pool
-        _admit(m, "p", p)
+        _admit(m, R("p", p))
         m.free("p")
         kept = len(m.lookup(p))
         require(kept == 3, "a freed request's full blocks stay cached (cached-free) and findable until evicted",
                 f"right after free('p'), lookup(p) finds {kept} of its 3 full blocks")
-        _admit(m, "q", _seq(500, 5), commit=False)  # 2 blocks: p's partial one, then ONE cached block
+        _admit(m, R("q", _seq(500, 5)), commit=False)  # 2 blocks: p's partial one, then ONE cached block
         kept = len(m.lookup(p))
         require(kept != 3, "an evicted block leaves the index in the call that reuses it (its K/V get overwritten)",
                 f"the pool of 4 is full again (q took 2 blocks, one of them cached), yet lookup(p) finds all 3 of "
@@ -371,12 +214,12 @@ def check_rules(cls) -> str:
         scene.rule = "scenario 5: allocation takes the least recently freed block first, and eviction drops its hash"
         m = cls(6, B, True)
         old, new = _seq(0, 5), _seq(40, 5)
-        _admit(m, "old", old)
-        _admit(m, "new", new)
+        _admit(m, R("old", old))
+        _admit(m, R("new", new))
         m.free("old")
         m.free("new")
-        _admit(m, "z", _seq(80, 8), commit=False)  # 2 blocks: the free-empty ones first, then the LRU cached one
-        _admit(m, "w", _seq(90, 8), commit=False)  # 2 more: old's partial block, then one cached block
+        _admit(m, R("z", _seq(80, 8)), commit=False)  # 2 blocks: the free-empty ones first, then the LRU cached one
+        _admit(m, R("w", _seq(90, 8)), commit=False)  # 2 more: old's partial block, then one cached block
         require(m.lookup(old) == [] and len(m.lookup(new)) == 1,
                 "allocation takes the least recently freed block first (LRU), and an evicted block leaves the index",
                 f"old freed before new; after evicting one cached block lookup(old) = {m.lookup(old)}, "
@@ -385,9 +228,10 @@ def check_rules(cls) -> str:
         scene.rule = ("scenario 6: a prefix hit on a cached-free block takes it out of the free queue (in use again: "
                       "it must not be evicted)")
         m = cls(4, B, True)
-        _admit(m, "a", a[:5])
+        _admit(m, R("a", a[:5]))
         m.free("a")
-        _admit(m, "a2", a[:5], commit=False)
+        a2 = R("a2", a[:5])
+        _admit(m, a2, commit=False)
         hit_block = m.block_table("a2")[0]
         require(hit_block not in m.free_queue(), scene.rule,
                 f"block {hit_block} is in a2's table and the free queue")
@@ -396,24 +240,25 @@ def check_rules(cls) -> str:
         state = lambda: (m.free_queue(), m.block_table("a2"), [m.ref_cnt(b) for b in range(4)])  # noqa: E731
         before = state()
         big = a[:4] + _seq(600, 40)  # its first block is a hit (a2's block, in use): its refcount must not move
-        got = m.allocate("big", big, len(big) - B)
+        got = m.allocate(R("big", big), len(big) - B)
         require(got is None and state() == before, "allocate returns None and changes nothing when the blocks do not "
                 "fit: decide before touching anything (here the hit block's refcount must not move)",
                 f"allocate of 1 hit + 10 new blocks with 2 free returned {got}; (free queue, a2's table, refcounts) "
                 f"went from {before} to {state()}")
         scene.rule = "scenario 7: append_slots takes a new block only when the last one is full"
-        require(m.append_slots("a2", [1, 2, 3]) and len(m.block_table("a2")) == 2,
+        _computed(m, a2)
+        a2.all_token_ids += [1, 2, 3]  # the caller's tokens; append_slots reserves their slots
+        require(m.append_slots(a2, 3) and len(m.block_table("a2")) == 2,
                 "append_slots takes a new block only when the last one is full",
-                f"5 + 3 tokens -> table {m.block_table('a2')}")
+                f"5 computed + 3 new tokens -> table {m.block_table('a2')}")
         # 8. a cached-free hit counts against the free blocks
         scene.rule = ("scenario 8: a cached-free hit counts against the free blocks: taking it out of the queue leaves "
                       "fewer for the new blocks")
         m = cls(3, B, True)
-        _admit(m, "a", a[:5])  # blocks 0 (full, indexed) and 1
+        _admit(m, R("a", a[:5]))  # blocks 0 (full, indexed) and 1
         m.free("a")  # free queue [2, 1, 0]: 0 is cached-free
         before = (m.free_queue(), [m.ref_cnt(b) for b in range(3)], m.lookup(a[:5]))
-        long = a[:4] + _seq(700, 9)  # hit block 0, then 9 tokens = 3 new blocks: 1 + 3 > 3 free
-        got = m.allocate("long", long, 9)
+        got = m.allocate(R("long", a[:4] + _seq(700, 9)), 9)  # hit block 0, then 3 new blocks: 1 + 3 > 3 free
         after = (m.free_queue(), [m.ref_cnt(b) for b in range(3)], m.lookup(a[:5]))
         require(got is None and after == before, scene.rule + " (1 hit + 3 new > 3 free: None, "
                 "changing nothing)", f"allocate returned {got}; (free queue, refcounts, lookup) went from {before} "
@@ -422,11 +267,11 @@ def check_rules(cls) -> str:
         scene.rule = ("scenario 9: allocate takes the prefix hit before the new blocks (new blocks come from the "
                       "free-queue head, where the hit itself may be waiting)")
         m = cls(4, B, True)
-        _admit(m, "a", a[:5])  # blocks 0 (indexed) and 1
+        _admit(m, R("a", a[:5]))  # blocks 0 (indexed) and 1
         m.free("a")  # queue [2, 3, 1, 0]
-        _admit(m, "x", _seq(300, 12), commit=False)  # takes 2, 3, 1: queue [0], 0 cached-free at the head
+        _admit(m, R("x", _seq(300, 12)), commit=False)  # takes 2, 3, 1: queue [0], 0 cached-free at the head
         m.free("x")  # queue [0, 1, 3, 2]
-        got = _admit(m, "a3", a[:5], commit=False)  # hit [0] + 1 new block
+        got = _admit(m, R("a3", a[:5]), commit=False)  # hit [0] + 1 new block
         table = m.block_table("a3")
         require(got == B and len(table) == 2 and table[0] != table[1] and table[1] != 0 and m.is_cached(table[0])
                 and 0 not in m.free_queue(), scene.rule,
@@ -437,42 +282,57 @@ def check_rules(cls) -> str:
         scene.rule = ("scenario 10: commit indexes a newly full block only when its chain hash is not indexed yet "
                       "(one block per hash: a twin computed at the same time stays private)")
         m = cls(8, B, True)
-        m.allocate("t1", a, len(a))
-        m.allocate("t2", a, len(a))  # both before either commits: each computes its own copy
-        m.commit("t1")
-        m.commit("t2")
-        t1, t2 = m.block_table("t1"), m.block_table("t2")
-        require(m.lookup(a) == t1[:2] and not any(m.is_cached(b) for b in t2), scene.rule,
-                f"t1 = {t1} committed first, then its twin t2 = {t2}; lookup gives {m.lookup(a)}, is_cached of t2's "
-                f"blocks {[m.is_cached(b) for b in t2]} (expected t1's blocks, and t2's private)")
+        t1, t2 = R("t1", list(a)), R("t2", list(a))
+        m.allocate(t1, len(a))
+        m.allocate(t2, len(a))  # both before either commits: each computes its own copy
+        _computed(m, t1)
+        _computed(m, t2)
+        b1, b2 = m.block_table("t1"), m.block_table("t2")
+        require(m.lookup(a) == b1[:2] and not any(m.is_cached(b) for b in b2), scene.rule,
+                f"t1 = {b1} committed first, then its twin t2 = {b2}; lookup gives {m.lookup(a)}, is_cached of t2's "
+                f"blocks {[m.is_cached(b) for b in b2]} (expected t1's blocks, and t2's private)")
         m.free("t1")
         m.free("t2")
-        _admit(m, "fill", _seq(800, 29), commit=False)  # 8 blocks: every free block, the cached ones last
+        _admit(m, R("fill", _seq(800, 29)), commit=False)  # 8 blocks: every free block, the cached ones last
         audit(m, 8, {"fill": m.block_table("fill")})
         require(m.lookup(a) == [], "an evicted block leaves the index in the call that reuses it",
                 f"every block was reused by 'fill', yet lookup(a) = {m.lookup(a)}")
         # 11. caching off
         scene.rule = "scenario 11: with enable_prefix_caching=False nothing is ever found"
         m = cls(8, B, False)
-        _admit(m, "a", a)
+        _admit(m, R("a", a))
         m.free("a")
         require(m.lookup(a) == [], "with enable_prefix_caching=False nothing is ever found",
                 f"lookup gave {m.lookup(a)}")
+        # 12. the request is read at each call: its computed tokens as they are now
+        scene.rule = ("scenario 12: commit reads the request at the call: the full blocks of "
+                      "all_token_ids[:num_computed_tokens], tokens decoded since allocate included")
+        m = cls(8, B, True)
+        r = R("r", _seq(0, 7))
+        _admit(m, r)  # 7 tokens computed: block 0 indexed, block 1 holds 3
+        r.all_token_ids.append(7)  # the step sampled token 7: in the request, its K/V come with the next step
+        m.commit(r)
+        got = m.lookup(_seq(0, 9))
+        require(len(got) == 1, scene.rule + " (a token sampled but not yet computed has no K/V: its block is not "
+                "full of computed tokens)", f"7 of r's 8 tokens computed; lookup of its 8 tokens + 1 found {got}")
+        require(m.append_slots(r, 1), "append_slots reserves the slot of the token after the computed ones",
+                f"table {m.block_table('r')}, free queue {m.free_queue()}")
+        r.num_computed_tokens = 8  # the next step computed token 7: block 1 is full now
+        m.commit(r)
+        got = m.lookup(_seq(0, 9))
+        require(len(got) == 2, scene.rule + " (a copy of the tokens taken at allocate goes stale as the request "
+                "decodes: read request.all_token_ids)", f"r decoded token 7 into block 1 and committed it; lookup "
+                f"found {got}, expected r's 2 full blocks {m.block_table('r')}")
     _PASSED["rules"] = (student_class,)
     return "every rule of the contract holds on its scenario (refcounts, commit-time indexing, chain hashes, " \
-           "last-first free, LRU eviction, cached-free hits, all-or-nothing allocation, one block per hash)"
-
-
-@dataclass
-class _Req:
-    tokens: list[int]
-    computed: int
-    table: list[int]
+           "last-first free, LRU eviction, cached-free hits, all-or-nothing allocation, one block per hash, " \
+           "the request read at each call)"
 
 
 @exercise("implement MyKVCacheManager first (check_rules), then run this cell again")
 def check_random_ops(cls, *, seed: int = 0, num_ops: int = 400, num_blocks: int = 12) -> str:
-    """Random admissions / appends / commits / frees over prompts that share prefixes. After every operation: the
+    """Random admissions / appends / commits / frees over prompts that share prefixes, on requests the check owns
+    (it appends their tokens and advances their progress; the manager only reads them). After every operation: the
     structural invariants; every block a lookup returns holds exactly the prompt's tokens and was computed; a prompt
     freed with nothing allocated since is found again in full."""
     _PASSED.pop("random_ops", None)
@@ -481,7 +341,8 @@ def check_random_ops(cls, *, seed: int = 0, num_ops: int = 400, num_blocks: int 
     # shared prefix and at different positions after different prefixes
     words = [list(map(int, rng.integers(0, 50, B))) for _ in range(3)]
     content: dict[int, tuple[int, ...]] = {}  # block -> the computed tokens it holds as a full prefix block
-    reqs: dict[str, _Req] = {}
+    reqs: dict[str, KVRequest] = {}
+    tables: dict[str, list[int]] = {}  # the block tables the check expects
     hits = found_again = 0
     scene = _Scenario()
     with _student():
@@ -499,53 +360,55 @@ def check_random_ops(cls, *, seed: int = 0, num_ops: int = 400, num_blocks: int 
                             "a prefix hit returns only blocks whose computed K/V are exactly the prompt's tokens up "
                             "to that block's end", f"op {op_no}: lookup(prompt) block {j} = {bid} holds "
                             f"{content.get(bid, 'nothing computed')}, the prompt needs {tuple(prompt[:(j + 1) * B])}")
-                n = len(prompt) - len(hit) * B
                 rid = f"r{op_no}"
-                got = m.allocate(rid, prompt, n)
+                req = KVRequest(rid, list(prompt))
+                got = m.allocate(req, len(prompt) - len(hit) * B)
                 if got is not None:
                     require(got == len(hit) * B, "allocate serves from cache exactly what lookup finds",
                             f"op {op_no}: lookup found {len(hit)} blocks, allocate reported {got} tokens")
                     hits += got
-                    reqs[rid] = _Req(list(prompt), got, m.block_table(rid))
-                    require(reqs[rid].table[:len(hit)] == hit, "allocate puts the lookup hit first in the table",
-                            f"op {op_no}: hit {hit}, table {reqs[rid].table}")
+                    req.num_computed_tokens = got
+                    reqs[rid], tables[rid] = req, m.block_table(rid)
+                    require(tables[rid][:len(hit)] == hit, "allocate puts the lookup hit first in the table",
+                            f"op {op_no}: hit {hit}, table {tables[rid]}")
             else:
                 rid = list(reqs)[int(rng.integers(0, len(reqs)))]
-                r = reqs[rid]
-                if op == 1 and r.computed < len(r.tokens):  # the step computes the reserved tokens
-                    m.commit(rid)
-                    for j in range(r.computed // B, len(r.tokens) // B):
-                        content.setdefault(r.table[j], tuple(r.tokens[:(j + 1) * B]))
-                        require(content[r.table[j]] == tuple(r.tokens[:(j + 1) * B]),
+                r, table = reqs[rid], tables[rid]
+                tokens, computed = r.all_token_ids, r.num_computed_tokens
+                if op == 1 and computed < len(tokens):  # the step computes the reserved tokens
+                    r.num_computed_tokens = len(tokens)
+                    m.commit(r)
+                    for j in range(computed // B, len(tokens) // B):
+                        content.setdefault(table[j], tuple(tokens[:(j + 1) * B]))
+                        require(content[table[j]] == tuple(tokens[:(j + 1) * B]),
                                 "a block in use is never handed to another request (its K/V would be overwritten)",
-                                f"op {op_no}: block {r.table[j]} is in two live prefixes")
-                    r.computed = len(r.tokens)
-                elif op == 2 and r.computed == len(r.tokens):  # decode one token
-                    tok = int(rng.integers(0, 99))
-                    if m.append_slots(rid, [tok]):
-                        r.tokens.append(tok)
-                        r.table = m.block_table(rid)
+                                f"op {op_no}: block {table[j]} is in two live prefixes")
+                elif op == 2 and computed == len(tokens):  # decode one token: the caller appends it, then asks
+                    tokens.append(int(rng.integers(0, 99)))
+                    if m.append_slots(r, 1):
+                        tables[rid] = m.block_table(rid)
+                    else:
+                        tokens.pop()  # no room: the caller drops its token (the engine would preempt)
                 else:  # free (committed or not)
-                    table = r.table
                     m.free(rid)
-                    del reqs[rid]
+                    del reqs[rid], tables[rid]
                     for b in table:  # a block's K/V are only valid if it stays out of allocation: forget the
                         if m.ref_cnt(b) == 0 and not m.is_cached(b):  # ones freed empty
                             content.pop(b, None)
-                    full = (len(r.tokens) - 1) // B
+                    full = (len(tokens) - 1) // B
                     # a block computed twice at once (two requests, same prefix, neither committed) stays private;
                     # its prompt is then findable only while the indexed twin is: check the untwinned ones
-                    if r.computed == len(r.tokens) and full and all(m.is_cached(b) for b in table[:full]):
-                        again = m.lookup(r.tokens)
-                        require(len(again) == (len(r.tokens) - 1) // B, "a freed request's full blocks stay cached "
-                                "(cached-free) and findable until evicted",
-                                f"op {op_no}: freed {rid} ({len(r.tokens)} tokens), lookup right after finds "
-                                f"{len(again)} blocks, expected {(len(r.tokens) - 1) // B}")
+                    if computed == len(tokens) and full and all(m.is_cached(b) for b in table[:full]):
+                        again = m.lookup(tokens)
+                        require(len(again) == full, "a freed request's full blocks stay cached (cached-free) and "
+                                "findable until evicted", f"op {op_no}: freed {rid} ({len(tokens)} tokens), lookup "
+                                f"right after finds {len(again)} blocks, expected {full}")
                         found_again += 1
+            live = {x for rid, rr in reqs.items() for x in tables[rid][:rr.num_computed_tokens // B]}
             for b in range(num_blocks):  # an evicted (reused) block no longer holds its old prefix
-                if m.ref_cnt(b) > 0 and b not in {x for rr in reqs.values() for x in rr.table[:rr.computed // B]}:
+                if m.ref_cnt(b) > 0 and b not in live:
                     content.pop(b, None)
-            audit(m, num_blocks, {rid: r.table for rid, r in reqs.items()})
+            audit(m, num_blocks, tables)
         require(found_again >= 5, "a freed request's full blocks stay cached (cached-free) and findable until evicted",
                 f"only {found_again} freed prompts had their blocks still indexed right after free")
     _PASSED["random_ops"] = (cls.fn,)

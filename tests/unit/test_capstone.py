@@ -16,6 +16,7 @@ from minienv.engine import InferenceEngine
 from minienv.exercises import NOT_IMPLEMENTED, PASSED, ExerciseFailed
 from minienv.exercises import capstone as cap
 from minienv.kv.hashing import ROOT_HASH, hash_block_chain, hash_block_tokens
+from minienv.kv.interface import KVRequest
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKS = (cap.check_rules, cap.check_random_ops, cap.check_in_engine)
@@ -35,12 +36,10 @@ Good = _solution()
 class IndexAtAllocation(Good):
     """Indexes the full blocks of the prompt when they are reserved, before the step has computed their K/V."""
 
-    def allocate(self, request_id, token_ids, num_new_tokens):
-        got = super().allocate(request_id, token_ids, num_new_tokens)
-        if got is not None:
-            computed = self.computed[request_id]
-            Good.commit(self, request_id)
-            self.computed[request_id] = computed
+    def allocate(self, request, num_new_tokens):
+        got = super().allocate(request, num_new_tokens)
+        if got is not None:  # commit, as if the reserved tokens were computed already
+            Good.commit(self, KVRequest(request.request_id, request.all_token_ids, got + num_new_tokens))
         return got
 
 
@@ -50,16 +49,16 @@ class FreeHeadFirst(Good):
             self.refs[b] -= 1
             if self.refs[b] == 0:
                 self.free_q[b] = None
-        del self.tokens[request_id], self.computed[request_id], self.hashes[request_id]
+        del self.hashes[request_id]
 
 
 class NoRefcountOnShared(Good):
     """A prefix hit sets the refcount to 1 instead of adding a holder."""
 
-    def allocate(self, request_id, token_ids, num_new_tokens):
-        hit = self.lookup(token_ids)
+    def allocate(self, request, num_new_tokens):
+        hit = self.lookup(request.all_token_ids)
         held = {b: self.refs[b] for b in hit}
-        got = super().allocate(request_id, token_ids, num_new_tokens)
+        got = super().allocate(request, num_new_tokens)
         if got is not None:
             for b in hit:
                 self.refs[b] = 1 if held[b] else self.refs[b]
@@ -69,9 +68,9 @@ class NoRefcountOnShared(Good):
 class EvictInUse(Good):
     """A prefix hit on a cached-free block leaves it in the free queue, so a later allocation can take it."""
 
-    def allocate(self, request_id, token_ids, num_new_tokens):
-        hit_free = [b for b in self.lookup(token_ids) if self.refs[b] == 0]
-        got = super().allocate(request_id, token_ids, num_new_tokens)
+    def allocate(self, request, num_new_tokens):
+        hit_free = [b for b in self.lookup(request.all_token_ids) if self.refs[b] == 0]
+        got = super().allocate(request, num_new_tokens)
         if got is not None:
             for b in hit_free:
                 self.free_q[b] = None
@@ -91,20 +90,29 @@ def _own_tokens_lookup(self, token_ids):
     return hit
 
 
+def _commit(self, request, *, tokens=None, upto=None, chain=True, once=True):
+    """The reference commit with one of its choices switchable: which tokens it hashes (``tokens``: a copy instead
+    of ``request.all_token_ids``), how far (``upto`` tokens instead of ``num_computed_tokens``), whether block j's
+    hash chains block j-1's, whether a hash already indexed is skipped."""
+    if not self.caching:
+        return
+    B, rid = self.block_size, request.request_id
+    table, hashes = self.tables[rid], self.hashes[rid]
+    toks = request.all_token_ids if tokens is None else tokens
+    for j in range(len(hashes), (request.num_computed_tokens if upto is None else upto) // B):
+        h = hash_block_tokens(hashes[-1] if hashes and chain else ROOT_HASH, toks[j * B:(j + 1) * B])
+        hashes.append(h)
+        if not once or (h not in self.by_hash and table[j] not in self.hash_of):
+            self.by_hash[h], self.hash_of[table[j]] = table[j], h
+
+
 class HashOwnTokens(Good):
     """Each block hashed from its own tokens only, not chained to its prefix."""
 
     lookup = _own_tokens_lookup
 
-    def commit(self, request_id):
-        toks, table, hashes = self.tokens[request_id], self.tables[request_id], self.hashes[request_id]
-        self.computed[request_id] = len(toks)
-        B = self.block_size
-        for j in range(len(hashes), len(toks) // B):
-            h = hash_block_tokens(ROOT_HASH, toks[j * B:(j + 1) * B])
-            hashes.append(h)
-            if h not in self.by_hash and table[j] not in self.hash_of:
-                self.by_hash[h], self.hash_of[table[j]] = table[j], h
+    def commit(self, request):
+        _commit(self, request, chain=False)
 
 
 class TakeFromTail(Good):
@@ -152,10 +160,10 @@ class LookupWholePrompt(Good):
 class AllocatePartly(Good):
     """Takes the prefix hit before checking that the new blocks fit, and keeps it when they do not."""
 
-    def allocate(self, request_id, token_ids, num_new_tokens):
-        got = super().allocate(request_id, token_ids, num_new_tokens)
+    def allocate(self, request, num_new_tokens):
+        got = super().allocate(request, num_new_tokens)
         if got is None:
-            for b in self.lookup(token_ids):
+            for b in self.lookup(request.all_token_ids):
                 if self.refs[b] == 0:
                     del self.free_q[b]
                 self.refs[b] += 1
@@ -176,23 +184,39 @@ class NoCacheAfterFree(Good):
 class ReindexTwin(Good):
     """commit indexes a full block even when its chain hash is already indexed: the twin replaces the first copy."""
 
-    def commit(self, request_id):
-        toks, table, hashes = self.tokens[request_id], self.tables[request_id], self.hashes[request_id]
-        self.computed[request_id] = len(toks)
-        B = self.block_size
-        for j in range(len(hashes), len(toks) // B):
-            h = hash_block_tokens(hashes[-1] if hashes else ROOT_HASH, toks[j * B:(j + 1) * B])
-            hashes.append(h)
-            self.by_hash[h], self.hash_of[table[j]] = table[j], h
+    def commit(self, request):
+        _commit(self, request, once=False)
 
 
-def _allocate(self, request_id, token_ids, num_new_tokens, *, count_hit_free=True, hit_first=True,
-              remove_hit=True):
+class StaleTokenCopy(Good):
+    """Keeps its own copy of the request's tokens, taken at allocate, and hashes that copy at commit: the tokens the
+    request decodes later never reach it, so a block they fill is never indexed (the request-object contract's
+    classic mistake: the tokens exist twice and the copy goes stale)."""
+
+    def allocate(self, request, num_new_tokens):
+        got = super().allocate(request, num_new_tokens)
+        if got is not None:
+            self.__dict__.setdefault("tokens", {})[request.request_id] = list(request.all_token_ids)
+        return got
+
+    def commit(self, request):
+        copy = self.tokens[request.request_id]
+        _commit(self, request, tokens=copy, upto=min(request.num_computed_tokens, len(copy)))
+
+
+class HashBeyondComputed(Good):
+    """commit hashes every full block of ``all_token_ids``, not only the computed ones: a block whose last token was
+    sampled but not yet computed becomes findable before its K/V exist."""
+
+    def commit(self, request):
+        _commit(self, request, upto=len(request.all_token_ids))
+
+
+def _allocate(self, request, num_new_tokens, *, count_hit_free=True, hit_first=True, remove_hit=True):
     """The reference allocate with one of its three steps about the hit switchable off."""
     B = self.block_size
-    hit = self.lookup(token_ids)
-    total = len(hit) * B + num_new_tokens
-    need = -(-total // B) - len(hit)
+    hit = self.lookup(request.all_token_ids)
+    need = -(-(len(hit) * B + num_new_tokens) // B) - len(hit)
     hit_free = sum(1 for b in hit if self.refs[b] == 0) if count_hit_free else 0
     if need + hit_free > len(self.free_q):
         return None
@@ -204,33 +228,31 @@ def _allocate(self, request_id, token_ids, num_new_tokens, *, count_hit_free=Tru
         self.refs[b] += 1
     if hit_first:
         new = self._take(need)
-    self.tables[request_id] = hit + new
-    self.tokens[request_id] = list(token_ids[:total])
-    self.computed[request_id] = len(hit) * B
-    self.hashes[request_id] = hashes
+    self.tables[request.request_id] = hit + new
+    self.hashes[request.request_id] = hashes
     return len(hit) * B
 
 
 class HitLeftInQueue(Good):
     """A cached-free hit gets its refcount but stays where it is in the free queue."""
 
-    def allocate(self, request_id, token_ids, num_new_tokens):
-        return _allocate(self, request_id, token_ids, num_new_tokens, remove_hit=False)
+    def allocate(self, request, num_new_tokens):
+        return _allocate(self, request, num_new_tokens, remove_hit=False)
 
 
 class HitNotCounted(Good):
     """The fit check forgets that taking a cached-free hit out of the queue leaves fewer free blocks (it then runs
     out of blocks half-way: a KeyError from the student's own OrderedDict)."""
 
-    def allocate(self, request_id, token_ids, num_new_tokens):
-        return _allocate(self, request_id, token_ids, num_new_tokens, count_hit_free=False)
+    def allocate(self, request, num_new_tokens):
+        return _allocate(self, request, num_new_tokens, count_hit_free=False)
 
 
 class NewBlocksBeforeHit(Good):
     """New blocks are taken from the head before the hit is taken out of the queue: the head may be the hit."""
 
-    def allocate(self, request_id, token_ids, num_new_tokens):
-        return _allocate(self, request_id, token_ids, num_new_tokens, hit_first=False)
+    def allocate(self, request, num_new_tokens):
+        return _allocate(self, request, num_new_tokens, hit_first=False)
 
 
 BUGS = [
@@ -248,6 +270,8 @@ BUGS = [
     (HitLeftInQueue, "takes it out of the free queue"),
     (HitNotCounted, "scenario 8: a cached-free hit counts against the free blocks"),
     (NewBlocksBeforeHit, "scenario 9: allocate takes the prefix hit before the new blocks"),
+    (StaleTokenCopy, "scenario 12: commit reads the request at the call"),
+    (HashBeyondComputed, "scenario 12: commit reads the request at the call"),
 ]
 
 
@@ -285,6 +309,45 @@ def test_the_engine_proof_alone_catches_the_unsafe_bugs(bug):
         cap.check_in_engine(bug)
 
 
+@pytest.mark.parametrize("bug, words", [
+    (StaleTokenCopy, "a copy of the tokens taken at allocate goes stale"),
+    (HashBeyondComputed, "a token sampled but not yet computed has no K/V"),
+], ids=lambda x: getattr(x, "__name__", "words"))
+def test_reading_the_request_wrongly_is_named_by_which_half_of_the_rule(bug, words):
+    with pytest.raises(ExerciseFailed, match=words):
+        cap.check_rules(bug)
+
+
+def test_the_engine_hands_the_students_class_its_own_request_objects():
+    """No adapter in between: the class's allocate / append_slots / commit receive the engine's ``Request`` itself
+    (its tokens and progress, live), never ids and copied token lists (the contract before issue #33)."""
+    from minienv.request import Request
+
+    seen = []
+
+    class Recording(Good):
+        def allocate(self, request, num_new_tokens):
+            seen.append(("allocate", request))
+            return super().allocate(request, num_new_tokens)
+
+        def append_slots(self, request, num_new_tokens):
+            seen.append(("append_slots", request))
+            return super().append_slots(request, num_new_tokens)
+
+        def commit(self, request):
+            seen.append(("commit", request))
+            return super().commit(request)
+
+    model, tok = cap._tiny_setup()
+    eng = InferenceEngine(model, tok, kv_budget_tokens=64, block_size=4, kv_cache_manager_factory=cap.plug(Recording))
+    eng.add_request(list(range(1, 10)), cap._workload()[1])
+    reqs = dict(eng.scheduler.requests)
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert {name for name, _ in seen} == {"allocate", "append_slots", "commit"}
+    assert all(isinstance(r, Request) and r is reqs[r.request_id] for _, r in seen)
+
+
 def test_random_ops_alone_catches_a_wrong_hash():
     """Hashing a block's own tokens gives hits whose K/V were computed after another prefix: caught by content."""
     with pytest.raises(ExerciseFailed, match="only blocks whose computed K/V are exactly"):
@@ -310,6 +373,14 @@ def test_a_crashing_method_in_a_scenario_names_that_scenarios_rule():
         cap.check_rules(CrashOnFree)
     text = str(info.value)
     assert text.startswith("✗ scenario 1: ") and "your free('a') raised IndexError: oops" in text
+
+    class CrashOnCommit(Good):
+        def commit(self, request):
+            raise ValueError("no")
+
+    with pytest.raises(ExerciseFailed) as info:  # a request is shown by its id and progress, not its tokens
+        cap.check_rules(CrashOnCommit)
+    assert "your commit(<request 'a': 9 tokens, 9 computed>) raised ValueError: no" in str(info.value)
 
 
 def _solution_of(notebook, name):
@@ -450,7 +521,7 @@ def test_the_skeleton_plugs_the_students_05_and_06_pieces_into_the_class():
     m = Wired(6, 4, True)
     tokens = list(range(10, 23))
     assert m.block_keys(tokens) == hash_block_chain(tokens, 4)  # 3 full blocks, chained from ROOT_HASH
-    m.allocate("a", tokens, len(tokens))
+    m.allocate(KVRequest("a", tokens), len(tokens))
     assert m.take_from_head(2) == m.free_queue()[:2] == [4, 5]
     assert seen == ["chain_hashes", "safe_victims"]
 
