@@ -408,12 +408,20 @@ check_retry_ceilings(retry_ceilings)
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Number the retries n = 1, 2, …, `max_attempts − 1`. Retry n's ceiling is `initial_backoff × multiplier^(n−1)`.
+# Write the ceilings of `retry_ceilings(4, 0.1, 2, 10)` by hand first: how many retries do 4 attempts leave, and how
+# does each ceiling follow from the one before?
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# Cap each ceiling with `min(..., max_backoff)`; `max_attempts = 1` means no retries at all: an empty list.
+# The edges: `max_attempts = 1` (how many retries?), a `multiplier` of 1, and an `initial_backoff` already above
+# `max_backoff` — does the cap apply to the very first ceiling too?
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Number the retries 1 … `max_attempts − 1`; retry n's ceiling is `initial_backoff` grown by `multiplier` n − 1
+# times, then capped at `max_backoff`.
 # </details>
 
 # %% [markdown]
