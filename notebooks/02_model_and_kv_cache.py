@@ -438,20 +438,23 @@ assert reserved == 8 * 2 * cfg.num_hidden_layers * cfg.max_position_embeddings *
 #
 # (How they work — stubs, checks, hints, `solutions/02_model_and_kv_cache.py` — is explained in notebook 00.)
 #
-# ### Exercise 1: the cached attention step
+# ### Exercise 1: the cached attention step, with a sliding window
 #
 # Implement one decode step of attention for a single head: given the new token's query `q [D]` and the cache's
 # keys and values `K, V [t, D]` (the new token's own k/v already appended), return the attention output `[D]`.
-# Rules: (1) the query attends to **every** cached token, its own included; (2) the output is one vector of size
-# `D`; (3) scores are `q·k / sqrt(D)`, softmaxed over the `t` tokens; (4) the softmax is numerically stable (the
-# check uses scores in the thousands).
+# Some models attend only to the most recent tokens: a **sliding window** of `window` tokens (Mistral-7B v0.1 used
+# 4096 in every layer). Rules: (1) the query attends to the last `window` cached tokens, its own included — to every
+# cached token when `window` is None; (2) the output is one vector of size `D`; (3) scores are `q·k / sqrt(D)`,
+# softmaxed over the attended tokens; (4) the softmax is numerically stable (the check uses scores in the
+# thousands). The check names the rule a wrong answer breaks and tries the window's edges: one token, shorter than,
+# exactly as long as and longer than the cache.
 
 # %%
 from minienv.exercises.model import check_decode_attention, check_kv_bytes_for_context
 
 
-def decode_attention(q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """Attention output [D] of one query over t cached keys / values [t, D]."""
+def decode_attention(q: np.ndarray, K: np.ndarray, V: np.ndarray, window) -> np.ndarray:
+    """Attention output [D] of one query over the last `window` of t cached keys / values [t, D] (None: all)."""
     raise NotImplementedError("your code here")
 
 
@@ -461,25 +464,30 @@ check_decode_attention(decode_attention)
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# No mask is needed: the only query is the newest token, and every cached token is in its past.
+# No mask is needed: the only query is the newest token, and every cached token is in its past. The window only
+# decides *which* cached tokens take part; the attention over them is the prefill cell's, for one query row.
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# `s = K @ q / np.sqrt(len(q))` gives the `t` scores. `np.exp(s)` overflows to `inf` for a score near 1000;
-# `np.exp(s - s.max())` gives the same softmax and never overflows.
+# The edges: with `window=1` the query sees only itself, so the output is `V[-1]`; a window longer than the cache
+# takes the whole cache — does your way of picking "the last `window` rows" still work when `window > t`? And
+# `exp(1000)` is `inf`: softmax does not change when one number is subtracted from every score — which one keeps
+# every `exp` at most 1?
 # </details>
 #
 # <details><summary>Hint 3</summary>
 #
-# With the weights `w` (summing to 1), the output is `w @ V`: a weighted sum of the rows of `V`.
+# Keep the last `window` rows of `K` and `V` (negative slicing needs no length arithmetic). Scores: those keys
+# times the query, over the square root of `D`. Weights: their stable softmax, summing to 1. Output: the weights
+# times the kept `V` rows.
 # </details>
 #
 # ### Exercise 2: the price of a context with sliding-window layers
 #
-# The table above prices a token in a model whose every layer attends to the whole context. Some models mix in
-# **sliding-window** layers, which attend only to the last `window` tokens and so keep only those in the cache
-# (Mistral-7B v0.1 used a window everywhere, Gemma 2 alternates window and global layers). Write
+# The table above prices a token in a model whose every layer attends to the whole context. A sliding-window layer
+# (exercise 1) attends only to the last `window` tokens, so it need keep only those in the cache; some models mix
+# such layers with global ones (Gemma 2 alternates them). Write
 # `kv_bytes_for_context(num_tokens, num_layers, num_heads, num_kv_heads, head_dim, dtype_bytes, window,
 # global_every)`: the KV-cache bytes one request of `num_tokens` tokens holds. Rules: (1) a token stores a K **and**
 # a V vector; (2) only the **KV heads** are stored; (3) every layer keeps its own, (4) times the bytes per element;

@@ -3,8 +3,10 @@
 import numpy as np
 
 
-def decode_attention(q, K, V):
-    s = K @ q / np.sqrt(q.shape[-1])  # [t]: the newest token may see everything in the cache, itself included
+def decode_attention(q, K, V, window):
+    if window is not None:  # a sliding window: only the last `window` cached tokens, the query's own included
+        K, V = K[-window:], V[-window:]
+    s = K @ q / np.sqrt(q.shape[-1])  # the newest token may see everything left in the window, itself included
     w = np.exp(s - s.max())  # subtract the max: exp never overflows
     return (w / w.sum()) @ V
 

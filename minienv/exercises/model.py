@@ -1,4 +1,5 @@
-"""Notebook 02's exercises: the cached attention step, and the KV bytes one token costs."""
+"""Notebook 02's exercises: the cached attention step with a sliding window, and the KV bytes a context costs with
+sliding-window layers."""
 
 from __future__ import annotations
 
@@ -19,37 +20,63 @@ def _call(fn, rule: str, *args):
     try:
         with np.errstate(all="ignore"):
             return np.asarray(fn(*args), dtype=np.float64)
+    except TypeError as err:
+        if args[-1] is None and "NoneType" in str(err):  # K[-None:] and the like
+            fail(_NO_WINDOW_RULE, f"window=None: your function raised TypeError: {err}")
+        fail(rule, f"your function raised TypeError: {err}")
     except Exception as err:  # noqa: BLE001 - the student's code failing on this case breaks this case's rule
         fail(rule, f"your function raised {type(err).__name__}: {err}")
 
 
-@exercise("write decode_attention(q, K, V): softmax(K @ q / sqrt(D)) @ V, one query over every cached token")
+_NO_WINDOW_RULE = "window=None means no window: the query attends to every cached token"
+_OWN_RULE = "the window ends at the query's own token: it attends to the last `window` cached tokens, its own included"
+_WINDOW_ATT_RULE = "a sliding window of `window` tokens: only the last `window` cached tokens get any weight"
+_LONGER_ATT_RULE = "a window longer than the cache covers the whole cache: every cached token, no more"
+_SHAPE_RULE = "the output is one vector of size D (the weighted sum of V rows), not the weights"
+_SCALE_RULE = "scores are q·k / sqrt(D), softmaxed over the attended tokens, then weight their V rows"
+
+
+@exercise("write decode_attention(q, K, V, window): softmax(K @ q / sqrt(D)) @ V over the last `window` cached "
+          "tokens (all of them when window is None)")
 def check_decode_attention(fn) -> str:
-    """Cases ordered so each isolates one rule: one cached token, the shape, the scale, then huge scores."""
+    """Cases ordered so each isolates one rule: one cached token, the shape, the scale, the window at its edges
+    (one token, shorter than, equal to and longer than the cache), then huge scores."""
     r = np.random.default_rng(42)
-    rule = "the query attends to every cached token, its own included: with one cached token the output is its V"
     q, K, V = r.standard_normal(8), r.standard_normal((1, 8)), r.standard_normal((1, 8))
-    got = _call(fn, rule, q, K, V)
-    require(got.shape == (8,), "the output is one vector of size D (the weighted sum of V rows), not the weights",
-            f"t=1, D=8: expected shape (8,), got {got.shape}")
-    require(np.allclose(got, V[0], atol=1e-5), rule,
-            f"t=1: expected V[0] = {np.round(V[0][:3], 4)}..., got {np.round(got.ravel()[:3], 4)}...")
+    own = "the query attends to its own token too: with one cached token the output is its V"
+    got = _call(fn, own, q, K, V, None)
+    require(got.shape == (8,), _SHAPE_RULE, f"t=1, D=8: expected shape (8,), got {got.shape}")
+    require(np.allclose(got, V[0], atol=1e-5), own, f"t=1: expected V[0] = {np.round(V[0][:3], 4)}..., got {np.round(got.ravel()[:3], 4)}...")
     for t, d in [(7, 16), (33, 64)]:
         q, K, V = r.standard_normal(d), r.standard_normal((t, d)), r.standard_normal((t, d))
-        rule = "the output is one vector of size D (the weighted sum of V rows), not the weights"
-        got = _call(fn, rule, q, K, V)
-        require(got.shape == (d,), rule, f"t={t}, D={d}: expected shape ({d},), got {got.shape}")
+        got = _call(fn, _SHAPE_RULE, q, K, V, None)
+        require(got.shape == (d,), _SHAPE_RULE, f"t={t}, D={d}: expected shape ({d},), got {got.shape}")
         want = _reference(q, K, V)
-        require(np.allclose(got, want, atol=1e-4),
-                "scores are q·k / sqrt(D), softmaxed over all t cached tokens, then weight the V rows",
-                f"t={t}, D={d}: expected {np.round(want[:3], 4)}..., got {np.round(got[:3], 4)}...")
+        if not np.allclose(got, want, atol=1e-4):
+            rule = _OWN_RULE if np.allclose(got, _reference(q, K[:-1], V[:-1]), atol=1e-4) else _SCALE_RULE
+            fail(rule, f"t={t}, D={d}, window=None: expected {np.round(want[:3], 4)}..., got {np.round(got[:3], 4)}...")
+    # The window: t = 12 cached tokens, D = 16; windows 1 and 5 (shorter), 12 (equal), 20 (longer).
+    t, d = 12, 16
+    q, K, V = r.standard_normal(d), r.standard_normal((t, d)), r.standard_normal((t, d))
+    for window, rule in ((5, _WINDOW_ATT_RULE), (1, _WINDOW_ATT_RULE), (12, _WINDOW_ATT_RULE),
+                         (20, _LONGER_ATT_RULE), (13, _LONGER_ATT_RULE)):
+        got = _call(fn, rule, q, K, V, window)
+        want = _reference(q, K[-window:], V[-window:])
+        if got.shape == want.shape and np.allclose(got, want, atol=1e-4):
+            continue
+        if window < t and np.allclose(got, _reference(q, K[-window - 1:-1], V[-window - 1:-1]), atol=1e-4):
+            rule = _OWN_RULE
+        fail(rule, f"t={t} cached tokens, window={window}: expected {np.round(want[:3], 4)}..., got "
+                   f"{np.round(got.ravel()[:3], 4)}..." + (" (window=1: the output is V[-1])" if window == 1 else ""))
     q, K, V = 60 * r.standard_normal(64), 60 * r.standard_normal((9, 64)), r.standard_normal((9, 64))
     rule = "softmax must be numerically stable: subtract the largest score before exp (scores here reach ~3000)"
-    got = _call(fn, rule, q, K, V)
-    want = _reference(q, K, V)
-    require(np.all(np.isfinite(got)) and np.allclose(got, want, atol=1e-4), rule,
-            f"expected {np.round(want[:3], 4)}..., got {np.round(got[:3], 4)}...")
-    return "one query attending to every cached token: O(t) work per step instead of O(t²)"
+    for window in (None, 4):
+        got = _call(fn, rule, q, K, V, window)
+        want = _reference(q, K[-(window or 9):], V[-(window or 9):])
+        require(np.all(np.isfinite(got)) and np.allclose(got, want, atol=1e-4), rule,
+                f"window={window}: expected {np.round(want[:3], 4)}..., got {np.round(got[:3], 4)}...")
+    return ("one query attending to the cached tokens of its window: O(window) work and memory per step, however "
+            "long the context")
 
 
 # The rules of exercise 2, as the check names them

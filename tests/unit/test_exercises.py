@@ -342,6 +342,23 @@ def _softmax_attend(q, K, V, scale=True, stable=True):
     return (w / w.sum()) @ V
 
 
+def _in_window(attend, first=False, offset=0, exclude_own=False, from_start=False):
+    """``decode_attention(q, K, V, window)`` from a window-less ``attend(q, K, V)``, with one planted mistake."""
+    def fn(q, K, V, window):
+        if window is not None:
+            w = window + offset
+            if first:  # the first `window` tokens instead of the last
+                K, V = K[:w], V[:w]
+            elif exclude_own:  # the window ends before the query's own token
+                K, V = K[-w - 1:-1], V[-w - 1:-1]
+            elif from_start:  # K[t - window:]: a negative start when the window is longer than the cache
+                K, V = K[len(K) - w:], V[len(V) - w:]
+            else:
+                K, V = K[-w:], V[-w:]
+        return attend(q, K, V)
+    return fn
+
+
 def _weights_only(q, K, V):
     s = K @ q / np.sqrt(q.shape[-1])
     w = np.exp(s - s.max())
@@ -756,10 +773,22 @@ WRONG = [
         (_encode_with(guard=False), "with no merge that applies, the ids are the bytes"),
     ]),
     ("02_model_and_kv_cache", ex02.check_decode_attention, "decode_attention", [
-        (lambda q, K, V: _softmax_attend(q, K, V, scale=False), "q·k / sqrt(D)"),
-        (lambda q, K, V: _softmax_attend(q, K[:-1], V[:-1]), "its own included"),
-        (lambda q, K, V: _softmax_attend(q, K, V, stable=False), "numerically stable"),
-        (_weights_only, "one vector of size D"),
+        (_in_window(lambda q, K, V: _softmax_attend(q, K, V, scale=False)), "q·k / sqrt(D)"),
+        (_in_window(lambda q, K, V: _softmax_attend(q, K[:-1], V[:-1])), "its own token too"),
+        (_in_window(lambda q, K, V: _softmax_attend(q, K, V, stable=False)), "numerically stable"),
+        (_in_window(_weights_only), "one vector of size D"),
+        (_in_window(lambda q, K, V: (lambda s: (np.exp(s - s.max()) / np.exp(s - s.max()).sum()) @ V)(K @ q / len(q))),
+         "q·k / sqrt(D)"),  # divided by D
+        (_in_window(lambda q, K, V: (lambda s: np.exp(s - s.max()) @ V)(K @ q / np.sqrt(len(q)))),
+         "softmaxed over the attended tokens"),  # not normalised
+        (_in_window(lambda q, K, V: (lambda s: (np.exp(s - s.min()) / np.exp(s - s.min()).sum()) @ V)(
+            K @ q / np.sqrt(len(q)))), "numerically stable"),  # the smallest score subtracted: exp still overflows
+        (lambda q, K, V, w: _softmax_attend(q, K[-w:], V[-w:]), "window=None means no window"),  # K[-None:]
+        (lambda q, K, V, w: _softmax_attend(q, K, V), "only the last `window` cached tokens"),  # window ignored
+        (_in_window(lambda q, K, V: _softmax_attend(q, K, V), first=True), "only the last `window` cached tokens"),
+        (_in_window(lambda q, K, V: _softmax_attend(q, K, V), offset=-1), "only the last `window` cached tokens"),
+        (_in_window(lambda q, K, V: _softmax_attend(q, K, V), exclude_own=True), "its own included"),
+        (_in_window(lambda q, K, V: _softmax_attend(q, K, V), from_start=True), "a window longer than the cache"),
     ]),
     ("02_model_and_kv_cache", ex02.check_kv_bytes_for_context, "kv_bytes_for_context", [
         (lambda n, L, h, kv, d, b, w, g: _kv_context(n, L, kv, d, b, w, g) // 2, "a K and a V vector"),
