@@ -413,7 +413,7 @@ assert all(checks.values()) and len(checks) == 8
 # hash; (3) each hash takes its parent's, so the same tokens after a different prefix get a different key.
 
 # %%
-from minienv.exercises.prefix_sharing import check_cached_tokens, check_chain_hashes
+from minienv.exercises.prefix_sharing import check_append_slots, check_chain_hashes
 from minienv.kv.hashing import ROOT_HASH, hash_block_tokens
 
 def chain_hashes(tokens, block_size):
@@ -434,29 +434,39 @@ check_chain_hashes(chain_hashes)
 # Keep a `parent` variable: start it at `ROOT_HASH`; each block's hash becomes the next block's parent.
 # </details>
 #
-# ### Exercise 2: the longest cached prefix
+# ### Exercise 2: copy-on-write when a forked request appends
 #
-# Write `my_cached_tokens(prompt, cached_hashes, block_size)`: given the set of block hashes in the index, how many
-# prompt tokens a request can take from the cache. Rules: (1) walk the chain from `ROOT_HASH`; (2) **stop at the
-# first miss** — the blocks after it depend on the missing one; (3) **never cover the last prompt token**.
+# Write `my_append_slots(table, ref_cnt, num_tokens, num_new, block_size, free)`: a request whose block `table`
+# holds `num_tokens` tokens (`len(table) == ceil(num_tokens / block_size)`) appends `num_new ≥ 1` tokens;
+# `ref_cnt[b]` is block `b`'s refcount and `free` the free queue, head first. Return `(table, ref_cnt, copies)`
+# after the append — new lists, the inputs left unchanged; `copies` lists `(shared, copy)` pairs — or `None` if the
+# blocks do not fit. Rules: (1) the new tokens fill the last block's free slots first, then take one new block per
+# block boundary crossed (notebook 04); (2) a **shared** block (refcount > 1) the new tokens write into is copied
+# first and the table names the copy; a block with refcount 1 is written in place; a full block is never written,
+# so never copied; (3) the original loses one reference, the copy and each new block start at 1; (4) blocks come
+# from the free queue's head, the copy first; (5) `None` exactly when the free queue holds fewer blocks than the
+# copy plus the new blocks.
 
 # %%
-def my_cached_tokens(prompt, cached_hashes, block_size):
-    """Prompt tokens served by the prefix cache: whole blocks, from the start, never the last token."""
+def my_append_slots(table, ref_cnt, num_tokens, num_new, block_size, free):
+    """(table, ref_cnt, copies) after appending num_new tokens; None when the blocks do not fit."""
     raise NotImplementedError("your code here")
 
 # %%
-check_cached_tokens(my_cached_tokens)
+check_append_slots(my_append_slots)
 
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# It is Exercise 1's loop, with a membership test and a `break`.
+# The first new token lands in slot `num_tokens % block_size` of the last block — unless that is 0 (the last block
+# is full, or there is none): then it starts a new block. So only the last block can ever need a copy. The fork
+# scene's step 3 is `my_append_slots([0, 1, 2], [3, 3, 3, 0, …], 10, 1, 4, [3, 4, …])`.
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# How many blocks may a lookup cover at most, if the last token must stay? `(len(prompt) - 1) // block_size`.
+# Count before you change anything: `copy` (0 or 1) plus notebook 04's `ceil((n + k) / B) − ceil(n / B)` new
+# blocks, against `len(free)`. Then work on `list(table)` and `list(ref_cnt)`, taking `free[:copy + new]` in order.
 # </details>
 
 # %% [markdown]

@@ -36,7 +36,7 @@ from minienv.exercises import tour as ex00
 from minienv.exercises import speculative_decoding as ex12
 from minienv.kv import OutOfBlocksError
 from minienv.kv.hashing import ROOT_HASH, hash_block_chain, hash_block_tokens
-from kv_driver import admit, compute
+from kv_driver import admit, append, child, compute
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -408,19 +408,50 @@ def _chain_wrong_root(tokens, bs):
     return hashes
 
 
-def _cached_with(stop=True, cover_last=False, chain=True):
-    def fn(prompt, cached, bs):
-        parent, hits = ROOT_HASH, 0
-        n_blocks = len(prompt) // bs if cover_last else (len(prompt) - 1) // bs
-        for j in range(n_blocks):
-            h = hash_block_tokens(parent if chain else ROOT_HASH, prompt[j * bs:(j + 1) * bs])
-            parent = h
-            if h not in cached:
-                if stop:
-                    break
-                continue
-            hits += 1
-        return hits * bs
+def _append_with(copy_when="partial_shared", names_copy=True, original="minus_one", copy_ref="one", new_ref=1,
+                 copy_first=True, pick="head", new_count="right", room="right", mutate=False, shape="triple"):
+    """``my_append_slots`` with one planted mistake (the defaults are the right rules)."""
+    def fn(table, ref_cnt, n, k, b, free):
+        last = table[-1] if table else None
+        shared = last is not None and ref_cnt[last] > 1
+        copy = {"partial_shared": n % b != 0 and shared, "shared_last": shared, "never": False,
+                "partial": n % b != 0 and last is not None, "after_fill": (n + k) % b != 0 and shared,
+                "all_shared": n % b != 0 and shared}[copy_when]
+        new = {"right": -(-(n + k) // b) - -(-n // b), "k": -(-k // b), "floor": (n + k) // b - n // b,
+               "ceil_floor": -(-(n + k) // b) - n // b}[new_count]
+        need = copy + new
+        if room == "right" and need > len(free):
+            return None
+        if room == "ignore_copy" and new > len(free):
+            return None
+        if room == "ge" and need >= len(free) and need:
+            return None
+        if room == "need_one" and not free:
+            return None
+        queue = {"head": list(free), "tail": list(free)[::-1], "sorted": sorted(free)}[pick]
+        if mutate:
+            t, r = table, ref_cnt
+        else:
+            t, r = list(table), list(ref_cnt)
+        copies = []
+        blocks = [queue.pop(0) for _ in range(need)]  # raises IndexError when the queue runs out (room="never")
+        if copy_first:
+            private, fresh = (blocks[0] if copy else None), blocks[copy:]
+        else:
+            private, fresh = (blocks[-1] if copy else None), blocks[:new]
+        if copy:
+            srcs = [x for x in t if r[x] > 1] if copy_when == "all_shared" else [last]
+            for i, src in enumerate(srcs):
+                dst = private if i == 0 else blocks[0]
+                copies.append((src, dst))
+            if names_copy:
+                t[-1] = private
+            r[private] = r[last] if copy_ref == "inherit" else 1
+            r[last] = {"minus_one": r[last] - 1, "same": r[last], "zero": 0}[original]
+        for x in fresh:
+            t.append(x)
+            r[x] = new_ref
+        return (t, copies) if shape == "pair" else (t, r, copies)
     return fn
 
 
@@ -863,10 +894,30 @@ WRONG = [
         (_chain_with_partial, "only full blocks get a hash"),
         (_chain_wrong_root, "hash_block_tokens(ROOT_HASH"),
     ]),
-    ("05_prefix_sharing", ex05.check_cached_tokens, "my_cached_tokens", [
-        (_cached_with(stop=False), "stop at the first miss"),
-        (_cached_with(cover_last=True), "never cover the last prompt token"),
-        (_cached_with(chain=False), "each block's hash takes its parent's hash"),
+    ("05_prefix_sharing", ex05.check_append_slots, "my_append_slots", [
+        (_append_with(copy_when="never"), "is copied first"),
+        (_append_with(copy_when="shared_last"), "a full block is never written"),  # copies a full shared last block
+        # judged by the block after the write: copies a full shared block (and misses a block the write fills)
+        (_append_with(copy_when="after_fill"), "a full block is never written"),
+        (_append_with(copy_when="partial"), "refcount 1 is written in place"),
+        (_append_with(copy_when="all_shared"), "a full block is never written"),  # copies the shared prompt blocks
+        (_append_with(names_copy=False), "the table names the private copy"),
+        (_append_with(original="same"), "loses exactly one reference"),
+        (_append_with(original="zero"), "loses exactly one reference"),
+        (_append_with(copy_ref="inherit"), "the copy and each new block start at 1"),
+        (_append_with(new_ref=0), "the copy and each new block start at 1"),
+        (_append_with(copy_first=False), "the copy first, then the new blocks"),
+        (_append_with(pick="tail"), "head of the free queue"),
+        (_append_with(pick="sorted"), "head of the free queue"),
+        (_append_with(new_count="k"), "one new block per block boundary crossed"),
+        (_append_with(new_count="floor"), "one new block per block boundary crossed"),
+        (_append_with(new_count="ceil_floor"), "one new block per block boundary crossed"),
+        (_append_with(room="ignore_copy"), "fewer blocks than the copy plus the new blocks"),
+        (_append_with(room="ge"), "fewer blocks than the copy plus the new blocks"),
+        (_append_with(room="need_one"), "a request that needs no block always fits"),
+        (_append_with(room="never"), "fewer blocks than the copy plus the new blocks"),  # crashes: IndexError
+        (_append_with(mutate=True), "leave the inputs unchanged"),
+        (_append_with(shape="pair"), "return (table, ref_cnt, copies)"),
     ]),
     ("06_lru_eviction", ex06.check_evictions, "my_evictions", [
         (lambda q, n: [b for b, c in q[::-1][:n] if c], "head first"),
@@ -1154,25 +1205,41 @@ def test_stub_detection_only_on_first_call():
         ex00.check_next_blocks(sometimes_none)
 
 
-def test_cached_tokens_reference_agrees_with_the_manager():
-    """The check's plain statement of the lookup rule is what KVCacheManager.lookup does."""
-    from minienv.kv.hashing import hash_block_chain
+def test_append_reference_is_what_the_manager_does_after_a_fork():
+    """The check's plain statement of copy-on-write is what KVCacheManager.append_slots does: same copies, same
+    table, same refcounts, and None exactly when the manager has no room (random prompts, forks, appends)."""
     from minienv.kv.kv_cache_manager import KVCacheManager
 
-    rng = np.random.default_rng(11)
-    for _ in range(40):
-        bs = int(rng.choice([1, 2, 4, 8]))
-        mgr = KVCacheManager(256, bs)
-        stem = [int(t) for t in rng.integers(0, 5, int(rng.integers(1, 30)))]
-        cached: set = set()
-        for i in range(int(rng.integers(0, 3))):
-            p = stem[: int(rng.integers(1, len(stem) + 1))]
-            req, alloc = admit(mgr, i, p)
-            assert alloc is not None
-            compute(mgr, req)
-            cached |= set(hash_block_chain(p, bs))
-        prompt = stem[: int(rng.integers(1, len(stem) + 1))] + [int(t) for t in rng.integers(0, 5, 2)]
-        assert ex05.cached_tokens_reference(prompt, cached, bs) == mgr.lookup(prompt).num_cached_tokens
+    rng = np.random.default_rng(23)
+    compared = copied = refused = 0
+    for trial in range(60):
+        bs = int(rng.choice([1, 2, 3, 4, 8]))
+        mgr = KVCacheManager(int(rng.integers(6, 20)), bs)
+        parent, alloc = admit(mgr, "p", [int(t) for t in rng.integers(0, 9, int(rng.integers(1, 4 * bs + 1)))])
+        if alloc is None:
+            continue
+        compute(mgr, parent)
+        kids = [f"c{i}" for i in range(int(rng.integers(1, 3)))]
+        mgr.fork(parent, kids)
+        reqs = {"p": parent} | {c: child(parent, c) for c in kids}
+        for _ in range(6):
+            rid = str(rng.choice(sorted(reqs)))
+            req, k = reqs[rid], int(rng.integers(1, 2 * bs + 2))
+            refs = [mgr.ref_cnt(b) for b in range(mgr.num_blocks)]
+            table, n = mgr.block_ids(rid), mgr.num_tokens(rid)
+            want = ex05.append_reference(table, refs, n, k, bs, [b for b, _ in mgr.free_queue()])
+            got = append(mgr, req, [int(t) for t in rng.integers(0, 9, k)])
+            if want is None:
+                assert got is None, trial
+                refused += 1
+                continue
+            assert got is not None, trial
+            assert (mgr.block_ids(rid), [mgr.ref_cnt(b) for b in range(mgr.num_blocks)]) == want[:2], trial
+            assert [tuple(c) for c in got.blocks_to_copy] == want[2], trial
+            compute(mgr, req)  # (commit may then swap a full block for an equal indexed one: not the exercise's)
+            compared += 1
+            copied += bool(want[2])
+    assert compared > 100 and copied > 20 and refused > 5, (compared, copied, refused)
 
 
 def test_plan_reference_is_the_scheduler_rule():
