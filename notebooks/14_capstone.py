@@ -75,6 +75,7 @@ print(capstone.CONTRACT)
 # Before writing it, watch it: six calls of the contract on minienv's own `KVCacheManager` (the one your class
 # replaces), 6 blocks of 4 tokens. **Step** through: `a` is admitted and committed; `b` shares `a`'s two full
 # blocks (refcount 2); `a` is freed (its last block first) and then `b`; a new request evicts from the queue's head.
+# Once you have written your class, the same view steps *it* through these calls (after grading 1).
 
 # %%
 import ipywidgets as widgets
@@ -286,6 +287,35 @@ class MyKVCacheManager:
 
 # %%
 capstone.check_rules(MyKVCacheManager)
+
+# %% [markdown]
+# ## Watch your class
+#
+# The widget from the start of this notebook, on *your* class: the same six calls, plugged in the way the engine
+# plugs it, and after each call the caption says whether your pool — every block table, refcount and the free
+# queue — equals what minienv's manager holds after the same calls, or what first differs. When a scenario above
+# fails, step this one and watch where your pool leaves minienv's; an exception from your code stops it with the
+# error in the caption. Until your class is written (a method still raises `NotImplementedError`), minienv's
+# manager stands in and the title says so.
+
+# %%
+from minienv.exercises.capstone_watch import ScriptWatch
+
+watch = ScriptWatch(MyKVCacheManager, SCRIPT, requests.clear)
+watch.widget
+
+# %% [markdown]
+# For readers without a kernel, the pool after the last call, and the verdict:
+
+# %%
+watch.stepper.run()
+watch.static()
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print("drawn:", "your class" if watch.yours else "minienv's manager (your class is not written yet)")
+print("every call left the same pool as minienv's" if watch.first_difference is None
+      else f"first difference: {watch.first_difference}")
 
 # %% [markdown]
 # ## Grading 2: invariants under random operations

@@ -7,6 +7,7 @@ Each planted bug is the reference solution with one method changed, so a failure
 from __future__ import annotations
 
 import ast
+import html
 import importlib.util
 from pathlib import Path
 
@@ -571,3 +572,71 @@ def test_your_pieces_cell_shows_no_other_chapters_answer(capsys):
     exec(cell, ns)  # noqa: S102 - the repository's own notebook
     assert ns["safe_victims"] is safe_victims_reference and ns["chain_hashes"] is hash_block_chain
     assert check_safe_victims(safe_victims_reference) == PASSED  # minienv's piece is the rule 06's check grades
+
+
+# ---------------------------------------------------------------------------------------- the widget on the class
+def _notebook_script():
+    """The notebook's own six-call script (its first widget's cell, run as written) and its request-forgetting."""
+    source = (REPO / "notebooks" / "14_capstone.py").read_text()
+    ns: dict = {}
+    exec(_cell(source, "SCRIPT = ["), ns)  # noqa: S102 - the repository's own notebook
+    return ns["SCRIPT"], ns["requests"].clear
+
+
+def test_the_widget_steps_the_students_class_and_draws_its_pool():
+    """Issue #36 item 4: the live view drives the student's class (plugged), not minienv's manager; the reference
+    class leaves the same pool as minienv's after every call, and the drawing is the student's state."""
+    from minienv.exercises.capstone_watch import ScriptWatch
+    from minienv.viz.kv_views import manager_cells
+
+    script, reset = _notebook_script()
+    watch = ScriptWatch(Good, script, reset)
+    assert watch.yours and isinstance(watch.manager, cap.PluggedManager) and isinstance(watch.manager.core, Good)
+    verdicts = []
+    while watch.stepper.step():
+        verdicts.append(watch.stepper.caption)
+        core = watch.manager.core
+        cells = manager_cells(watch.manager)
+        assert [c.refcount for c in cells] == core.refs  # the picture is the student's refcounts
+        assert [c.state == "cached" for c in cells] == [core.refs[b] == 0 and b in core.hash_of for b in range(6)]
+    assert len(verdicts) == 6 and all(v == "same pool as minienv's" for v in verdicts), verdicts
+    assert watch.first_difference is None and watch.error is None
+    assert watch.view.evicted_total == [1]  # step 5's eviction, seen through the student's observers
+    drawn = html.unescape(watch.static().data)
+    assert "your MyKVCacheManager: 6 blocks of 4 tokens" in drawn and "step 6: commit new" in drawn
+
+
+def test_the_widget_names_the_first_call_where_a_buggy_class_leaves_minienvs_pool():
+    from minienv.exercises.capstone_watch import ScriptWatch
+
+    script, reset = _notebook_script()
+    watch = ScriptWatch(FreeHeadFirst, script, reset)
+    watch.stepper.run()
+    assert watch.yours and watch.first_difference.startswith("step 4: free queue (block, cached): yours ")
+    assert "differs from minienv's" in watch.view.grid.caption
+
+
+def test_the_widget_shows_a_students_exception_in_its_caption_and_stops():
+    from minienv.exercises.capstone_watch import ScriptWatch
+
+    class CrashOnFree(Good):
+        def free(self, request_id):
+            raise IndexError("oops")
+
+    script, reset = _notebook_script()
+    watch = ScriptWatch(CrashOnFree, script, reset)
+    assert watch.stepper.run() == 3  # the third call raised: no step after it
+    assert watch.error == "IndexError: oops" and watch.first_difference == "step 3 raised IndexError: oops"
+    assert "stopped: IndexError: oops" in watch.view.grid.caption
+
+
+def test_the_widget_shows_minienvs_manager_until_the_class_is_written():
+    from minienv.exercises.capstone_watch import ScriptWatch
+
+    skeleton, _ = _skeleton()
+    script, reset = _notebook_script()
+    watch = ScriptWatch(skeleton, script, reset)
+    assert not watch.yours and not isinstance(watch.manager, cap.PluggedManager)
+    watch.stepper.run()
+    assert watch.first_difference is None
+    assert "minienv's KVCacheManager (yours once it is written)" in html.unescape(watch.static().data)
