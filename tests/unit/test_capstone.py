@@ -640,3 +640,25 @@ def test_the_widget_shows_minienvs_manager_until_the_class_is_written():
     watch.stepper.run()
     assert watch.first_difference is None
     assert "minienv's KVCacheManager (yours once it is written)" in html.unescape(watch.static().data)
+
+
+def test_the_plugged_class_is_a_kv_manager_and_refuses_slots_ahead_of_the_computed_tokens():
+    """The plug satisfies the engine's protocol; what the contract cannot do (reserve after tokens not yet computed,
+    as static batching's padding does) is refused with a clear error, nothing changed."""
+    from minienv.kv.errors import KVCacheError
+    from minienv.kv.interface import KVManager
+
+    m = cap.plug(Good)(8, 4, True)
+    assert isinstance(m, KVManager)
+    req = KVRequest("a", list(range(9)))
+    alloc = m.allocate(req)
+    assert (alloc.start, alloc.num_new_tokens, list(alloc.slot_mapping)) == (0, 9, list(range(9)))
+    before = (m.core.block_table("a"), m.core.free_queue())
+    with pytest.raises(KVCacheError, match="9 slots reserved but 0 computed"):
+        m.append_slots(req, 1)
+    assert (m.core.block_table("a"), m.core.free_queue()) == before
+    req.num_computed_tokens = 9
+    assert m.commit(req) == m.core.block_table("a")[:2]  # the blocks the student's commit indexed
+    req.all_token_ids.append(9)
+    alloc = m.append_slots(req, 1)
+    assert (alloc.start, list(alloc.slot_mapping)) == (9, [m.core.block_table("a")[2] * 4 + 1])
