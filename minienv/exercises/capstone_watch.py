@@ -57,7 +57,8 @@ class ScriptWatch:
         self.yours = self._written(student_class)
         self._make = ((lambda: plug(student_class)(num_blocks, block_size, True)) if self.yours
                       else (lambda: KVCacheManager(num_blocks, block_size)))
-        who = "your MyKVCacheManager" if self.yours else "minienv's KVCacheManager (yours once it is written)"
+        who = ("your MyKVCacheManager" if self.yours else "minienv's KVCacheManager (yours once it is written)"
+               if self.build_error is None else f"minienv's KVCacheManager (building yours raised {self.build_error})")
         self.manager = self._make()
         self.view = ManagerView(self.manager, title=f"{who}: {num_blocks} blocks of {block_size} tokens",
                                 columns=num_blocks)
@@ -77,7 +78,15 @@ class ScriptWatch:
 
     def _written(self, student_class: type) -> bool:
         """Whether the class's methods run (no ``NotImplementedError`` on the script); a class that raises anything
-        else is written — its error is shown at its step."""
+        else is written — its error is shown at its step. One that cannot even be built is not drawn: minienv's
+        manager stands in, and :attr:`build_error` (in the title) says why."""
+        self.build_error = None
+        try:
+            plug(student_class)(self.num_blocks, self.block_size, True)
+        except Exception as err:  # noqa: BLE001 - NotImplementedError: the stub; anything else: shown in the title
+            if not isinstance(err, NotImplementedError):
+                self.build_error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            return False
         try:
             self._replay(lambda: plug(student_class)(self.num_blocks, self.block_size, True))
         except NotImplementedError:
@@ -106,7 +115,11 @@ class ScriptWatch:
             self.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
             self.matches = False
             self.first_difference = self.first_difference or f"step {i + 1} raised {self.error}"
-            self.view.update(caption=f"step {i + 1}: {caption} — stopped: {self.error}")
+            stopped = f"step {i + 1}: {caption} — stopped: {self.error}"
+            try:
+                self.view.update(caption=stopped)
+            except Exception:  # noqa: BLE001 - the pool cannot be read (e.g. a table of the wrong length)
+                self.view.grid.update({}, caption=stopped, partial=True)  # keep the last picture, say why
             return f"stopped: {self.error}"
         diff = _difference(pool_state(self.manager), self.reference[i])
         self.matches = not diff

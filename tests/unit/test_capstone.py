@@ -662,3 +662,26 @@ def test_the_plugged_class_is_a_kv_manager_and_refuses_slots_ahead_of_the_comput
     req.all_token_ids.append(9)
     alloc = m.append_slots(req, 1)
     assert (alloc.start, list(alloc.slot_mapping)) == (9, [m.core.block_table("a")[2] * 4 + 1])
+
+
+def test_the_widget_never_raises_on_a_class_that_cannot_be_built_or_read():
+    """A student's class is shown, not a traceback: one whose constructor raises is named in the title (minienv's
+    manager drawn instead); one whose block table cannot be read stops with the error in the caption."""
+    from minienv.exercises.capstone_watch import ScriptWatch
+
+    class BadInit(Good):
+        def __init__(self, num_blocks, block_size, enable_prefix_caching=True):
+            raise TypeError("missing refs")
+
+    class ShortTable(Good):
+        def block_table(self, request_id):
+            return super().block_table(request_id)[:1]
+
+    script, reset = _notebook_script()
+    watch = ScriptWatch(BadInit, script, reset)
+    assert not watch.yours and watch.build_error == "TypeError: missing refs"
+    assert "building yours raised TypeError: missing refs" in html.unescape(watch.static().data)
+    watch = ScriptWatch(ShortTable, script, reset)
+    assert watch.yours and watch.stepper.run() == 1
+    assert watch.error.startswith("KVCacheError: your block_table('a') has 1 blocks for 9 tokens")
+    assert "stopped: KVCacheError" in watch.view.grid.caption
