@@ -473,7 +473,7 @@ if yours:  # your engine answers exactly what minienv's answers: the grading's p
 # * A KV cache manager is a block allocator (refcounts, an LRU free queue) plus a prefix index (chain hash → block).
 #   Each classic bug breaks one rule: refcount on sharing, a hit leaves the queue, evict by dropping the hash in
 #   the call that reuses the block, free last-first, index at commit, hash the whole prefix, allocate all or
-#   nothing.
+#   nothing, read the request at each call (its tokens live once, in the request: a copy goes stale).
 # * The grading is the series' proofs: the engine's outputs with your manager equal minienv's (cache on), cache
 #   off and dense generation, under a tight budget too; random operations keep the invariants.
 # * The seam `InferenceEngine(kv_cache_manager_factory=...)` is how any other manager — yours, a lab's, a buggy
