@@ -1,17 +1,15 @@
 # %% [markdown]
 # # 05 · Prefix sharing: the block-hash chain, refcounts, and copy-on-write
 #
-# Notebook 04 gave every request its own blocks. But requests often *start the same way* (system prompt, few-shot
-# examples, several samples of one prompt); their K/V there are identical, so an engine can compute them once and
-# let every block table point at one set of blocks, counting holders with a **refcount**.
+# Notebook 04 gave every request its own blocks. But requests often *start the same way* (a system prompt,
+# few-shot examples, several samples of one prompt); their K/V there are identical, so an engine can compute them
+# once and let several block tables name the same blocks, counting the holders with a **refcount**.
 #
 # **Learning goals.** After this notebook you can
-# 1. compute a block's **chain hash** and say why hashing the block's own tokens, or the *whole prompt*, is wrong;
-# 2. find the longest cached prefix of a prompt — full blocks only, and **never the last prompt token**;
+# 1. key a block by its **chain hash**, and say why the block's own tokens or the whole prompt are the wrong key;
+# 2. find a prompt's longest cached prefix — full blocks only, and **never the last prompt token**;
 # 3. keep refcounts exact while requests arrive, finish and **fork**, and say when **copy-on-write** copies;
-# 4. reproduce the vLLM paper's sharing results (Kwon et al., SOSP 2023, §6.3–6.4) in our units;
-# 5. prove that the cache changes how much is computed and never what is generated, and name the bugs real engines
-#    shipped here.
+# 4. measure what sharing saves (the vLLM paper's §6.3–6.4, in our units) and prove it never changes the output.
 
 # %% [markdown]
 # ## The problem, with a number
@@ -41,15 +39,13 @@ print(f"sharing the {shared // B} full blocks of the common prefix: {total - sav
       f"{blocks - saved} blocks ({saved * B / total:.0%} of the prefill and of the prompt KV memory saved)")
 
 # %% [markdown]
-# Only **full** blocks can be shared (the block holding the end of the system prompt also holds the start of a
-# question). How do we recognise that block `j` of a new prompt holds exactly what a cached block holds?
+# ## Build it small: a prefix index keyed by the whole prefix
 #
-# ## Build it small: a prefix index in ten lines
-#
-# A block's K/V depend on **every token before it**, so its key must name the whole prefix `tokens[0 : (j+1)·B]`.
-# The simplest such key is that prefix itself — correct, but a prompt of `n` blocks builds and stores keys of
-# B, 2B, …, nB tokens. A **chain hash** names the same prefix in O(B) per block: hash the *parent's hash* together
-# with the block's own tokens (you write it in Exercise 1; from the drawing on we use minienv's `chain_hashes`).
+# Only **full** blocks can be shared: the 59<!--out--> common tokens fill 14<!--out--> blocks, and the next one
+# also holds the start of a question. A block's K/V depend on **every token before it**, so its key must name the
+# whole prefix `tokens[0 : (j+1)·B]`. The toy below uses that prefix itself as the key — correct, but a prompt of
+# `n` blocks stores keys of B, 2B, …, nB tokens. A **chain hash** names the same prefix in O(B) per block: hash the
+# *parent block's hash* with the block's own tokens (you write it in Exercise 1; minienv's is `chain_hashes`).
 
 # %%
 def prefix_keys(tokens, block_size):
@@ -74,19 +70,19 @@ for name, p in prompts.items():
     print(f"{name}: {len(p)} tokens, {cached:>2} cached, {len(p) - cached:>2} to compute")
 
 # %% [markdown]
-# Two details carry the correctness: a lookup never covers the **whole** prompt (`[: (len - 1) // B]`: the last
-# token must run to give logits — nano-vllm #144 crashed here), and it **stops at the first miss**.
+# `r1` takes 56<!--out--> of its 72<!--out--> tokens from the cache; `r4` and `r5` take 60<!--out-->, because
+# their questions also start alike (full blocks, whoever they came from, are shared).
 #
-# ## The chain, drawn
+# Two details carry the correctness: a lookup **stops at the first miss**, and never covers the **whole** prompt
+# (`[: (len - 1) // B]`: the last token must run to give the next token's logits — a fully cached prompt crashed
+# nano-vllm, a ~1,200-line re-implementation of vLLM's core, in its issue #144).
 #
-# One row per prompt, one column per block; a hash several prompts share is drawn once, spanning them. Split groups
-# never share again: each hash carries its parent's. The dashed box is the partial last block, with no hash yet.
-# Below it, the naive design of notebook 00, which keys its prefix block by `hash(tuple(prompt))` — the **whole**
-# prompt — beside the chain (`minienv.lab.naive_design` runs both):
+# Drawn as chains (one row per prompt, one column per block, a hash several prompts share drawn once; the dashed
+# box is the partial last block, with no hash yet): once two chains split they never share again. The cell after
+# it checks that, and runs notebook 00's naive design, which keys its prefix block by a hash of the **whole**
+# prompt (`minienv.lab.naive_design`):
 
 # %%
-from IPython.display import display
-
 from minienv.viz.kv_views import chain_hashes, hash_chain_view
 
 hash_chain_view(prompts, B, title=f"block-hash chains of the six prompts (B = {B})", cell_w=66)
@@ -113,15 +109,14 @@ assert naive_demo.ours_shared_blocks >= (len(prompts) - 1) * (shared // B)
 assert naive_demo.ours_hit_tokens >= (len(prompts) - 1) * (shared // B) * B
 
 # %% [markdown]
-# ## minienv's version: `KVCacheManager`
+# ## minienv's `KVCacheManager`, live
 #
-# `minienv/kv/kv_cache_manager.py` is the toy made exact, with three additions. The hash takes an *extra key*
-# (model, dtype, cache salt) so models or tenants never share K/V, and a hit compares the stored tokens too (a
-# collision costs a miss, never wrong K/V). A **refcount** counts the tables holding a block (+1 per hit, −1 per
-# free); at 0 the block keeps K/V and hash (**cached-free**, findable until notebook 06 evicts it). A block is
-# indexed at `commit`, after the step that wrote its K/V. Stats count **tokens**. The request's tokens and how
-# many are computed live in the request object the caller owns (here a `KVRequest`; in the engine, its `Request`);
-# the manager only reads them, as vLLM's `KVCacheManager` reads `request.all_token_ids`.
+# `minienv/kv/kv_cache_manager.py` is the toy made exact. The hash also takes an *extra key* (model, dtype, and a
+# **cache salt**: a per-tenant secret, so tenants never share K/V), and a hit compares the stored tokens too (a
+# collision costs a miss, never wrong K/V). The **refcount** counts the tables holding a block (+1 per hit, −1 per
+# free); at 0 the block keeps its K/V and hash (**cached-free**: findable until notebook 06 evicts it). A block is
+# indexed at `commit`, after the step that wrote its K/V. The request's tokens and progress live in the request
+# object the caller owns (here a `KVRequest`); the manager only reads them, as vLLM's reads `request.all_token_ids`.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -155,10 +150,12 @@ assert again.num_cached_tokens < len(prompts["r0"])  # nano-vllm #144: never the
 assert all(mgr.ref_cnt(b) == 1 for b in common)  # r1 still holds them; r0 let go of exactly one reference
 
 # %% [markdown]
-# ## Live: requests arriving and finishing
+# The same prompt again finds 68<!--out--> of its 72 tokens: the block holding the last token is computed anew.
 #
-# The six requests arrive, decode and finish at different times (bookkeeping only). Each cell reads `block ·rcN`;
-# dark cells are shared, pale blue ones cached-free. Below: the free queue, head first.
+# Now all six requests arrive, decode and finish at different times (bookkeeping only; the script is
+# `SHARING_SCRIPT`). Each cell reads `block ·rcN`; dark cells are shared, pale blue ones cached-free; below the
+# grid, the free queue, head first. Press **Step** or ▶; the cell after it runs the script and checks that every
+# system-prompt block's refcount equals the number of running requests.
 
 # %%
 from minienv.lab.sharing_demos import ArrivalScript
@@ -171,10 +168,6 @@ live_stepper = Stepper(*arrivals.driving(view), n_steps=len(arrivals.script), in
 live_stepper.reset()
 panel(live_stepper, view)
 
-# %% [markdown]
-# Press **Step** or ▶. The code below runs the script: every system-prompt block's refcount equals the number of
-# running requests (`tests/unit/test_notebook_views.py` checks the grid draws it).
-
 # %%
 live_stepper.run()
 for rec in arrivals.log:
@@ -182,23 +175,26 @@ for rec in arrivals.log:
     assert all((h == 0) if r == "r0" else (h >= (shared // B) * B) for r, h in rec.hits.items()), rec
 print("refcounts of the system-prompt blocks after each step:",
       [next(iter(r.system_refcounts.values()), 0) for r in arrivals.log])
+r5 = next(r for r in arrivals.log if "r5" in r.hits)
+print(f"r5 arrives at step {r5.step + 1}, with no other request running, and finds {r5.hits['r5']} tokens cached")
+assert r5.num_running == 1 and r5.hits["r5"] >= (shared // B) * B
 
 # %% [markdown]
-# `r5` arrived after everyone had left (step 11) and still hit the system prompt: cached-free, not gone. The pool
-# just before `r5` leaves:
+# `r5` arrived after everyone had left (step 11<!--out-->) and still hit the system prompt: its blocks were
+# cached-free, not gone. The pool just before `r5` leaves:
 
 # %%
 live_stepper.go_to(len(arrivals.script) - 1)
 view.static()
 
 # %% [markdown]
-# ## Fork and copy-on-write, at the moment of the copy
+# ## Fork and copy-on-write
 #
 # **Parallel sampling** asks for `n` completions of one prompt: after prefill the request **forks** — each child's
 # table names the parent's blocks, refcounts rise by the number of children, nothing is copied. Each child then
 # writes a *different* token into the partly filled last block, so the first write into a shared, not-full block
-# **copies** it (copy-on-write); a full shared block is never written nor copied.
-# Step through a 10-token prompt (two full blocks + 2 of 4 slots) forked into three samples:
+# **copies** it (copy-on-write); a full shared block is never written, so never copied. Step through a 10-token
+# prompt (two full blocks + 2 of 4 slots) forked into three samples:
 
 # %%
 from minienv.lab.sharing_demos import ForkScript
@@ -225,62 +221,46 @@ print("copy-on-write copies:", fork.mgr.stats().cow_copies, "| memory saved by s
       f"{fork.mgr.sharing().saved_fraction:.0%}")
 
 # %% [markdown]
-# Exactly `n − 1` copies for `n` samples (the last holder writes in place); full prompt blocks stay shared.
+# 2<!--out--> copies for 3 samples: the last holder writes in place, and the full prompt blocks stay shared.
 
 # %%
 fork_view.static()
 
 # %% [markdown]
-# ## The paper's sharing results, in our units
+# ### What sharing saves: the paper's Fig. 15 and 16, in our units
 #
-# Kwon et al. (SOSP 2023) §6.3, Fig. 15 (OPT-13B, Alpaca): sharing saves **6.1 %–9.8 %** of the blocks for parallel
-# sampling and **37.6 %–55.2 %** for beam search (2, 4, 6 sequences); §6.4, Fig. 16 (LLaMA-13B, a 1- or 5-shot
-# prefix of 80 / 341 tokens): **1.67×** and **3.58×** the request rate of Orca (Oracle). Parallel sampling is the
-# fork above, over 100 Alpaca-like requests (block size 16): after each decode step, add up the blocks the tables
-# name (what `n` unshared copies would hold) and the blocks that exist. `lab` only draws the seeded requests:
+# Kwon et al. (SOSP 2023) §6.3 (OPT-13B, the Alpaca trace of notebook 03): sharing saves **6.1 %–9.8 %** of the
+# blocks for parallel sampling and **37.6 %–55.2 %** for **beam search** (keep the `w` most likely partial outputs,
+# forking and dropping beams at every step), with 2, 4, 6 sequences; §6.4 (LLaMA-13B, a shared 1- or 5-shot prefix
+# of 80 / 341 tokens): **1.67×** and **3.58×** the request rate of notebook 03's Orca (Oracle). The loop below is
+# parallel sampling over 100 Alpaca-like requests (B = 16): after each decode step it adds up the blocks the tables
+# name (what `n` unshared copies would hold) and the blocks that exist. `lab` runs beams and prefixes alike.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.kv.block_table import cdiv
 from minienv.lab.sharing_experiments import SavingResult, parallel_sampling_cases
 
 
 def parallel_sampling(n, cases, block_size=16):
-    named = held = copies = 0  # block-steps the tables name / that exist, summed over every decode step
+    named = held = copies = 0  # block-steps the n tables name (no sharing) / that exist, over every decode step
     for prompt, out_lens in cases:
-        mgr = KVCacheManager(n * cdiv(len(prompt) + max(out_lens), block_size) + 1, block_size,
-                             enable_prefix_caching=False)
-        reqs = {f"s{i}": KVRequest(f"s{i}", list(prompt)) for i in range(n)}  # each sample: its own request
-        mgr.allocate(reqs["s0"])
-        for r in reqs.values():  # the prompt's K/V computed once (by s0), the forks inherit that progress
-            r.num_computed_tokens = len(prompt)
-        mgr.commit(reqs["s0"])
-        mgr.fork(reqs["s0"], [f"s{i}" for i in range(1, n)])  # n tables, one copy of the prompt's blocks
-        alive, step = {f"s{i}": length for i, length in enumerate(out_lens)}, 0
-        while alive:
-            for i, sid in enumerate(alive):  # each sample writes its own token (copy-on-write on the shared tail)
-                r = reqs[sid]
-                r.all_token_ids.append(30_000 + 1000 * i + step)  # the sampled token joins the request...
-                mgr.append_slots(r, 1)  # ...then the manager reserves its slot
-                r.num_computed_tokens += 1
-                mgr.commit(r)
-            named, held, step = named + mgr.sharing().logical_blocks, held + mgr.sharing().physical_blocks, step + 1
-            for sid in [sid for sid, length in alive.items() if length == step]:
-                mgr.free(sid)
-                del alive[sid]
+        mgr = KVCacheManager(n * cdiv(len(prompt) + max(out_lens), block_size) + 1, block_size)
+        samples = [KVRequest(f"s{i}", list(prompt), len(prompt)) for i in range(n)]  # one request per sample
+        mgr.allocate(samples[0])  # the prompt's K/V computed once, by s0 ...
+        mgr.fork(samples[0], [s.request_id for s in samples[1:]])  # ... and named by n tables
+        for step in range(max(out_lens)):
+            for s, out_len in zip(samples, out_lens):
+                if step < out_len:  # each live sample writes its own token (copy-on-write on the shared tail)
+                    s.all_token_ids.append(30_000 + step)
+                    mgr.append_slots(s, 1)
+                elif step == out_len:
+                    mgr.free(s.request_id)
+            named, held = named + mgr.sharing().logical_blocks, held + mgr.sharing().physical_blocks
         copies += mgr.cow_copies
     return SavingResult(f"parallel sampling n={n}", named, held, copies)
 
 
 par = [parallel_sampling(n, parallel_sampling_cases(n, num_requests=100)) for n in (2, 4, 6)]
-print("parallel sampling, memory saved by sharing:", [f"{r.saved_fraction:.1%}" for r in par])
-
-# %% [markdown]
-# Beam search forks and frees beams as vLLM's block manager did (beams chosen by a seeded random scorer); the
-# shared-prefix rows count prompt tokens computed and KV blocks held, cache off vs on. Beside the paper's:
-
-# %%
-# NBVAL_CHECK_OUTPUT
 from minienv.lab.sharing_experiments import (beam_search_saving, format_paper_table, parallel_sampling_saving,
                                              shared_prefix_saving)
 
@@ -297,12 +277,11 @@ assert 1 < shots[0].work_ratio < shots[0].prefill_ratio and shots[1].prefill_rat
 assert all(r.memory_ratio > 1 for r in shots)
 
 # %% [markdown]
-# **Why ours differ.** *Parallel sampling* (5.1<!--out-->–10.9 %<!--out--> vs 6.1–9.8 %): only full prompt
-# blocks are shared, and Alpaca prompts (~19 tokens) are short next to ~58 output tokens. *Beam search*
-# (38.6<!--out-->–62.9 %<!--out--> vs 37.6–55.2 %): beams also share their **generated** history, by an amount that
-# depends on the scorer (ours is random, not OPT-13B); the ordering holds. *Shared prefix*: the paper's ratios are
-# A100 **throughput**; we count prefill (3.32×<!--out--> and 9.19×<!--out--> fewer tokens) and KV memory apart,
-# and decode is not saved. `benchmarks/bench_prefix_cache.py` times it.
+# **Why ours differ.** *Parallel sampling* (5.1<!--out-->–10.9 %<!--out-->): only full prompt blocks are shared,
+# and Alpaca prompts are short next to their outputs. *Beam search* (38.6<!--out-->–62.9 %<!--out-->): beams also
+# share their **generated** history, by an amount that depends on the scorer (ours is a seeded random one, not
+# OPT-13B); the ordering holds. *Shared prefix*: the paper's ratios are A100 **throughput**; we count prefill
+# (3.32×<!--out--> and 9.19×<!--out--> fewer tokens) and KV memory apart — decode is not saved.
 #
 # ## Proof: the cache changes how much is computed, never what is generated
 #
@@ -339,7 +318,7 @@ assert poisoned.cached_tokens_per_request[2] > 0 and poisoned.outputs[2] != off.
 assert poisoned.outputs[:2] == off.outputs[:2]
 
 # %% [markdown]
-# ## Break it yourself
+# ### Break it yourself, and the traps real engines shipped
 #
 # `minienv.lab.break_it` is minienv's manager with one switch per classic bug. Set `BUG`, predict which proof
 # fails, and run the series' proofs on the **real engine** (notebook 06 has the eviction bugs).
@@ -371,22 +350,17 @@ assert broken == {"index_at_allocation": ["failed_step"], "hash_own_tokens": ["o
                   "no_copy_on_write": ["copy_on_write"]}
 
 # %% [markdown]
-# ## The traps of this layer
+# Each rule of this notebook prevents a bug some engine shipped; the cell below re-checks each on a fresh manager,
+# with the two above (copy only a shared partial block; hits read cached K/V). Regression tests:
+# `tests/unit/test_kv_cache_manager.py`, `test_naive_design.py`.
 #
-# Each shipped in a real engine or in the naive design (eviction's traps are notebook 06's); the rule that
-# prevents it was taught above. Regression tests: `tests/unit/test_kv_cache_manager.py`, `test_naive_design.py`;
-# the cell below re-checks each on a fresh manager.
-#
-# | trap | what went wrong | rule taught in |
+# | trap | what went wrong | the rule |
 # |---|---|---|
-# | naive design: whole-prompt hash | one key for the whole prompt: nothing shared | *The chain, drawn* |
-# | naive design: refcount set to 1 | `acquire` set the refcount instead of adding one | *`KVCacheManager`* (+1 / −1 only) |
-# | vLLM #12621 | `hash(None)` became a constant in Python 3.12 → forced collisions across users | *`KVCacheManager`* (stable sha256 root, stored key compared) |
-# | vLLM #1556, fixed by PR #3347 | sliding window + fork: a table named a block twice, fork added a reference per entry → "Double free!" | *Fork and copy-on-write* (one reference per child and block) |
-# | (any copy-on-write block manager) | copying full shared blocks, or not copying a shared partial one | *Fork and copy-on-write* |
-# | nano-vllm #144 | a fully cached prompt left zero tokens to run → crash | *Build it small* (never the last token) |
-# | (small engines, no public issue) | a hit shared the blocks but attention never read them | *Proof* (poisoned K/V) |
-# | SGLang #35270 | shared pages counted once per holder → a false "leak" | *The paper's results* (physical blocks counted once) |
+# | naive design | a whole-prompt hash shares nothing; `acquire` **set** the refcount to 1 | chain hash; +1 / −1 only |
+# | vLLM #12621 | `hash(None)` became a constant in Python 3.12 → forced collisions across users | a stable sha256 root; stored tokens compared |
+# | vLLM #1556 (fixed by PR #3347) | a table named a block twice (sliding window), fork added a reference per entry → "Double free!" | one reference per child and block |
+# | nano-vllm #144 | a fully cached prompt left zero tokens to run → crash | never the last prompt token |
+# | SGLang #35270 | shared pages counted once per holder → a false "leak" | physical blocks counted once |
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -470,7 +444,7 @@ check_append_slots(my_append_slots)
 # </details>
 
 # %% [markdown]
-# ## What if…?
+# ### What if…?
 #
 # Open questions, with no check and no single answer — try them in a cell of your own:
 #
