@@ -87,8 +87,12 @@ def append_reference(table: list[int], ref_cnt: list[int], num_tokens: int, num_
 
 
 def _rule_for(table, ref_cnt, num_tokens, num_new, block_size, free) -> str:
-    """The rule a case exercises: the one named when the student's code raises on it."""
-    if append_reference(table, ref_cnt, num_tokens, num_new, block_size, free) is None:
+    """The rule a case exercises: the one named when the student's code raises on it. A case at the edge of the
+    free queue (no room, or exactly the blocks it needs, none included) is about room: a crash there is most often
+    an off-by-one or a look at an empty queue."""
+    copy = num_tokens % block_size != 0 and ref_cnt[table[-1]] > 1
+    needed = copy + cdiv(num_tokens + num_new, block_size) - cdiv(num_tokens, block_size)
+    if needed >= len(free):
         return ROOM
     if num_tokens % block_size == 0:
         return FULL if table and ref_cnt[table[-1]] > 1 else SLOTS

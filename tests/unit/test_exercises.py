@@ -428,6 +428,8 @@ def _append_with(copy_when="partial_shared", names_copy=True, original="minus_on
             return None
         if room == "need_one" and not free:
             return None
+        if room == "peek":
+            free[0]  # noqa: B018 - looks at the head before asking whether a block is needed at all
         queue = {"head": list(free), "tail": list(free)[::-1], "sorted": sorted(free)}[pick]
         if mutate:
             t, r = table, ref_cnt
@@ -915,6 +917,7 @@ WRONG = [
         (_append_with(room="ignore_copy"), "fewer blocks than the copy plus the new blocks"),
         (_append_with(room="ge"), "fewer blocks than the copy plus the new blocks"),
         (_append_with(room="need_one"), "a request that needs no block always fits"),
+        (_append_with(room="peek"), "a request that needs no block always fits"),  # IndexError on []
         (_append_with(room="never"), "fewer blocks than the copy plus the new blocks"),  # crashes: IndexError
         (_append_with(mutate=True), "leave the inputs unchanged"),
         (_append_with(shape="pair"), "return (table, ref_cnt, copies)"),
