@@ -178,16 +178,13 @@ print("refcounts of the system-prompt blocks after each step:",
 r5 = next(r for r in arrivals.log if "r5" in r.hits)
 print(f"r5 arrives at step {r5.step + 1}, with no other request running, and finds {r5.hits['r5']} tokens cached")
 assert r5.num_running == 1 and r5.hits["r5"] >= (shared // B) * B
-
-# %% [markdown]
-# `r5` arrived after everyone had left (step 11<!--out-->) and still hit the system prompt: its blocks were
-# cached-free, not gone. The pool just before `r5` leaves:
-
-# %%
-live_stepper.go_to(len(arrivals.script) - 1)
+live_stepper.go_to(len(arrivals.script) - 1)  # the pool just before r5 leaves
 view.static()
 
 # %% [markdown]
+# `r5` arrived after everyone had left (step 11<!--out-->) and still hit the system prompt: its blocks were
+# cached-free, not gone.
+#
 # ## Fork and copy-on-write
 #
 # **Parallel sampling** asks for `n` completions of one prompt: after prefill the request **forks** — each child's
@@ -238,7 +235,8 @@ fork_view.static()
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from minienv.lab.sharing_experiments import SavingResult, parallel_sampling_cases
+from minienv.lab.sharing_experiments import (SavingResult, beam_search_saving, format_paper_table,
+                                             parallel_sampling_cases, parallel_sampling_saving, shared_prefix_saving)
 
 
 def parallel_sampling(n, cases, block_size=16):
@@ -261,9 +259,6 @@ def parallel_sampling(n, cases, block_size=16):
 
 
 par = [parallel_sampling(n, parallel_sampling_cases(n, num_requests=100)) for n in (2, 4, 6)]
-from minienv.lab.sharing_experiments import (beam_search_saving, format_paper_table, parallel_sampling_saving,
-                                             shared_prefix_saving)
-
 # the same numbers from a shell: .venv/bin/python -m minienv.lab.sharing_experiments
 beam = [beam_search_saving(w, num_requests=40) for w in (2, 4, 6)]
 shots = [shared_prefix_saving(80, label="1-shot"), shared_prefix_saving(341, label="5-shot")]
@@ -410,16 +405,14 @@ check_chain_hashes(chain_hashes)
 #
 # ### Exercise 2: copy-on-write when a forked request appends
 #
-# Write `my_append_slots(table, ref_cnt, num_tokens, num_new, block_size, free)`: a request whose block `table`
-# holds `num_tokens` tokens (`len(table) == ceil(num_tokens / block_size)`) appends `num_new ≥ 1` tokens;
-# `ref_cnt[b]` is block `b`'s refcount and `free` the free queue, head first. Return `(table, ref_cnt, copies)`
-# after the append — new lists, the inputs left unchanged; `copies` lists `(shared, copy)` pairs — or `None` if the
-# blocks do not fit. Rules: (1) the new tokens fill the last block's free slots first, then take one new block per
-# block boundary crossed (notebook 04); (2) a **shared** block (refcount > 1) the new tokens write into is copied
-# first and the table names the copy; a block with refcount 1 is written in place; a full block is never written,
-# so never copied; (3) the original loses one reference, the copy and each new block start at 1; (4) blocks come
-# from the free queue's head, the copy first; (5) `None` exactly when the free queue holds fewer blocks than the
-# copy plus the new blocks.
+# Write `my_append_slots(table, ref_cnt, num_tokens, num_new, block_size, free)`: a request whose `table` holds
+# `num_tokens` tokens appends `num_new ≥ 1`; `ref_cnt[b]` is block `b`'s refcount, `free` the free queue (head
+# first). Return the new `(table, ref_cnt, copies)` — new lists, inputs unchanged, `copies` as `(shared, copy)`
+# pairs — or `None` if the blocks do not fit. Rules: (1) fill the last block's free slots, then one new block per
+# boundary crossed (notebook 04); (2) a **shared** block (refcount > 1) the tokens write into is copied first and
+# the table names the copy; refcount 1 writes in place; a full block is never written, so never copied; (3) the
+# original loses one reference, the copy and new blocks start at 1; (4) blocks come from the free queue's head, the
+# copy first; (5) `None` exactly when `free` holds fewer blocks than the copy plus the new blocks.
 
 # %%
 def my_append_slots(table, ref_cnt, num_tokens, num_new, block_size, free):
