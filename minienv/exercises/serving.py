@@ -9,7 +9,6 @@ then a trace of shared system prompts.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import Counter
 
@@ -87,22 +86,12 @@ R_ONE = "with one instance, every request goes to it, overloaded or not"
 R_INPUT = "do not modify loads"
 
 
-def rendezvous_home(prompt_ids: list[int], names, block_size: int) -> str:
-    """The instance of the highest score ``sha256(key + name)``, key = the first full block's chain hash
-    (notebook 05's ``hash_block_tokens(ROOT_HASH, ...)``): rendezvous (highest-random-weight) hashing. Stable
-    across processes (sha256, never Python's ``hash()``); one of the answers the check accepts."""
-    key = hash_block_tokens(ROOT_HASH, list(prompt_ids[:block_size]))
-    return max(names, key=lambda name: hashlib.sha256(key + name.encode()).digest())
-
-
 def pick_instance_reference(prompt_ids: list[int], loads: dict[str, int], block_size: int, max_load: int,
-                            home: str | None = None) -> str:
-    """The routing rule the notebook states, written plainly, given the prefix's ``home`` (None: computed by
-    :func:`rendezvous_home`). The check measures the home rules on the student's own homes, then asks this."""
+                            home: str | None) -> str:
+    """The routing rule the notebook states, written plainly, given the prefix's ``home`` (the student's own: the
+    check measures the home rules on their homes first, then asks this; None for a prompt with no full block)."""
     if len(prompt_ids) < block_size:
         return min(loads, key=lambda name: (loads[name], name))  # no full block: nothing cached anywhere
-    if home is None:
-        home = rendezvous_home(prompt_ids, list(loads), block_size)
     if loads[home] < max_load:
         return home
     return min(loads, key=lambda name: (loads[name], name != home, name))
@@ -230,7 +219,7 @@ def check_pick_instance(fn) -> str:
         for loads in ({ADDRESSES[2]: 3, ADDRESSES[0]: 1, ADDRESSES[1]: 2}, {ADDRESSES[1]: 2, ADDRESSES[3]: 0,
                       ADDRESSES[0]: 2, ADDRESSES[2]: 0}, idle(reversed(four)), {ADDRESSES[1]: 5, ADDRESSES[0]: 5}):
             prompt = _tokens(rng, length)
-            want = pick_instance_reference(prompt, loads, bs, max_load)
+            want = pick_instance_reference(prompt, loads, bs, max_load, home=None)
             got = ask(prompt, loads)
             require(got == want, R_SHORT, f"a {length}-token prompt (block size {bs}), loads {loads}: expected "
                     f"{want}, got {got}")
