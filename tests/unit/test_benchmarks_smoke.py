@@ -199,6 +199,20 @@ def test_benchmark_runs_quick_and_ends_with_one_json_line(script, tmp_path):
         f"{script} should print its settings first"
 
 
+def test_checkouts_can_put_this_block_walk_into_the_base_engine(tmp_path):
+    """``bench_checkouts.py --kernel-on-base`` runs the base's engine with this tree's block walk as its attention
+    (what the kernel alone buys the base). Against this very tree as its base, the side's greedy tokens must equal
+    every other side's (the script stops otherwise), and it is reported by name."""
+    pytest.importorskip("numba", reason="the block walk is the lab extra's numba kernel")
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_checkouts.py"), "--quick", "--kernel-on-base"],
+                          cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["identical_tokens"] is True
+    assert set(result["sides"]) == {"base", "base + this walk", "this (numpy)", "this (numba)"}
+
+
 def test_block_manager_baseline_hashes_like_nano_vllm_or_says_why_not(tmp_path):
     """nano-vllm hashes blocks with xxhash; without it the benchmark stops and names the package (a sha256 stand-in
     is slower, a weaker baseline) unless the stand-in is asked for by name — and then it says so."""
