@@ -1,11 +1,14 @@
 """Every projection of the model: ``Y = W @ X``, the weight as checkpoints store it times one column per token.
 
 ``W`` is ``[out, in]`` (``nn.Linear``'s and every checkpoint's layout) and the activations are **feature-major**,
-``X [in, tokens]``: the math of the papers (``y = W x``), and the arrangement BLAS runs fastest here. Measured on
-this project's 2-core machine, one BLAS thread, float32: for 16 tokens through SmolLM2's gate|up matrix ``W @ X``
-took 0.71 ms against 1.29 ms for the row-major ``X @ W_t`` (``W_t`` pre-transposed), its LM head 24 vs 31 ms; for
-the bundled toy model's five matrices at 4–32 tokens, 0.13–0.55 ms vs 0.22–0.72 ms. (:mod:`minienv.model.llama`
-keeps the residual stream feature-major for this reason, and hands attention row-major copies of Q, K and V.)
+``X [in, tokens]``: the math of the papers (``y = W x``), and the arrangement that suits a real model. Measured on
+this project's 2-core machine, one BLAS thread, float32, SmolLM2-135M (weights read from DRAM): its LM head (the
+tied embedding) took 27 ms at 16 tokens with ``W @ X`` against 38 ms with the row-major ``X @ W_t`` (``W_t``
+pre-transposed); its other matrices are about even (84 vs 87 ms at 16 tokens, 64 vs 58 ms at 4); and one token
+needs each weight's rows contiguous (below). The toy model's 8 MB of weights, which stay in the L3 cache, go the
+other way: inside the engine ``X @ W_t`` runs its projections ~10 % faster (~7 % of a ``bench_engine`` run). One
+layout for both, chosen for the real model (``docs/BENCHMARKS.md``, sixth session). (:mod:`minienv.model.llama`
+keeps the residual stream feature-major, and hands attention row-major copies of Q, K and V.)
 
 Two routes, chosen by the shape of the step and by what is installed — never by a machine-tuned size:
 
