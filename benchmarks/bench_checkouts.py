@@ -7,8 +7,9 @@ How a change is judged (``docs/ARCHITECTURE.md``, the performance rule): on a ru
 interleaved rounds on the same machine, the ratio taken within each round. Each side is a long-lived worker
 process with its own ``sys.path`` (``--base``'s tree, or this one with each attention kernel it has), so imports,
 model loading and numba's compilation happen once, before the clock. Every round runs every side once, in a
-rotated order, on a fresh engine: 48 seeded requests (prompts of 16-64 tokens, 16-128 greedy tokens each,
-end-of-text ignored), ``engine.run()`` timed on the worker's CPU clock. The tokens of every side must be
+balanced order (``_common.schedule``: each side in each position and right after each other side equally often),
+on a fresh engine: 48 seeded requests (prompts of 16-64 tokens, 16-128 greedy tokens each, end-of-text ignored),
+``engine.run()`` timed on the worker's CPU clock. The tokens of every side must be
 identical, or the script stops. Reported: per side, min and median seconds, and the paired speedup over the base
 (base time / side time within each round, median over rounds). Ends with one JSON line.
 
@@ -32,7 +33,7 @@ from _common import pin_blas_threads  # noqa: E402  (benchmarks/ is on sys.path 
 
 BLAS_THREADS = pin_blas_threads()  # before numpy loads; the workers pin their own, and inherit this environment
 
-from _common import add_common_args, emit_json, print_settings, rounds_of  # noqa: E402
+from _common import add_common_args, emit_json, print_settings, rounds_of, schedule  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -140,8 +141,8 @@ def main() -> None:
     times: dict[str, list[float]] = {n: [] for n in names}
     tokens: dict[str, list] = {}
     try:
-        for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]  # every side in every position in turn
+        # a balanced design: every side in every position, and right after every other side, equally often
+        for order in schedule(names, rounds, seed=args.seed):
             for name in order:
                 proc = workers[name]
                 proc.stdin.write("run\n")
