@@ -6,9 +6,10 @@ this project's 2-core machine, one BLAS thread, float32, SmolLM2-135M (weights r
 tied embedding) took 27 ms at 16 tokens with ``W @ X`` against 38 ms with the row-major ``X @ W_t`` (``W_t``
 pre-transposed); its other matrices are about even (84 vs 87 ms at 16 tokens, 64 vs 58 ms at 4); and one token
 needs each weight's rows contiguous (below). The toy model's 8 MB of weights, which stay in the L3 cache, go the
-other way: inside the engine ``X @ W_t`` runs its projections ~10 % faster (~7 % of a ``bench_engine`` run). One
-layout for both, chosen for the real model (``docs/BENCHMARKS.md``, sixth session). (:mod:`minienv.model.llama`
-keeps the residual stream feature-major, and hands attention row-major copies of Q, K and V.)
+other way: inside the engine ``X @ W_t`` runs its projections ~10 % faster (0–12 %, typically ~5 %, of a
+``bench_engine`` run). One layout for both, chosen for the real model (``docs/BENCHMARKS.md``, sixth session).
+(:mod:`minienv.model.llama` keeps the residual stream feature-major, and hands attention row-major copies of Q,
+K and V.)
 
 Two routes, chosen by the shape of the step and by what is installed — never by a machine-tuned size:
 
