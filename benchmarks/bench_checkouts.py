@@ -9,14 +9,15 @@ process with its own ``sys.path`` (``--base``'s tree, or this one with each atte
 model loading and numba's compilation happen once, before the clock. Every round runs every side once, in a
 balanced order (``_common.schedule``: each side in each position and right after each other side equally often),
 on a fresh engine: 48 seeded requests (prompts of 16-64 tokens, 16-128 greedy tokens each, end-of-text ignored),
-``engine.run()`` timed on the worker's CPU clock. The tokens of every side must be
-identical, or the script stops. Reported: per side, min and median seconds, and the paired speedup over the base
-(base time / side time within each round, median over rounds). Ends with one JSON line.
+``engine.run()`` timed on the worker's CPU clock. The tokens of every side must be identical, or the script
+stops. Reported: per side, min and median seconds, and the paired speedup over the base (base time / side time
+within each round, median over rounds). Ends with one JSON line.
 
 ``--kernel-on-base`` adds a side that separates the kernel's gain from the engine's: the base's engine with its
 attention replaced by this tree's block walk (the base's backend still writes the new K/V into its pool, which must
-have this tree's layout: ``KVPool.storage [layers, 2, H, blocks, block_size, D]``, as ``72e9c1e``'s has). It is
-the most the block walk alone can buy the base's engine, special-case paths and all.
+have this tree's layout: ``KVPool.storage [layers, 2, H, blocks, block_size, D]``, as ``72e9c1e``'s has; with
+another layout the walk reads the wrong K/V and the tokens check stops the script). It is what the block walk
+alone buys the base's engine, special-case paths and all.
 """
 
 from __future__ import annotations
@@ -101,8 +102,7 @@ for line in sys.stdin:
 
 def start(tree: Path, kernel: str, requests: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", WORKER, str(tree), kernel, str(requests), str(REPO)],
-                            stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=str(tree))
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(tree))
     line = proc.stdout.readline()
     if line.strip() != "ready":
         raise SystemExit(f"the worker for {tree} ({kernel}) did not start: {line!r}")
